@@ -1,0 +1,49 @@
+"""thunder_subclass: compile models holding PyTorch tensor wrapper subclasses with lightning-thunder.
+
+Import ``thunder_subclass`` before (or instead of) ``thunder``: under torch 2.13, thunder 0.2.6 only imports after
+the compatibility shim in ``thunder_subclass._thunder_internals`` has run.
+
+Pipeline (module per stage): ``plugin`` (entry) -> ``proxy`` (SubclassTensorProxy) -> ``guards`` (prologue) ->
+``interpretation`` (unroll ``__torch_dispatch__`` on fakes) -> ``aten_symbols`` -> ``flatten`` (before executors)
+-> ``subclass_symbols`` (unflatten at the edges). ``_thunder_internals`` holds every hook into thunder.
+"""
+
+from thunder_subclass._thunder_internals import ensure_thunder_importable as _ensure_thunder_importable
+
+_ensure_thunder_importable()
+
+from thunder_subclass.errors import (  # noqa: E402
+    SubclassDispatchError,
+    SubclassProtocolError,
+    TensorSubclassError,
+    ThunderVersionError,
+    UnsupportedSubclassOperationError,
+)
+from thunder_subclass.plugin import PLUGIN_NAME, TensorSubclassPlugin, jit  # noqa: E402
+from thunder_subclass.proxy import SubclassTensorProxy  # noqa: E402
+from thunder_subclass._thunder_internals import install as install_hooks, uninstall as uninstall_hooks  # noqa: E402
+
+
+def _register_plugin_name() -> None:
+    import thunder.plugins
+
+    thunder.plugins.register_plugin(PLUGIN_NAME, TensorSubclassPlugin)
+
+
+_register_plugin_name()
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "jit",
+    "TensorSubclassPlugin",
+    "PLUGIN_NAME",
+    "SubclassTensorProxy",
+    "TensorSubclassError",
+    "SubclassProtocolError",
+    "SubclassDispatchError",
+    "UnsupportedSubclassOperationError",
+    "ThunderVersionError",
+    "install_hooks",
+    "uninstall_hooks",
+]

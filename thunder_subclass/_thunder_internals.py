@@ -1,0 +1,234 @@
+"""The one module that reaches into thunder and torch internals.
+
+Everything thunder_subclass needs from thunder 0.2.6 that has no public extension point is here, each hook naming
+the thunder function it wraps. Hooks are installed idempotently by :func:`install` (called by
+``thunder_subclass.jit`` and by the plugin when a model is compiled, never at import time), are removed by
+:func:`uninstall`, and act only while a jit that uses the plugin is tracing or transforming (its executor list holds
+``thunder_subclass``'s executor); every other ``thunder.jit`` in the process behaves as if they were absent.
+
+Hooks (thunder 0.2.6 paths, relative to the installed ``thunder/``):
+
+* ``core/jit_ext.py`` ``JitCtx.proxify`` — a wrapper-subclass value becomes a ``SubclassTensorProxy`` with inner
+  proxies and prologue guards, instead of a plain ``TensorProxy`` (there is no public proxify extension point;
+  ``register_general_jit_callback`` refuses existing keys).
+* ``core/symbol.py`` ``Symbol.__call__`` — the common end of ``torch.mul(x)``, ``x.mul()`` and ``x * y`` during
+  interpretation: a torch-level symbol called with a subclass proxy is unrolled through ``__torch_dispatch__``
+  (``thunder_subclass.interpretation``).
+* ``core/jit_ext.py`` ``general_jit_lookaside`` — calls of a wrapper-subclass class (construction in traced code),
+  ``isinstance`` and ``type`` on subclass proxies behave as in eager.
+* ``executors/passes.py`` ``_transform_for_operator_executor_execution`` — the point after autograd and before
+  executors claim operations (looked up at call time by ``thunder/__init__.py`` and by ``transform_for_execution``):
+  subclass-level bound symbols are replaced by their flat subsymbols (``thunder_subclass.flatten``).
+
+Compatibility shim (:func:`ensure_thunder_importable`): thunder 0.2.6's ``thunder/torch/default_torch_ops.py`` lists
+named-tensor methods that torch 2.13 removed (``torch.Tensor.align_as``, ``align_to``, ``has_names``,
+``refine_names``, ``rename``), so ``import thunder`` fails. Inert placeholders for exactly those names, which raise if
+called, are defined on ``torch.Tensor`` before thunder is imported. They stay (thunder's tables refer to them).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from importlib import metadata
+from typing import Any
+
+import torch
+
+from thunder_subclass.errors import ThunderVersionError
+
+SUPPORTED_TORCH = ("2.13.",)
+SUPPORTED_THUNDER = ("0.2.6",)
+
+_REMOVED_NAMED_TENSOR_METHODS = ("align_as", "align_to", "has_names", "refine_names", "rename")
+
+
+def _removed_named_tensor_method(name: str) -> Callable:
+    def placeholder(self, *args, **kwargs):
+        raise RuntimeError(
+            f"torch.Tensor.{name} was removed in torch 2.13 (named tensors); thunder_subclass defines this "
+            "placeholder only so that lightning-thunder 0.2.6 can be imported."
+        )
+
+    placeholder.__name__ = name
+    placeholder.__qualname__ = f"Tensor.{name}"
+    placeholder._thunder_subclass_placeholder = True
+    return placeholder
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def ensure_thunder_importable() -> None:
+    """Check the torch / thunder versions and make ``import thunder`` work under torch 2.13. Idempotent."""
+    if not torch.__version__.startswith(SUPPORTED_TORCH):
+        raise ThunderVersionError(
+            f"thunder_subclass supports torch {SUPPORTED_TORCH[0]}x, found {torch.__version__}. "
+            "Install the pinned version: pip install torch==2.13.0"
+        )
+    thunder_version = _version("lightning-thunder")
+    if thunder_version not in SUPPORTED_THUNDER:
+        raise ThunderVersionError(
+            f"thunder_subclass supports lightning-thunder {', '.join(SUPPORTED_THUNDER)}, found {thunder_version}. "
+            "Install the pinned version: pip install lightning-thunder==0.2.6"
+        )
+    for name in _REMOVED_NAMED_TENSOR_METHODS:
+        if not hasattr(torch.Tensor, name):
+            setattr(torch.Tensor, name, _removed_named_tensor_method(name))
+    import thunder  # noqa: F401  (the import is the point)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Activation: hooks act only for a jit whose executors include thunder_subclass's executor.
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def is_plugin_active() -> bool:
+    """True while a jit that uses thunder_subclass traces or transforms (reads thunder's current compile data)."""
+    from thunder.core.compile_data import get_compile_data
+
+    from thunder_subclass.executor import subclass_executor
+
+    cd = get_compile_data()
+    return cd is not None and subclass_executor in cd.executors_list
+
+
+def source_location() -> tuple[str | None, int | None]:
+    """The user's source file and line of the call being traced (thunder records it on the trace)."""
+    from thunder.core.trace import get_tracectx
+
+    trace = get_tracectx()
+    if trace is None:
+        return None, None
+    positions = trace._current_source_positions
+    return trace._current_source_filename, getattr(positions, "lineno", None)
+
+
+def is_called_from_user_code() -> bool:
+    """False when the call being interpreted comes from thunder's own interpreted helpers (for example the
+    interpreter's binary-operator implementation calls ``type(a)``), True for the user's code."""
+    import os
+
+    import thunder
+    from thunder.core.interpreter import get_interpreterruntimectx
+
+    frame = get_interpreterruntimectx().peek_frame_stack()
+    if frame is None:
+        return True
+    return not frame.code.co_filename.startswith(os.path.dirname(thunder.__file__))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Hooks
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _hook_proxify(original):
+    # wraps thunder.core.jit_ext.JitCtx.proxify
+    @functools.wraps(original)
+    def proxify(self, value):
+        uvalue = value.value
+        if (
+            isinstance(uvalue, torch.Tensor)
+            and type(uvalue) is not torch.Tensor
+            and value.original_value is value.nothing
+            and is_plugin_active()
+        ):
+            from thunder_subclass.proxy import is_subclass_value, proxify_subclass
+
+            if is_subclass_value(uvalue):
+                return proxify_subclass(self, value)
+        return original(self, value)
+
+    return proxify
+
+
+def _hook_symbol_call(original):
+    # wraps thunder.core.symbol.Symbol.__call__
+    @functools.wraps(original)
+    def __call__(self, *args, **kwargs):
+        if not self.is_prim and self.executor is None:
+            from thunder_subclass.proxy import has_subclass_proxy
+
+            if has_subclass_proxy(args, kwargs) and is_plugin_active():
+                from thunder_subclass.interpretation import unroll_symbol_call
+
+                return unroll_symbol_call(self, args, kwargs)
+        return original(self, *args, **kwargs)
+
+    return __call__
+
+
+def _hook_general_jit_lookaside(original):
+    # wraps thunder.core.jit_ext.general_jit_lookaside
+    @functools.wraps(original)
+    def general_jit_lookaside(fn, *args, **kwargs):
+        if is_plugin_active():
+            from thunder_subclass.interpretation import subclass_lookaside
+
+            lookaside = subclass_lookaside(fn, args)
+            if lookaside is not None:
+                return lookaside
+        return original(fn, *args, **kwargs)
+
+    return general_jit_lookaside
+
+
+def _hook_operator_executor_execution(original):
+    # wraps thunder.executors.passes._transform_for_operator_executor_execution
+    @functools.wraps(original)
+    def _transform_for_operator_executor_execution(trace, executors_list):
+        from thunder_subclass.executor import subclass_executor
+
+        if subclass_executor in executors_list:
+            from thunder_subclass.flatten import flatten_subclasses
+
+            trace = flatten_subclasses(trace)
+        return original(trace, executors_list)
+
+    return _transform_for_operator_executor_execution
+
+
+def _targets() -> list[tuple[Any, str, Callable]]:
+    import thunder.core.jit_ext as jit_ext
+    import thunder.core.symbol as symbol
+    import thunder.executors.passes as passes
+
+    return [
+        (jit_ext.JitCtx, "proxify", _hook_proxify),
+        (symbol.Symbol, "__call__", _hook_symbol_call),
+        (jit_ext, "general_jit_lookaside", _hook_general_jit_lookaside),
+        (passes, "_transform_for_operator_executor_execution", _hook_operator_executor_execution),
+    ]
+
+
+_originals: dict[tuple[int, str], tuple[Any, str, Any]] = {}
+
+
+def is_installed() -> bool:
+    return bool(_originals)
+
+
+def install() -> None:
+    """Install every hook (idempotent). Called by ``thunder_subclass.jit`` and the plugin, not at import."""
+    ensure_thunder_importable()
+    if _originals:
+        return
+    for owner, name, make_hook in _targets():
+        original = owner.__dict__[name]
+        _originals[(id(owner), name)] = (owner, name, original)
+        hook = make_hook(original)
+        hook._thunder_subclass_hook = True
+        setattr(owner, name, hook)
+
+
+def uninstall() -> None:
+    """Remove every hook, restoring thunder's own functions. Compiled functions keep working; new
+    subclass compilations need :func:`install` again (``thunder_subclass.jit`` does it)."""
+    for owner, name, original in _originals.values():
+        setattr(owner, name, original)
+    _originals.clear()

@@ -1,0 +1,122 @@
+"""Stage 5, aten-level symbols: one generic, table-driven path from a ``torch._ops.OpOverload`` to a thunder symbol.
+
+In: an aten call recorded below a subclass's ``__torch_dispatch__`` (op, proxy arguments, fake results).
+Out: bound symbols in the current trace scope.
+
+* Where thunder has a torch-level symbol that computes exactly the same thing, :data:`THUNDER_EQUIVALENTS` maps the
+  op to it, so that fusion executors (torch_compile on CPU, nvFuser on GPU) can claim the flattened program. The
+  equivalent is used only when its result metadata equals the recorded one.
+* Every other op becomes a symbol of the plugin's executor named after it (``aten_mul_Tensor``), whose meta runs
+  the op on fake tensors and whose implementation is the op itself (run by torch). No op is refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+from torch._ops import OpOverload
+
+import thunder.torch as ltorch
+from thunder.core.proxies import TensorProxy, proxy
+from thunder.core.pytree import tree_flatten, tree_map, tree_unflatten
+from thunder.core.symbol import Symbol
+
+from thunder_subclass.executor import subclass_executor, unique_operator_name
+from thunder_subclass.fake import FakeEnv, fake_execution, remember_stride
+
+__all__ = ["aten_symbol", "record_aten_call", "THUNDER_EQUIVALENTS"]
+
+aten = torch.ops.aten
+
+# op -> function of the op's (args, kwargs) calling thunder torch symbols. Exact equivalents only.
+THUNDER_EQUIVALENTS: dict[OpOverload, Callable[..., Any]] = {
+    aten.add.Tensor: lambda a, b, alpha=1: ltorch.add(a, b, alpha=alpha),
+    aten.sub.Tensor: lambda a, b, alpha=1: ltorch.sub(a, b, alpha=alpha),
+    aten.mul.Tensor: lambda a, b: ltorch.mul(a, b),
+    aten.div.Tensor: lambda a, b: ltorch.true_divide(a, b),
+    aten.neg.default: lambda a: ltorch.neg(a),
+    aten.exp.default: lambda a: ltorch.exp(a),
+    aten.sin.default: lambda a: ltorch.sin(a),
+    aten.cos.default: lambda a: ltorch.cos(a),
+    aten.tanh.default: lambda a: ltorch.tanh(a),
+    aten.relu.default: lambda a: ltorch.relu(a),
+    aten.mm.default: lambda a, b: ltorch.matmul(a, b),
+    aten.t.default: lambda a: ltorch.t(a),
+    aten.transpose.int: lambda a, d0, d1: ltorch.transpose(a, d0, d1),
+}
+
+_symbols: dict[OpOverload, Symbol] = {}
+
+
+def _fake_meta(op: OpOverload) -> Callable:
+    def meta(*args, **kwargs):
+        env = FakeEnv()
+        fargs, fkwargs = tree_map(env.to_fake, (args, kwargs))
+        with fake_execution():
+            out = op(*fargs, **fkwargs)
+        return pytree.tree_map(proxy_from_fake, out)
+
+    return meta
+
+
+def proxy_from_fake(x: Any) -> Any:
+    """A plain ``TensorProxy`` with the metadata of fake tensor ``x`` (non-tensors are returned unchanged)."""
+    if not isinstance(x, torch.Tensor):
+        return x
+    return remember_stride(proxy(x, name=None), x)
+
+
+def aten_symbol(op: OpOverload) -> Symbol:
+    """The thunder symbol for ``op`` (made once, memoised): meta by fake execution, executed by the op itself."""
+    sym = _symbols.get(op)
+    if sym is None:
+        name = unique_operator_name(f"aten_{op._schema.name.split('::')[-1]}_{op._overloadname}")
+        sym = subclass_executor.register_operator(name, meta=_fake_meta(op), fn=op)
+        _symbols[op] = sym
+    return sym
+
+
+def _same_metadata(p: Any, fake: Any) -> bool:
+    if isinstance(fake, torch.Tensor):
+        from thunder_subclass.fake import torch_dtype
+
+        return (
+            isinstance(p, TensorProxy)
+            and tuple(p._shape) == tuple(fake.shape)
+            and torch_dtype(p) == fake.dtype
+        )
+    return not isinstance(p, TensorProxy)
+
+
+def record_aten_call(op: OpOverload, args: tuple, kwargs: dict, fake_out: Any, env: FakeEnv) -> None:
+    """Record ``op(*args, **kwargs)`` (proxies in, fake results known) in the current scope; bind results in env."""
+    from thunder.core.trace import get_tracectx
+
+    equivalent = THUNDER_EQUIVALENTS.get(op)
+    if equivalent is not None:
+        scope = get_tracectx().peek_scope()
+        mark = len(scope)
+        try:
+            out = equivalent(*args, **kwargs)
+        except Exception:
+            out = None
+        flat_out, _ = tree_flatten(out)
+        flat_fake = pytree.tree_leaves(fake_out)
+        if out is not None and len(flat_out) == len(flat_fake) and all(map(_same_metadata, flat_out, flat_fake)):
+            for p, f in zip(flat_out, flat_fake):
+                if isinstance(f, torch.Tensor):
+                    env.bind(remember_stride(p, f), f)
+            return
+        del scope[mark:]
+
+    flat_fake, spec = pytree.tree_flatten(fake_out)
+    flat_out = [proxy_from_fake(f) for f in flat_fake]
+    for p, f in zip(flat_out, flat_fake):
+        if isinstance(f, torch.Tensor):
+            env.bind(p, f)
+    out = pytree.tree_unflatten(flat_out, spec)
+    bsym = aten_symbol(op).bind(*args, **kwargs, output=out)
+    get_tracectx().peek_scope().append(bsym)

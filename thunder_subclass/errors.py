@@ -1,0 +1,44 @@
+"""Typed errors raised by thunder_subclass.
+
+Every error names the tensor subclass, the operation and, when it happened while tracing user code, the user's
+source file and line, and says what to do. They share one base class so callers can catch them together.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "TensorSubclassError",
+    "SubclassProtocolError",
+    "SubclassDispatchError",
+    "UnsupportedSubclassOperationError",
+    "ThunderVersionError",
+]
+
+
+class TensorSubclassError(Exception):
+    """Base class of every error raised by thunder_subclass."""
+
+
+class SubclassProtocolError(TensorSubclassError, TypeError):
+    """A tensor subclass does not implement the wrapper-subclass protocol that compilation needs
+    (``__tensor_flatten__`` / ``__tensor_unflatten__``), or implements it inconsistently."""
+
+
+class SubclassDispatchError(TensorSubclassError, RuntimeError):
+    """An exception was raised while running a torch operation on (fake) subclass instances during tracing:
+    inside the subclass's ``__torch_dispatch__`` / ``__torch_function__`` or by fake-tensor execution.
+    The original exception is chained as ``__cause__``."""
+
+
+class UnsupportedSubclassOperationError(TensorSubclassError, NotImplementedError):
+    """The operation on a subclass cannot be compiled (for example, a data-dependent op inside dispatch)."""
+
+
+class ThunderVersionError(TensorSubclassError, ImportError):
+    """The installed thunder or torch version is not one whose internals thunder_subclass knows."""
+
+
+def format_location(filename: str | None, lineno: int | None) -> str:
+    if filename is None:
+        return "an unknown source line"
+    return f"{filename}:{lineno}" if lineno is not None else filename

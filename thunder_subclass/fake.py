@@ -1,0 +1,106 @@
+"""Fake tensors for tracing: one shared ``FakeTensorMode`` and the two-way map between proxies and fakes.
+
+In: thunder proxies (plain and subclass). Out: fake tensors with the same metadata (subclass fakes are rebuilt with
+``__tensor_unflatten__`` on fake inner tensors), and proxies for fake results. Used by interpretation (running an
+operation on fake subclass instances) and by the metas of aten-level symbols.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import thunder.core.devices as devices
+import thunder.core.dtypes as dtypes
+from thunder.core.proxies import NumberProxy, TensorProxy
+
+from thunder_subclass.proxy import SubclassTensorProxy
+
+_STRIDE_ATTR = "_thunder_subclass_stride"
+
+@functools.cache
+def fake_mode() -> FakeTensorMode:
+    """The FakeTensorMode shared by every trace (creating one per operation is slow)."""
+    return FakeTensorMode(allow_non_fake_inputs=True)
+
+
+def contiguous_strides(shape) -> tuple[int, ...]:
+    strides, acc = [], 1
+    for s in reversed(tuple(shape)):
+        strides.append(acc)
+        acc *= max(int(s), 1)
+    return tuple(reversed(strides))
+
+
+def stride_of(p: TensorProxy) -> tuple[int, ...]:
+    """Strides recorded for ``p`` when it was made from a real or fake tensor, else contiguous strides."""
+    if isinstance(p, SubclassTensorProxy):
+        return p.outer_stride
+    return p.__dict__.get(_STRIDE_ATTR) or contiguous_strides(p._shape)
+
+
+def remember_stride(p: TensorProxy, t: torch.Tensor) -> TensorProxy:
+    if not isinstance(p, SubclassTensorProxy):
+        p.__dict__[_STRIDE_ATTR] = tuple(t.stride())
+    return p
+
+
+def torch_dtype(p: TensorProxy) -> torch.dtype:
+    return dtypes.to_torch_dtype(p.dtype)
+
+
+def torch_device(p: TensorProxy) -> torch.device:
+    return devices.to_torch_device(p.device)
+
+
+class FakeEnv:
+    """Maps proxies to fake tensors (for running an operation) and fake results back to proxies."""
+
+    def __init__(self):
+        self._fake_of: dict[int, torch.Tensor] = {}  # id(proxy) -> fake
+        self._proxy_of: dict[int, TensorProxy] = {}  # id(fake) -> proxy
+        self._keep: list[Any] = []  # keeps fakes alive so ids stay unique
+        self.subclass_inputs: list[SubclassTensorProxy] = []
+
+    def bind(self, p: TensorProxy, fake: torch.Tensor) -> None:
+        self._fake_of[id(p)] = fake
+        self._proxy_of[id(fake)] = p
+        self._keep.append((p, fake))
+
+    def proxy_of(self, fake: torch.Tensor) -> TensorProxy | None:
+        return self._proxy_of.get(id(fake))
+
+    def to_fake(self, x: Any) -> Any:
+        if isinstance(x, NumberProxy):
+            return x.value
+        if not isinstance(x, TensorProxy):
+            return x
+        fake = self._fake_of.get(id(x))
+        if fake is not None:
+            return fake
+        if isinstance(x, SubclassTensorProxy):
+            inner = {a: self.to_fake(p) for a, p in x.inner.items()}
+            fake = x.subclass_type.__tensor_unflatten__(inner, x.flatten_ctx, tuple(x._shape), x.outer_stride)
+            if x.requires_grad and not fake.requires_grad:
+                fake.requires_grad_(True)
+            self.subclass_inputs.append(x)
+        else:
+            with fake_mode():
+                fake = torch.empty_strided(
+                    tuple(x._shape), stride_of(x), dtype=torch_dtype(x), device=torch_device(x)
+                )
+            if x.requires_grad:
+                fake.requires_grad_(True)
+        self.bind(x, fake)
+        return fake
+
+
+@contextlib.contextmanager
+def fake_execution():
+    """Run torch code on fakes: the shared fake mode, with real (non-fake) constants allowed."""
+    with fake_mode():
+        yield

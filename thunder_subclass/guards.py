@@ -1,0 +1,82 @@
+"""Stage 3, prologue guards: when may a cached trace be reused for a subclass input?
+
+In: a ``SubclassTensorProxy`` made for an input (argument, parameter, buffer). Out: constraints on thunder's jit
+context that ``unpack_inputs`` turns into prologue checks, in this order:
+
+1. ``check_subclass(x, spec)``: the exact type, the attribute names of ``__tensor_flatten__`` and the flatten
+   context are as when traced (the context is compared with the class's ``__metadata_guard__(old, new)`` when it
+   defines one, else with ``==``);
+2. thunder's usual tensor check on the outer tensor and on every inner tensor (shape, device, dtype, requires_grad),
+   recursively for nested subclasses.
+
+A failing check makes the prologue raise, which thunder treats as a cache miss: a new trace, never a stale one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import thunder.clang as clang
+import thunder.core.prims as prims
+
+from thunder_subclass.executor import subclass_executor
+from thunder_subclass.proxy import SubclassTensorProxy
+
+__all__ = ["SubclassSpec", "add_subclass_guards", "check_subclass"]
+
+
+class SubclassSpec:
+    """What a subclass input looked like when it was traced. (Not a dataclass: thunder prints dataclass
+    arguments field by field, and a type or an arbitrary context object cannot be printed.)"""
+
+    __slots__ = ("subclass_type", "attr_names", "flatten_ctx")
+
+    def __init__(self, subclass_type: type, attr_names: tuple[str, ...], flatten_ctx: Any):
+        self.subclass_type = subclass_type
+        self.attr_names = tuple(attr_names)
+        self.flatten_ctx = flatten_ctx
+
+    def __repr__(self) -> str:
+        return f"SubclassSpec({self.subclass_type.__name__}, attrs={self.attr_names}, ctx={self.flatten_ctx!r})"
+
+    def matches(self, t) -> bool:
+        if type(t) is not self.subclass_type:
+            return False
+        attrs, ctx = t.__tensor_flatten__()
+        if tuple(attrs) != self.attr_names:
+            return False
+        metadata_guard = getattr(self.subclass_type, "__metadata_guard__", None)
+        if metadata_guard is not None:
+            return bool(metadata_guard(self.flatten_ctx, ctx))
+        return bool(ctx == self.flatten_ctx)
+
+
+class SubclassGuardFailure(Exception):
+    """Raised by a prologue guard: thunder catches it and treats the call as a cache miss."""
+
+
+def _check_subclass_impl(t, spec: SubclassSpec) -> None:
+    if not spec.matches(t):
+        raise SubclassGuardFailure(f"{type(t).__name__} input does not match {spec}")
+
+
+def _check_subclass_meta(t, spec) -> None:
+    return None
+
+
+# DONT_DCE: a check has no output, and dead-code elimination must keep it in the prologue.
+check_subclass = subclass_executor.register_operator(
+    "check_subclass", meta=_check_subclass_meta, fn=_check_subclass_impl, tags=[prims.OpTags.DONT_DCE]
+)
+
+
+def add_subclass_guards(jit_ctx, p: SubclassTensorProxy) -> None:
+    """Add the prologue constraints for input ``p`` (and, recursively, its inner tensors) to ``jit_ctx``."""
+    spec = SubclassSpec(p.subclass_type, p.attr_names, p.flatten_ctx)
+    jit_ctx.add_constraint((check_subclass, p, spec))
+    jit_ctx.add_constraint((clang.check_tensor_shape_and_metadata, p))
+    for inner in p.inner.values():
+        if isinstance(inner, SubclassTensorProxy):
+            add_subclass_guards(jit_ctx, inner)
+        else:
+            jit_ctx.add_constraint((clang.check_tensor_shape_and_metadata, inner))

@@ -1,0 +1,320 @@
+"""Stage 4, interpretation-time unrolling of ``__torch_dispatch__``.
+
+In: a torch-level thunder symbol (``ltorch.mul``, ``ltorch.linear``, ...) called during ``thunder.jit``'s
+interpretation with at least one ``SubclassTensorProxy`` argument (from ``torch.mul(x)``, ``x.mul()`` or
+``x * y`` alike); or a call of a wrapper-subclass class (construction inside traced code).
+
+What happens: the torch operation runs once on *fake* subclass instances (inner fakes made from the inner proxies'
+metadata, rebuilt with ``__tensor_unflatten__``) under a recording dispatch mode that steps aside for subclasses
+(so their ``__torch_dispatch__`` runs) and records the aten calls they make on plain inner tensors.
+
+Out: ONE bound symbol for the torch-level operation whose outputs carry the true result metadata (subclass or plain,
+type, dtype, shape: user code that branches on them behaves as eager) and whose subsymbols are
+``flatten_<Cls>`` of the subclass inputs -> aten-level symbols -> ``unflatten_<Cls>`` of subclass outputs.
+Errors raised inside dispatch surface here as :class:`SubclassDispatchError` naming the subclass, the op and the
+user's source line.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import types
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+from torch._ops import OpOverload
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass_type
+
+import thunder.core.devices as devices
+import thunder.core.dtypes as dtypes
+import thunder.core.prims as prims
+from thunder.core.proxies import TensorProxy
+from thunder.core.pytree import tree_flatten, tree_map, tree_unflatten
+from thunder.core.symbol import Symbol
+from thunder.core.trace import get_tracectx
+
+from thunder_subclass._thunder_internals import is_called_from_user_code, source_location
+from thunder_subclass.aten_symbols import record_aten_call
+from thunder_subclass.errors import (
+    SubclassDispatchError,
+    TensorSubclassError,
+    UnsupportedSubclassOperationError,
+    format_location,
+)
+from thunder_subclass.fake import FakeEnv, fake_execution, remember_stride
+from thunder_subclass.proxy import SubclassTensorProxy, flatten_tensor
+from thunder_subclass.subclass_symbols import record_flatten, record_unflatten
+
+__all__ = ["unroll_symbol_call", "construct_subclass", "subclass_lookaside", "torch_callable_for"]
+
+
+class RecordingMode(TorchDispatchMode):
+    """Records aten calls on plain (fake) tensors; steps aside (``NotImplemented``) when a wrapper subclass is an
+    argument, so that the subclass's ``__torch_dispatch__`` runs and its inner calls come back here."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls: list[tuple[OpOverload, tuple, dict, Any]] = []
+
+    def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if any(is_traceable_wrapper_subclass_type(t) for t in types_):
+            return NotImplemented
+        out = func(*args, **kwargs)
+        if isinstance(func, OpOverload) and any(isinstance(o, torch.Tensor) for o in pytree.tree_leaves(out)):
+            self.calls.append((func, args, kwargs, out))
+        return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# torch callable for a thunder symbol
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@functools.cache
+def _torch_callables_by_symbol_id() -> dict[Any, list[Callable]]:
+    import thunder.torch as ltorch
+
+    table = defaultdict(list)
+    for torch_fn, sym in ltorch._torch_to_thunder_function_map.items():
+        if not isinstance(sym, Symbol):
+            # thunder 0.2.6 wraps some symbols in a DTensor dispatcher closing over the plain symbol
+            sym = inspect.getclosurevars(sym).nonlocals.get("single_device_symbol") if callable(sym) else None
+        sym_id = getattr(sym, "id", None)
+        if sym_id is not None:
+            table[sym_id].append(torch_fn)
+    return table
+
+
+def _is_tensor_method(fn: Callable) -> bool:
+    owner = getattr(fn, "__objclass__", None)
+    if owner is not None:
+        return issubclass(owner, torch._C.TensorBase)
+    return getattr(fn, "__qualname__", "").split(".")[0] in ("Tensor", "TensorBase")
+
+
+def torch_callable_for(sym: Symbol, args: tuple) -> Callable:
+    """The torch callable that thunder symbol ``sym`` stands for (resolved from the symbol id)."""
+    candidates = _torch_callables_by_symbol_id().get(sym.id, [])
+    if not candidates:
+        raise UnsupportedSubclassOperationError(
+            f"thunder symbol {sym.name} (id {sym.id!r}) has no torch operation that thunder_subclass can run on "
+            "tensor subclasses. Please report it."
+        )
+    methods = [f for f in candidates if _is_tensor_method(f) and not f.__name__.startswith("__")]
+    functions = [f for f in candidates if not _is_tensor_method(f)]
+    if args and isinstance(args[0], TensorProxy) and methods:
+        return min(methods, key=lambda f: f.__name__ != sym.name)
+    if functions:
+        return min(functions, key=lambda f: (getattr(f, "__module__", "") or "") != "torch")
+    return candidates[0]
+
+
+def _op_name(fn: Callable) -> str:
+    if isinstance(fn, type):
+        return f"{fn.__qualname__}(...)"
+    qual = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", repr(fn))
+    module = getattr(fn, "__module__", None)
+    if _is_tensor_method(fn):
+        return f"torch.Tensor.{fn.__name__}"
+    if module and module.startswith("torch"):
+        module = "torch.nn.functional" if module.startswith("torch.nn.functional") else module
+        module = "torch" if module.startswith("torch._C") else module
+        return f"{module}.{qual}"
+    return qual
+
+
+def _subclass_names(args, kwargs) -> str:
+    names = []
+    for a in tree_flatten((args, kwargs))[0]:
+        if isinstance(a, SubclassTensorProxy) and a.subclass_type.__name__ not in names:
+            names.append(a.subclass_type.__name__)
+    return ", ".join(names) or "tensor subclass"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The unrolling
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _run_on_fakes(fn: Callable, args, kwargs, what: str, subclasses: str):
+    env = FakeEnv()
+    fargs, fkwargs = tree_map(env.to_fake, (args, kwargs))
+    recorder = RecordingMode()
+    try:
+        with fake_execution(), recorder:
+            out = fn(*fargs, **fkwargs)
+    except TensorSubclassError:
+        raise
+    except Exception as e:
+        filename, lineno = source_location()
+        raise SubclassDispatchError(
+            f"{what} on {subclasses} failed while tracing at {format_location(filename, lineno)}: "
+            f"{type(e).__name__}: {e}\nThe operation ran on fake {subclasses} instances "
+            "(its __torch_dispatch__ / __torch_function__ and fake-tensor execution); fix the subclass's "
+            "implementation of this operation or avoid calling it in compiled code."
+        ) from e
+    return env, recorder.calls, out
+
+
+def _proxy_for_result(x: Any, env: FakeEnv, scope: list, what: str) -> Any:
+    if isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        raise UnsupportedSubclassOperationError(f"{what} returned a data-dependent value {x!r}; not supported.")
+    if not isinstance(x, torch.Tensor):
+        return x
+    p = env.proxy_of(x)
+    if p is not None:
+        return p
+    if is_traceable_wrapper_subclass(x):
+        attrs, ctx = flatten_tensor(x)
+        inner = {a: _proxy_for_result(getattr(x, a), env, scope, what) for a in attrs}
+        out = SubclassTensorProxy(
+            None,
+            subclass_type=type(x),
+            inner=inner,
+            flatten_ctx=ctx,
+            outer_stride=tuple(x.stride()),
+            shape=tuple(x.shape),
+            device=devices.to_device(x.device),
+            dtype=dtypes.to_dtype(x.dtype),
+            requires_grad=x.requires_grad,
+        )
+        record_unflatten(out, scope)
+        env.bind(out, x)
+        return out
+    kind = "a fake tensor" if isinstance(x, FakeTensor) else "a real (non-fake) tensor"
+    raise UnsupportedSubclassOperationError(
+        f"{what} returned {kind} that no recorded aten operation produced; thunder_subclass cannot place it "
+        "in the trace."
+    )
+
+
+def _record(fn: Callable, args: tuple, kwargs: dict, scope: list, what: str, subclasses: str):
+    """Run ``fn`` on fakes and record flatten -> aten calls -> unflatten into ``scope``; return proxy results."""
+    env, calls, out = _run_on_fakes(fn, args, kwargs, what, subclasses)
+
+    def to_proxy(x):
+        if isinstance(x, torch.Tensor):
+            p = env.proxy_of(x)
+            if p is not None:
+                return p
+            if isinstance(x, FakeTensor):
+                raise UnsupportedSubclassOperationError(
+                    f"{what} on {subclasses} used a tensor created outside any recorded aten operation."
+                )
+        return x
+
+    trace = get_tracectx()
+    trace.push_scope(scope)
+    try:
+        for p in env.subclass_inputs:
+            if not any(p is q for sub in env.subclass_inputs for q in sub.inner.values()):
+                record_flatten(p, scope)
+        for op, a, k, fake_out in calls:
+            pa, pk = pytree.tree_map(to_proxy, (a, k))
+            record_aten_call(op, pa, pk, fake_out, env)
+        flat, spec = pytree.tree_flatten(out)
+        result = pytree.tree_unflatten([_proxy_for_result(x, env, scope, what) for x in flat], spec)
+    finally:
+        trace.pop_scope()
+    return env, out, result
+
+
+def unroll_symbol_call(sym: Symbol, args: tuple, kwargs: dict):
+    """Record ``sym(*args, **kwargs)`` (some args are subclass proxies) as one bound symbol with unrolled
+    subsymbols, and return its outputs (called from the ``Symbol.__call__`` hook)."""
+    fn = torch_callable_for(sym, args)
+    what = _op_name(fn)
+    subclasses = _subclass_names(args, kwargs)
+    subsymbols: list = []
+    env, fake_out, result = _record(fn, args, kwargs, subsymbols, what, subclasses)
+
+    # An operation that returns one of its subclass inputs unchanged (x.contiguous(), x.to(x.dtype)) returns
+    # the same object in eager mode: no new value, no bound symbol.
+    if isinstance(result, TensorProxy) and any(result is a for a in tree_flatten((args, kwargs))[0]):
+        return result
+
+    # thunder never lets a bound symbol output one of its inputs; copy plain outputs that are inputs.
+    inputs = {id(a) for a in tree_flatten((args, kwargs))[0] if isinstance(a, TensorProxy)}
+    flat, spec = tree_flatten(result)
+    if any(id(p) in inputs for p in flat):
+        trace = get_tracectx()
+        trace.push_scope(subsymbols)
+        try:
+            flat = [prims.shallow_copy(p) if id(p) in inputs else p for p in flat]
+        finally:
+            trace.pop_scope()
+        result = tree_unflatten(flat, spec)
+
+    bsym = sym.bind(*args, **kwargs, output=result, subsymbols=subsymbols)
+    get_tracectx().peek_scope().append(bsym)
+    return result
+
+
+def construct_subclass(cls: type, *args, **kwargs):
+    """``cls(*args, **kwargs)`` in traced code: record the aten calls the constructor makes and the unflatten
+    that builds the subclass proxy, directly in the current scope."""
+    scope = get_tracectx().peek_scope()
+    _, _, result = _record(cls, args, kwargs, scope, f"{cls.__qualname__}(...)", cls.__qualname__)
+    return result
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Interpreter lookasides (called from the general_jit_lookaside hook)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _isinstance(obj, cls):
+    if isinstance(obj, SubclassTensorProxy):
+        return issubclass(obj.subclass_type, cls)
+    return isinstance(obj, cls)
+
+
+def _torch_dtype_attr(obj, name):
+    return dtypes.to_torch_dtype(obj.dtype)
+
+
+def _type(obj):
+    return obj.subclass_type if isinstance(obj, SubclassTensorProxy) else type(obj)
+
+
+def subclass_lookaside(fn: Any, wrapped_args: tuple) -> Callable | None:
+    """A lookaside for ``fn`` when it involves subclasses, else ``None`` (thunder's own lookaside applies)."""
+    from thunder.core.interpreter import interpreter_needs_wrap, unwrap
+
+    if fn is isinstance or fn is type:
+        if (
+            len(wrapped_args) >= 1
+            and isinstance(unwrap(wrapped_args[0]), SubclassTensorProxy)
+            and is_called_from_user_code()
+        ):
+            return interpreter_needs_wrap(_isinstance if fn is isinstance else _type)
+        return None
+    if fn is getattr and len(wrapped_args) == 2:
+        # thunder 0.2.6 gives user code thunder dtypes, which compare unequal to torch dtypes
+        # (`y.dtype == torch.float32` is False even in plain thunder); eager code expects torch dtypes.
+        obj, name = unwrap(wrapped_args[0]), unwrap(wrapped_args[1])
+        if isinstance(obj, TensorProxy) and name == "dtype" and is_called_from_user_code():
+            return interpreter_needs_wrap(_torch_dtype_attr)
+        return None
+    if isinstance(fn, type) and is_traceable_wrapper_subclass_type(fn):
+        if any(isinstance(a, TensorProxy) for a in tree_flatten([unwrap(a) for a in wrapped_args])[0]):
+            return interpreter_needs_wrap(functools.partial(construct_subclass, fn))
+    return None
+
+
+def subclass_method(p: SubclassTensorProxy, attr: str) -> Callable | None:
+    """A Python method the subclass defines itself (not a torch.Tensor method), bound to the proxy, so that the
+    interpreter traces its body (``self.a`` there gives the inner proxy)."""
+    if hasattr(torch.Tensor, attr):
+        return None
+    fn = getattr(p.subclass_type, attr, None)
+    if isinstance(fn, types.FunctionType):
+        return types.MethodType(fn, p)
+    return None

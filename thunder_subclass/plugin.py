@@ -1,0 +1,60 @@
+"""Stage 1, entry points: ``thunder_subclass.jit`` and the ``"tensor-subclass"`` thunder plugin.
+
+Both put the plugin's executor first in the jit's executor list and install the hooks of ``_thunder_internals``
+(idempotently). The executor's presence is what makes the hooks act for that jit and for no other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from thunder.core.recipe import Plugin, PluginPolicy
+
+from thunder_subclass import _thunder_internals
+from thunder_subclass.executor import subclass_executor
+
+__all__ = ["jit", "TensorSubclassPlugin", "PLUGIN_NAME"]
+
+PLUGIN_NAME = "tensor-subclass"
+
+
+class TensorSubclassPlugin(Plugin):
+    """thunder plugin that compiles models holding tensor wrapper subclasses.
+
+    Example (CPU; thunder 0.2.6's default recipe needs nvFuser, so name a CPU fuser)::
+
+        import thunder_subclass  # registers the plugin name
+        import thunder
+        from thunder.recipes import BaseRecipe
+        cmodel = thunder.compile(model, recipe=BaseRecipe(fuser="torch.compile"), plugins="tensor-subclass")
+    """
+
+    policy = PluginPolicy.PRE
+
+    def setup_executors(self):
+        _thunder_internals.install()
+        return [subclass_executor]
+
+
+def jit(fn: Callable, /, **kwargs) -> Callable:
+    """``thunder.jit(fn, **kwargs)`` that can compile functions and modules holding tensor wrapper subclasses.
+
+    Takes the same keyword arguments as ``thunder.jit``; ``executors`` (default: thunder's default executors) gets
+    the plugin's executor put first.
+
+    Example::
+
+        >>> import torch, thunder, thunder_subclass
+        >>> from torch.testing._internal.two_tensor import TwoTensor
+        >>> x = TwoTensor(torch.ones(2, 2), torch.zeros(2, 2))
+        >>> y = thunder_subclass.jit(lambda t: t * 2 + 1)(x)
+        >>> type(y).__name__, y.a.tolist(), y.b.tolist()
+        ('TwoTensor', [[3.0, 3.0], [3.0, 3.0]], [[1.0, 1.0], [1.0, 1.0]])
+    """
+    import thunder
+    from thunder.extend import resolve_executors
+
+    _thunder_internals.install()
+    executors: Sequence = resolve_executors(kwargs.pop("executors", None))
+    executors = [subclass_executor, *(ex for ex in executors if ex is not subclass_executor)]
+    return thunder.jit(fn, executors=executors, **kwargs)

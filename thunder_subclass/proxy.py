@@ -1,0 +1,243 @@
+"""Stage 2, proxies: how a tensor wrapper subclass is represented in thunder traces.
+
+In: a real subclass value reaching the interpreter (an argument, a parameter, a buffer), or the result metadata of an
+operation that returns a subclass. Out: a :class:`SubclassTensorProxy`, a ``TensorProxy`` for the *outer* tensor
+(shape, dtype, device, requires_grad as the subclass reports them, never taken from an inner tensor) that also carries
+the subclass type, its inner tensor proxies by attribute name (recursively for nested subclasses), the flatten context
+(``__tensor_flatten__()[1]``) and the outer strides (``__tensor_unflatten__`` needs them).
+
+In a trace it prints as ``TwoTensor[cpu f32[4, 4]] (a: cpu f32[4, 4], b: cpu f32[4, 4])``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+import thunder.core.devices as devices
+import thunder.core.dtypes as dtypes
+from thunder.core.proxies import ProxyTag, TensorProxy, tensorproxy
+from thunder.core.pytree import tree_iter
+from thunder.core.trace import get_tracectx
+
+from thunder_subclass.errors import SubclassProtocolError
+
+__all__ = ["SubclassTensorProxy", "is_subclass_value", "has_subclass_proxy", "subclass_proxy_from_tensor"]
+
+
+class SubclassTensorProxy(TensorProxy):
+    """A proxy for a tensor wrapper subclass.
+
+    Attributes:
+        subclass_type: the exact Python type of the subclass (``TwoTensor``, ``Float8TrainingTensor``, ...).
+        inner: the inner tensors by attribute name, in ``__tensor_flatten__`` order: ``TensorProxy`` or, for a
+            nested subclass, ``SubclassTensorProxy``.
+        flatten_ctx: the non-tensor metadata returned by ``__tensor_flatten__`` (passed back to
+            ``__tensor_unflatten__``).
+        outer_stride: strides of the outer tensor.
+
+    Attribute access for an inner tensor name (``x.a``) gives that inner proxy, as ``x.a`` gives the inner tensor
+    in eager mode.
+    """
+
+    _DEFAULT_PREFIX = "s"
+
+    def __init__(
+        self,
+        name: str | None = None,
+        *,
+        subclass_type: type,
+        inner: Mapping[str, TensorProxy],
+        flatten_ctx: Any,
+        outer_stride: tuple[int, ...],
+        shape,
+        device,
+        dtype,
+        requires_grad: bool = False,
+        history=None,
+        tags=None,
+    ):
+        super().__init__(
+            name, shape=shape, device=device, dtype=dtype, requires_grad=requires_grad, history=history, tags=tags
+        )
+        self.subclass_type = subclass_type
+        self.inner = dict(inner)
+        self.flatten_ctx = flatten_ctx
+        self.outer_stride = tuple(outer_stride)
+
+    def __getattr__(self, attr: str, /):
+        inner = self.__dict__.get("inner")
+        if inner is not None and attr in inner:
+            return inner[attr]
+        if inner is not None:
+            from thunder_subclass.interpretation import subclass_method
+
+            method = subclass_method(self, attr)
+            if method is not None:
+                return method
+        return super().__getattr__(attr)
+
+    @property
+    def attr_names(self) -> tuple[str, ...]:
+        return tuple(self.inner)
+
+    def leaves(self) -> list[TensorProxy]:
+        """Plain inner proxies, depth first (the tensors the flattened program works on)."""
+        out = []
+        for p in self.inner.values():
+            out.extend(p.leaves() if isinstance(p, SubclassTensorProxy) else [p])
+        return out
+
+    def replace(self, **changes):
+        kwargs = dict(
+            name=self.name,
+            subclass_type=self.subclass_type,
+            inner=self.inner,
+            flatten_ctx=self.flatten_ctx,
+            outer_stride=self.outer_stride,
+            shape=self._shape,
+            device=self._device,
+            dtype=self._dtype,
+            requires_grad=self._requires_grad,
+            history=self.history,
+            tags=self.tags,
+        )
+        like = changes.pop("like", None)
+        if like is not None:
+            kwargs.update(shape=like.shape, device=like.device, dtype=like.dtype, requires_grad=like.requires_grad)
+        changes.pop("grad", None)
+        kwargs.update(changes)
+        return SubclassTensorProxy(**kwargs)
+
+    def type_string(self) -> str:
+        inner = ", ".join(f"{a}: {p.type_string()}" for a, p in self.inner.items())
+        ctx = "" if self.flatten_ctx is None else f", ctx={self.flatten_ctx!r}"
+        return f"{self.subclass_type.__name__}[{super().type_string()}] ({inner}{ctx})"
+
+    def __repr__(self) -> str:
+        return f'<SubclassTensorProxy(name="{self.name}", {self.type_string()})>'
+
+
+def is_subclass_value(t: Any) -> bool:
+    """True for a tensor whose class is a wrapper subclass the compiler must see (it defines ``__torch_dispatch__``).
+
+    Raises :class:`SubclassProtocolError` for a ``__torch_dispatch__`` subclass without
+    ``__tensor_flatten__`` / ``__tensor_unflatten__`` (it cannot be taken apart, so it cannot be compiled).
+    """
+    if not isinstance(t, torch.Tensor) or isinstance(t, TensorProxy):
+        return False
+    cls = type(t)
+    if cls is torch.Tensor or cls is torch.nn.Parameter:
+        return False
+    if is_traceable_wrapper_subclass(t):
+        return True
+    if getattr(cls, "__torch_dispatch__", None) is not getattr(torch.Tensor, "__torch_dispatch__", None):
+        missing = [m for m in ("__tensor_flatten__", "__tensor_unflatten__") if not hasattr(cls, m)]
+        raise SubclassProtocolError(
+            f"{cls.__qualname__} overrides __torch_dispatch__ but does not define {' and '.join(missing)}; "
+            f"thunder_subclass needs both to take a {cls.__qualname__} apart into inner tensors and rebuild it. "
+            "Define them as in torch.testing._internal.two_tensor.TwoTensor."
+        )
+    return False
+
+
+def has_subclass_proxy(args, kwargs) -> bool:
+    for a in args:
+        if isinstance(a, SubclassTensorProxy):
+            return True
+    for a in tree_iter((args, kwargs)):
+        if isinstance(a, SubclassTensorProxy):
+            return True
+    return False
+
+
+def fresh_name(base: str) -> str:
+    trace = get_tracectx()
+    name, i = base, 0
+    while trace.has_name(name):
+        name = f"{base}_{i}"
+        i += 1
+    return name
+
+
+def flatten_tensor(t: torch.Tensor) -> tuple[list[str], Any]:
+    """``__tensor_flatten__`` of ``t``, checked: names of tensor attributes, and the context."""
+    cls = type(t)
+    try:
+        attrs, ctx = t.__tensor_flatten__()
+    except Exception as e:
+        raise SubclassProtocolError(f"{cls.__qualname__}.__tensor_flatten__ raised {type(e).__name__}: {e}") from e
+    for a in attrs:
+        if not isinstance(getattr(t, a, None), torch.Tensor):
+            raise SubclassProtocolError(
+                f"{cls.__qualname__}.__tensor_flatten__ names attribute {a!r}, which is not a tensor "
+                f"(got {type(getattr(t, a, None)).__name__}); only tensor attributes may be listed."
+            )
+    return list(attrs), ctx
+
+
+def subclass_proxy_from_tensor(t: torch.Tensor, *, name: str | None, history, inner_history=None) -> SubclassTensorProxy:
+    """A proxy for the real (or fake) subclass ``t``. ``inner_history(attr)`` gives provenance for inner proxies."""
+    attrs, fctx = flatten_tensor(t)
+    name = name if name is not None else get_tracectx().make_name(prefix=SubclassTensorProxy._DEFAULT_PREFIX)
+    inner = {}
+    for a in attrs:
+        it = getattr(t, a)
+        h = inner_history(a) if inner_history is not None else None
+        iname = fresh_name(f"{name}_{a}")
+        if is_subclass_value(it):
+            inner[a] = subclass_proxy_from_tensor(
+                it, name=iname, history=h, inner_history=None if h is None else _load_attr_history(h)
+            )
+        else:
+            inner[a] = tensorproxy(it, name=iname, history=h)
+    # the outer name was reserved above; Proxy.__init__ records it again, so release it first
+    get_tracectx().names.discard(name)
+    p = SubclassTensorProxy(
+        name,
+        subclass_type=type(t),
+        inner=inner,
+        flatten_ctx=fctx,
+        outer_stride=tuple(t.stride()),
+        shape=tuple(t.shape),
+        device=devices.to_device(t.device),
+        dtype=dtypes.to_dtype(t.dtype),
+        requires_grad=t.requires_grad,
+        history=history,
+    )
+    if isinstance(t, torch.nn.Parameter):
+        p.tags.add(ProxyTag.STATIC_MEMORY_LOCATION)
+    return p
+
+
+def _load_attr_history(history):
+    from thunder.core.interpreter import ProvenanceRecord, PseudoInst, wrap_const
+
+    def inner_history(attr: str):
+        return ProvenanceRecord(PseudoInst.LOAD_ATTR, inputs=[history, wrap_const(attr).provenance])
+
+    return inner_history
+
+
+def proxify_subclass(jit_ctx, value):
+    """Proxify an input wrapper subclass (called from the ``JitCtx.proxify`` hook) and add its prologue guards."""
+    from thunder.core.jit_ext import EXT_FLAG_IS_TENSOR_PROXY, _infer_name_postfix_from_provenance
+
+    from thunder_subclass.guards import add_subclass_guards
+
+    t = value.value
+    postfix = _infer_name_postfix_from_provenance(value.provenance)
+    name = None
+    if postfix:
+        name = f"t{postfix}"
+        jit_ctx.computation_trace.names.discard(name)
+    p = subclass_proxy_from_tensor(
+        t, name=name, history=value.provenance, inner_history=_load_attr_history(value.provenance)
+    )
+    value.provenance.ext_flag |= EXT_FLAG_IS_TENSOR_PROXY
+    value.register_proxy(p)
+    add_subclass_guards(jit_ctx, p)
+    return p

@@ -1,0 +1,92 @@
+"""The symbols at the boundary between a subclass object and its inner tensors.
+
+* ``flatten_<Cls>(x, attrs)`` -> the inner tensors of ``x`` named by ``attrs`` (``getattr`` at run time);
+* ``unflatten_<Cls>(inner..., attrs, ctx, outer_size, outer_stride)`` -> ``Cls.__tensor_unflatten__(...)``.
+
+One pair per subclass type, made on first use in the plugin's executor, so traces read ``flatten_TwoTensor``.
+After the flatten pass, ``flatten_*`` remains only for subclass inputs of the trace and ``unflatten_*`` only where
+a subclass leaves the compiled function.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from thunder.core.symbol import Symbol
+
+from thunder_subclass.executor import subclass_executor, unique_operator_name
+from thunder_subclass.proxy import SubclassTensorProxy
+
+__all__ = ["flatten_symbol", "unflatten_symbol", "is_flatten_bsym", "is_unflatten_bsym", "record_flatten", "record_unflatten"]
+
+_flatten: dict[type, Symbol] = {}
+_unflatten: dict[type, Symbol] = {}
+_flatten_ids: set[str] = set()
+_unflatten_ids: set[str] = set()
+
+
+def flatten_symbol(cls: type) -> Symbol:
+    sym = _flatten.get(cls)
+    if sym is None:
+
+        def meta(x: SubclassTensorProxy, attrs: tuple[str, ...]):
+            return tuple(x.inner[a] for a in attrs)
+
+        def impl(x, attrs):
+            return tuple(getattr(x, a) for a in attrs)
+
+        sym = subclass_executor.register_operator(unique_operator_name(f"flatten_{cls.__name__}"), meta=meta, fn=impl)
+        _flatten[cls] = sym
+        _flatten_ids.add(sym.id)
+    return sym
+
+
+def unflatten_symbol(cls: type) -> Symbol:
+    sym = _unflatten.get(cls)
+    if sym is None:
+
+        def meta(inner: tuple, attrs: tuple[str, ...], ctx: Any, outer_size: tuple, outer_stride: tuple):
+            from thunder_subclass.fake import FakeEnv
+            from thunder_subclass.proxy import subclass_proxy_from_tensor
+
+            env = FakeEnv()
+            fake = cls.__tensor_unflatten__(
+                {a: env.to_fake(p) for a, p in zip(attrs, inner)}, ctx, outer_size, outer_stride
+            )
+            out = subclass_proxy_from_tensor(fake, name=None, history=None)
+            out.inner = dict(zip(attrs, inner))
+            return out
+
+        def impl(inner, attrs, ctx, outer_size, outer_stride):
+            return cls.__tensor_unflatten__(dict(zip(attrs, inner)), ctx, outer_size, outer_stride)
+
+        sym = subclass_executor.register_operator(
+            unique_operator_name(f"unflatten_{cls.__name__}"), meta=meta, fn=impl
+        )
+        _unflatten[cls] = sym
+        _unflatten_ids.add(sym.id)
+    return sym
+
+
+def is_flatten_bsym(bsym) -> bool:
+    return bsym.sym.id in _flatten_ids
+
+
+def is_unflatten_bsym(bsym) -> bool:
+    return bsym.sym.id in _unflatten_ids
+
+
+def record_flatten(p: SubclassTensorProxy, scope: list) -> None:
+    """Append ``flatten_<Cls>(p)`` to ``scope``, then the flattens of nested subclass inner tensors."""
+    sym = flatten_symbol(p.subclass_type)
+    scope.append(sym.bind(p, p.attr_names, output=tuple(p.inner.values())))
+    for inner in p.inner.values():
+        if isinstance(inner, SubclassTensorProxy):
+            record_flatten(inner, scope)
+
+
+def record_unflatten(out: SubclassTensorProxy, scope: list) -> None:
+    """Append ``out = unflatten_<Cls>(inner...)`` to ``scope`` (inner subclasses must already be defined)."""
+    sym = unflatten_symbol(out.subclass_type)
+    args = (tuple(out.inner.values()), out.attr_names, out.flatten_ctx, tuple(out._shape), out.outer_stride)
+    scope.append(sym.bind(*args, output=out))
