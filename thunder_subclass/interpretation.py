@@ -211,6 +211,7 @@ def _record(fn: Callable, args: tuple, kwargs: dict, scope: list, what: str, sub
         return x
 
     trace = get_tracectx()
+    mark = len(scope)
     trace.push_scope(scope)
     try:
         for p in env.subclass_inputs:
@@ -223,7 +224,23 @@ def _record(fn: Callable, args: tuple, kwargs: dict, scope: list, what: str, sub
         result = pytree.tree_unflatten([_proxy_for_result(x, env, scope, what) for x in flat], spec)
     finally:
         trace.pop_scope()
+    _mark_detached_if_grad_disabled(scope[mark:])
     return env, out, result
+
+
+def _mark_detached_if_grad_disabled(bsyms) -> None:
+    # What Symbol.__call__ does for the symbols it records: outputs made under torch.no_grad are constants for
+    # thunder's autodiff (ProxyTag.DETACHED_AUTOGRAD_GRAPH).
+    from thunder.core.compile_data import get_compile_data
+    from thunder.core.proxies import ProxyTag
+
+    cd = get_compile_data()
+    if cd is None or cd.is_grad_enabled:
+        return
+    for bsym in bsyms:
+        for o in bsym.flat_proxy_outs:
+            if isinstance(o, TensorProxy):
+                o.tags.add(ProxyTag.DETACHED_AUTOGRAD_GRAPH)
 
 
 def unroll_symbol_call(sym: Symbol, args: tuple, kwargs: dict):

@@ -71,6 +71,7 @@ class SubclassTensorProxy(TensorProxy):
     def __getattr__(self, attr: str, /):
         inner = self.__dict__.get("inner")
         if inner is not None and attr in inner:
+            self._define_inner_in_trace()
             return inner[attr]
         if inner is not None:
             from thunder_subclass.interpretation import subclass_method
@@ -79,6 +80,17 @@ class SubclassTensorProxy(TensorProxy):
             if method is not None:
                 return method
         return super().__getattr__(attr)
+
+    def _define_inner_in_trace(self) -> None:
+        # User code reads an inner tensor (``x.a``): the inner proxies must be defined in the trace at this point,
+        # not only inside the subsymbols of the operation that made ``x``. Recorded once per trace.
+        trace = get_tracectx()
+        if trace is None or self.__dict__.get("_flattened_in") is trace:
+            return
+        from thunder_subclass.subclass_symbols import record_flatten
+
+        record_flatten(self, trace.peek_scope())
+        self.__dict__["_flattened_in"] = trace
 
     @property
     def attr_names(self) -> tuple[str, ...]:
