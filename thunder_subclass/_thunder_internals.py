@@ -138,23 +138,50 @@ def _hook_proxify(original):
             and value.original_value is value.nothing
             and is_plugin_active()
         ):
-            from thunder_subclass.proxy import is_subclass_value, proxify_subclass
+            from thunder_subclass.errors import SubclassProtocolError
+            from thunder_subclass.proxy import is_subclass_value, mark_protocol_error, proxify_subclass
 
-            if is_subclass_value(uvalue):
-                return proxify_subclass(self, value)
-        return original(self, value)
+            try:
+                if is_subclass_value(uvalue):
+                    return proxify_subclass(self, value)
+            except SubclassProtocolError as e:
+                # raised here, thunder would wrap it in an InterpreterError; the first operation on the value
+                # raises it as itself (see the Symbol.__call__ hook)
+                return mark_protocol_error(original(self, value), e)
+        p = original(self, value)
+        if isinstance(uvalue, torch.Tensor) and is_plugin_active():
+            # thunder's tensor check accepts any Tensor subclass: without this a trace made for a plain tensor
+            # would serve a subclass input (run eagerly through __torch_dispatch__), never a cache miss.
+            from thunder_subclass.guards import add_plain_tensor_guard
+
+            add_plain_tensor_guard(self, p)
+        return p
 
     return proxify
+
+
+def is_torch_level_symbol(sym) -> bool:
+    """A thunder torch-language symbol: a composite (``ltorch.mul``) or one of thunder's auto-registered torch
+    fallbacks (prims tagged AUTO_REGISTERED, run eagerly by torch; in thunder 0.2.6 under torch 2.13 even
+    ``torch.mm`` is one). Not prims, and not executor symbols (including thunder_subclass's own)."""
+    if sym.executor is not None:
+        return False
+    if not sym.is_prim:
+        return True
+    from thunder.core.prims import OpTags
+
+    return bool(sym.tags) and OpTags.AUTO_REGISTERED in sym.tags
 
 
 def _hook_symbol_call(original):
     # wraps thunder.core.symbol.Symbol.__call__
     @functools.wraps(original)
     def __call__(self, *args, **kwargs):
-        if not self.is_prim and self.executor is None:
-            from thunder_subclass.proxy import has_subclass_proxy
+        if is_torch_level_symbol(self) and is_plugin_active():
+            from thunder_subclass.proxy import has_subclass_proxy, raise_protocol_error
 
-            if has_subclass_proxy(args, kwargs) and is_plugin_active():
+            raise_protocol_error(args, kwargs)
+            if has_subclass_proxy(args, kwargs):
                 from thunder_subclass.interpretation import unroll_symbol_call
 
                 return unroll_symbol_call(self, args, kwargs)

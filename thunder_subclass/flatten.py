@@ -18,6 +18,7 @@ from thunder.core.proxies import variableify
 from thunder.core.pytree import tree_flatten
 from thunder.core.trace import TraceProvenance, from_trace
 
+from thunder_subclass._thunder_internals import is_torch_level_symbol
 from thunder_subclass.proxy import SubclassTensorProxy
 from thunder_subclass.subclass_symbols import is_flatten_bsym
 
@@ -26,7 +27,7 @@ __all__ = ["flatten_subclasses", "is_subclass_level"]
 
 def is_subclass_level(bsym) -> bool:
     """A torch-level bound symbol recorded on subclass proxies (to be replaced by its subsymbols)."""
-    if bsym.sym.is_prim or bsym.sym.executor is not None or not bsym.subsymbols:
+    if not is_torch_level_symbol(bsym.sym):
         return False
     return any(isinstance(p, SubclassTensorProxy) for p in (*bsym.flat_proxy_args, *bsym.flat_proxy_outs))
 

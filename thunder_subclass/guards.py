@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 import thunder.clang as clang
 import thunder.core.prims as prims
 
@@ -68,6 +70,24 @@ def _check_subclass_meta(t, spec) -> None:
 check_subclass = subclass_executor.register_operator(
     "check_subclass", meta=_check_subclass_meta, fn=_check_subclass_impl, tags=[prims.OpTags.DONT_DCE]
 )
+
+
+def _check_plain_tensor_impl(t) -> None:
+    if type(t) is not torch.Tensor and type(t) is not torch.nn.Parameter:
+        raise SubclassGuardFailure(f"expected a plain tensor, got {type(t).__name__}")
+
+
+check_plain_tensor = subclass_executor.register_operator(
+    "check_plain_tensor", meta=lambda t: None, fn=_check_plain_tensor_impl, tags=[prims.OpTags.DONT_DCE]
+)
+
+
+def add_plain_tensor_guard(jit_ctx, p) -> None:
+    """A plain tensor input of a plugin jit must stay a plain tensor for the trace to be reused."""
+    from thunder.core.proxies import TensorProxy
+
+    if isinstance(p, TensorProxy) and not isinstance(p, SubclassTensorProxy):
+        jit_ctx.add_constraint((check_plain_tensor, p))
 
 
 def add_subclass_guards(jit_ctx, p: SubclassTensorProxy) -> None:

@@ -43,12 +43,13 @@ from thunder_subclass._thunder_internals import is_called_from_user_code, source
 from thunder_subclass.aten_symbols import record_aten_call
 from thunder_subclass.errors import (
     SubclassDispatchError,
+    SubclassProtocolError,
     TensorSubclassError,
     UnsupportedSubclassOperationError,
     format_location,
 )
 from thunder_subclass.fake import FakeEnv, fake_execution, remember_stride
-from thunder_subclass.proxy import SubclassTensorProxy, flatten_tensor
+from thunder_subclass.proxy import SubclassTensorProxy, flatten_tensor, is_subclass_value
 from thunder_subclass.subclass_symbols import record_flatten, record_unflatten
 
 __all__ = ["unroll_symbol_call", "construct_subclass", "subclass_lookaside", "torch_callable_for"]
@@ -109,10 +110,16 @@ def torch_callable_for(sym: Symbol, args: tuple) -> Callable:
         )
     methods = [f for f in candidates if _is_tensor_method(f) and not f.__name__.startswith("__")]
     functions = [f for f in candidates if not _is_tensor_method(f)]
+
+    def preference(f):  # same name as the symbol first (torch.mm, not torch.spmm, for ltorch.mm), then torch.*
+        return (f.__name__ != sym.name, not (getattr(f, "__module__", "") or "").startswith("torch"))
+
+    # the Tensor method when the first argument is a tensor (thunder symbols take method-style arguments:
+    # x.reshape(3, 8) calls ltorch.reshape(x, 3, 8)); else a function (2 * x calls torch.mul(2, x))
     if args and isinstance(args[0], TensorProxy) and methods:
-        return min(methods, key=lambda f: f.__name__ != sym.name)
+        return min(methods, key=preference)
     if functions:
-        return min(functions, key=lambda f: (getattr(f, "__module__", "") or "") != "torch")
+        return min(functions, key=preference)
     return candidates[0]
 
 
@@ -123,6 +130,8 @@ def _op_name(fn: Callable) -> str:
     module = getattr(fn, "__module__", None)
     if _is_tensor_method(fn):
         return f"torch.Tensor.{fn.__name__}"
+    if module in ("torch", None) or qual.startswith("_VariableFunctions"):
+        return f"torch.{fn.__name__}"
     if module and module.startswith("torch"):
         module = "torch.nn.functional" if module.startswith("torch.nn.functional") else module
         module = "torch" if module.startswith("torch._C") else module
@@ -305,6 +314,14 @@ def subclass_lookaside(fn: Any, wrapped_args: tuple) -> Callable | None:
     """A lookaside for ``fn`` when it involves subclasses, else ``None`` (thunder's own lookaside applies)."""
     from thunder.core.interpreter import interpreter_needs_wrap, unwrap
 
+    error = _protocol_error_of_arguments(wrapped_args, unwrap)
+    if error is not None:
+        # raised from a lookaside, the error reaches the caller as itself (thunder would wrap an error raised
+        # while proxifying into an InterpreterError)
+        def raise_protocol_error(*args, **kwargs):
+            raise error
+
+        return interpreter_needs_wrap(raise_protocol_error)
     if fn is isinstance or fn is type:
         if (
             len(wrapped_args) >= 1
@@ -324,6 +341,20 @@ def subclass_lookaside(fn: Any, wrapped_args: tuple) -> Callable | None:
         if any(isinstance(a, TensorProxy) for a in tree_flatten([unwrap(a) for a in wrapped_args])[0]):
             return interpreter_needs_wrap(functools.partial(construct_subclass, fn))
     return None
+
+
+def _protocol_error_of_arguments(wrapped_args, unwrap) -> SubclassProtocolError | None:
+    for a in wrapped_args:
+        u = unwrap(a)
+        if isinstance(u, torch.Tensor) and not isinstance(u, TensorProxy) and type(u) not in _PLAIN_TENSOR_TYPES:
+            try:
+                is_subclass_value(u)
+            except SubclassProtocolError as e:
+                return e
+    return None
+
+
+_PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 
 
 def subclass_method(p: SubclassTensorProxy, attr: str) -> Callable | None:

@@ -166,6 +166,21 @@ def has_subclass_proxy(args, kwargs) -> bool:
     return False
 
 
+_PROTOCOL_ERROR = "_thunder_subclass_protocol_error"
+
+
+def mark_protocol_error(p: TensorProxy, error: Exception) -> TensorProxy:
+    p.__dict__[_PROTOCOL_ERROR] = error
+    return p
+
+
+def raise_protocol_error(args, kwargs) -> None:
+    """Raise the protocol error recorded for an argument proxy made from a subclass that cannot be compiled."""
+    for a in tree_iter((args, kwargs)):
+        if isinstance(a, TensorProxy) and _PROTOCOL_ERROR in a.__dict__:
+            raise a.__dict__[_PROTOCOL_ERROR]
+
+
 def fresh_name(base: str) -> str:
     trace = get_tracectx()
     name, i = base, 0

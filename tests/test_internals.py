@@ -1,0 +1,49 @@
+"""The internals module: import order, idempotent install, removal, inert for plain thunder.jit (issue 2)."""
+
+import subprocess
+import sys
+
+import thunder
+import torch
+
+import thunder_subclass
+from thunder_subclass import _thunder_internals
+from subclasses import TwoTensor
+
+
+def test_import_in_fresh_interpreter_leaves_thunder_importable():
+    code = "import thunder_subclass, thunder; import torch; print(thunder.jit(lambda x: x + 1)(torch.ones(2)).tolist())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().endswith("[2.0, 2.0]")
+
+
+def test_install_is_idempotent_and_uninstall_restores_thunder():
+    import thunder.core.symbol as symbol
+
+    _thunder_internals.install()
+    hooked = symbol.Symbol.__call__
+    _thunder_internals.install()
+    assert symbol.Symbol.__call__ is hooked and getattr(hooked, "_thunder_subclass_hook", False)
+    _thunder_internals.uninstall()
+    assert not getattr(symbol.Symbol.__call__, "_thunder_subclass_hook", False)
+    assert not _thunder_internals.is_installed()
+    # jit installs again on use
+    x = TwoTensor(torch.ones(2), torch.zeros(2))
+    out = thunder_subclass.jit(lambda t: t + 1)(x)
+    assert type(out) is TwoTensor and _thunder_internals.is_installed()
+
+
+def test_plain_thunder_jit_is_unchanged_while_hooks_are_installed():
+    def f(x):
+        return (x * 2).sin()
+
+    x = torch.randn(3)
+    _thunder_internals.uninstall()
+    jf_before = thunder.jit(f)
+    jf_before(x)
+    before = str(thunder.last_traces(jf_before)[-1])
+    _thunder_internals.install()
+    jf_after = thunder.jit(f)
+    torch.testing.assert_close(jf_after(x), f(x))
+    assert str(thunder.last_traces(jf_after)[-1]) == before
+    assert "check_plain_tensor" not in str(thunder.last_prologue_traces(jf_after)[-1])
