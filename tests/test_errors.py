@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-from torch.utils._pytree import tree_map
 
 import thunder_subclass
 from thunder_subclass import SubclassDispatchError, SubclassProtocolError, TensorSubclassError

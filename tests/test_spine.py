@@ -1,6 +1,5 @@
 """Inference spine: proxies, interpretation-time unrolling, no-grad flatten, epilogue (issue 2)."""
 
-import pytest
 import thunder
 import torch
 import torch.nn.functional as F
@@ -144,7 +143,6 @@ def test_type_and_isinstance_follow_eager():
 
     def f(x, w):
         y = x @ w.t()  # TwoTensor @ QuantizedWeight: QuantizedWeight dequantizes -> TwoTensor dispatch
-        r = x.sum()
         flags = (type(x) is TwoTensor, isinstance(x, TwoTensor), isinstance(w, QuantizedWeight), type(y) is TwoTensor)
         return (x + 1 if all(flags) else x - 1), flags
 

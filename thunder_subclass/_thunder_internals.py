@@ -132,12 +132,9 @@ def _hook_proxify(original):
     @functools.wraps(original)
     def proxify(self, value):
         uvalue = value.value
-        if (
-            isinstance(uvalue, torch.Tensor)
-            and type(uvalue) is not torch.Tensor
-            and value.original_value is value.nothing
-            and is_plugin_active()
-        ):
+        if not isinstance(uvalue, torch.Tensor) or value.original_value is not value.nothing or not is_plugin_active():
+            return original(self, value)
+        if type(uvalue) is not torch.Tensor:
             from thunder_subclass.errors import SubclassProtocolError
             from thunder_subclass.proxy import is_subclass_value, mark_protocol_error, proxify_subclass
 
@@ -148,13 +145,12 @@ def _hook_proxify(original):
                 # raised here, thunder would wrap it in an InterpreterError; the first operation on the value
                 # raises it as itself (see the Symbol.__call__ hook)
                 return mark_protocol_error(original(self, value), e)
-        p = original(self, value)
-        if isinstance(uvalue, torch.Tensor) and is_plugin_active():
-            # thunder's tensor check accepts any Tensor subclass: without this a trace made for a plain tensor
-            # would serve a subclass input (run eagerly through __torch_dispatch__), never a cache miss.
-            from thunder_subclass.guards import add_plain_tensor_guard
+        # thunder's tensor check accepts any Tensor subclass: without this a trace made for a plain tensor
+        # would serve a subclass input (run eagerly through __torch_dispatch__), never a cache miss.
+        from thunder_subclass.guards import add_plain_tensor_guard
 
-            add_plain_tensor_guard(self, p)
+        p = original(self, value)
+        add_plain_tensor_guard(self, p)
         return p
 
     return proxify
@@ -178,9 +174,8 @@ def _hook_symbol_call(original):
     @functools.wraps(original)
     def __call__(self, *args, **kwargs):
         if is_torch_level_symbol(self) and is_plugin_active():
-            from thunder_subclass.proxy import has_subclass_proxy, raise_protocol_error
+            from thunder_subclass.proxy import has_subclass_proxy
 
-            raise_protocol_error(args, kwargs)
             if has_subclass_proxy(args, kwargs):
                 from thunder_subclass.interpretation import unroll_symbol_call
 

@@ -21,7 +21,7 @@ from torch._ops import OpOverload
 
 import thunder.torch as ltorch
 from thunder.core.proxies import TensorProxy, proxy
-from thunder.core.pytree import tree_flatten, tree_map, tree_unflatten
+from thunder.core.pytree import tree_flatten, tree_map
 from thunder.core.symbol import Symbol
 
 from thunder_subclass.executor import subclass_executor, unique_operator_name

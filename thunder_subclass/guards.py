@@ -16,13 +16,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
 import thunder.clang as clang
 import thunder.core.prims as prims
 
 from thunder_subclass.executor import subclass_executor
-from thunder_subclass.proxy import SubclassTensorProxy
+from thunder_subclass.proxy import PLAIN_TENSOR_TYPES, SubclassTensorProxy
 
 __all__ = ["SubclassSpec", "add_subclass_guards", "check_subclass"]
 
@@ -73,7 +71,7 @@ check_subclass = subclass_executor.register_operator(
 
 
 def _check_plain_tensor_impl(t) -> None:
-    if type(t) is not torch.Tensor and type(t) is not torch.nn.Parameter:
+    if type(t) not in PLAIN_TENSOR_TYPES:
         raise SubclassGuardFailure(f"expected a plain tensor, got {type(t).__name__}")
 
 

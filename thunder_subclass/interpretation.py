@@ -43,13 +43,12 @@ from thunder_subclass._thunder_internals import is_called_from_user_code, source
 from thunder_subclass.aten_symbols import record_aten_call
 from thunder_subclass.errors import (
     SubclassDispatchError,
-    SubclassProtocolError,
     TensorSubclassError,
     UnsupportedSubclassOperationError,
     format_location,
 )
-from thunder_subclass.fake import FakeEnv, fake_execution, remember_stride
-from thunder_subclass.proxy import SubclassTensorProxy, flatten_tensor, is_subclass_value
+from thunder_subclass.fake import FakeEnv, fake_execution
+from thunder_subclass.proxy import SubclassTensorProxy, flatten_tensor
 from thunder_subclass.subclass_symbols import record_flatten, record_unflatten
 
 __all__ = ["unroll_symbol_call", "construct_subclass", "subclass_lookaside", "torch_callable_for"]
@@ -314,14 +313,6 @@ def subclass_lookaside(fn: Any, wrapped_args: tuple) -> Callable | None:
     """A lookaside for ``fn`` when it involves subclasses, else ``None`` (thunder's own lookaside applies)."""
     from thunder.core.interpreter import interpreter_needs_wrap, unwrap
 
-    error = _protocol_error_of_arguments(wrapped_args, unwrap)
-    if error is not None:
-        # raised from a lookaside, the error reaches the caller as itself (thunder would wrap an error raised
-        # while proxifying into an InterpreterError)
-        def raise_protocol_error(*args, **kwargs):
-            raise error
-
-        return interpreter_needs_wrap(raise_protocol_error)
     if fn is isinstance or fn is type:
         if (
             len(wrapped_args) >= 1
@@ -341,20 +332,6 @@ def subclass_lookaside(fn: Any, wrapped_args: tuple) -> Callable | None:
         if any(isinstance(a, TensorProxy) for a in tree_flatten([unwrap(a) for a in wrapped_args])[0]):
             return interpreter_needs_wrap(functools.partial(construct_subclass, fn))
     return None
-
-
-def _protocol_error_of_arguments(wrapped_args, unwrap) -> SubclassProtocolError | None:
-    for a in wrapped_args:
-        u = unwrap(a)
-        if isinstance(u, torch.Tensor) and not isinstance(u, TensorProxy) and type(u) not in _PLAIN_TENSOR_TYPES:
-            try:
-                is_subclass_value(u)
-            except SubclassProtocolError as e:
-                return e
-    return None
-
-
-_PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 
 
 def subclass_method(p: SubclassTensorProxy, attr: str) -> Callable | None:

@@ -133,6 +133,9 @@ class SubclassTensorProxy(TensorProxy):
         return f'<SubclassTensorProxy(name="{self.name}", {self.type_string()})>'
 
 
+PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
+
+
 def is_subclass_value(t: Any) -> bool:
     """True for a tensor whose class is a wrapper subclass the compiler must see (it defines ``__torch_dispatch__``).
 
@@ -142,7 +145,7 @@ def is_subclass_value(t: Any) -> bool:
     if not isinstance(t, torch.Tensor) or isinstance(t, TensorProxy):
         return False
     cls = type(t)
-    if cls is torch.Tensor or cls is torch.nn.Parameter:
+    if cls in PLAIN_TENSOR_TYPES:
         return False
     if is_traceable_wrapper_subclass(t):
         return True
@@ -156,29 +159,25 @@ def is_subclass_value(t: Any) -> bool:
     return False
 
 
-def has_subclass_proxy(args, kwargs) -> bool:
-    for a in args:
-        if isinstance(a, SubclassTensorProxy):
-            return True
-    for a in tree_iter((args, kwargs)):
-        if isinstance(a, SubclassTensorProxy):
-            return True
-    return False
-
-
 _PROTOCOL_ERROR = "_thunder_subclass_protocol_error"
 
 
 def mark_protocol_error(p: TensorProxy, error: Exception) -> TensorProxy:
+    """Remember on ``p`` that its value is a subclass that cannot be compiled (see :func:`has_subclass_proxy`)."""
     p.__dict__[_PROTOCOL_ERROR] = error
     return p
 
 
-def raise_protocol_error(args, kwargs) -> None:
-    """Raise the protocol error recorded for an argument proxy made from a subclass that cannot be compiled."""
+def has_subclass_proxy(args, kwargs) -> bool:
+    """True when a ``SubclassTensorProxy`` is among the arguments. Raises the protocol error recorded by
+    :func:`mark_protocol_error` for an argument made from a subclass that cannot be compiled."""
+    found = False
     for a in tree_iter((args, kwargs)):
-        if isinstance(a, TensorProxy) and _PROTOCOL_ERROR in a.__dict__:
+        if isinstance(a, SubclassTensorProxy):
+            found = True
+        elif isinstance(a, TensorProxy) and _PROTOCOL_ERROR in a.__dict__:
             raise a.__dict__[_PROTOCOL_ERROR]
+    return found
 
 
 def fresh_name(base: str) -> str:
