@@ -210,9 +210,9 @@ def test_plugin_entry_point_thunder_compile():
     x = torch.randn(2, 6)
     cmodel = thunder.compile(model, recipe=BaseRecipe(fuser="torch.compile"), plugins=thunder_subclass.PLUGIN_NAME)
     _assert_two_tensor_close(cmodel(x), model(x))
-    import thunder.plugins
+    from thunder.plugins import get_plugin
 
-    assert thunder.plugins.get_plugin("tensor-subclass") is thunder_subclass.TensorSubclassPlugin
+    assert get_plugin("tensor-subclass") is thunder_subclass.TensorSubclassPlugin
 
 
 def test_same_object_returned_for_noop():
