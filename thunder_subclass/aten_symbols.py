@@ -24,6 +24,7 @@ from thunder.core.proxies import TensorProxy, proxy
 from thunder.core.pytree import tree_flatten, tree_map
 from thunder.core.symbol import Symbol
 
+from thunder_subclass.autograd import register_constant_symbol
 from thunder_subclass.executor import subclass_executor, unique_operator_name
 from thunder_subclass.fake import FakeEnv, fake_execution, remember_stride
 
@@ -75,6 +76,7 @@ def aten_symbol(op: OpOverload) -> Symbol:
     if sym is None:
         name = unique_operator_name(f"aten_{op._schema.name.split('::')[-1]}_{op._overloadname}")
         sym = subclass_executor.register_operator(name, meta=_fake_meta(op), fn=op)
+        register_constant_symbol(sym)
         _symbols[op] = sym
     return sym
 

@@ -71,6 +71,15 @@ class FakeEnv:
         self._proxy_of[id(fake)] = p
         self._keep.append((p, fake))
 
+    def copy(self) -> FakeEnv:
+        """A new environment that starts with this one's bindings (for recording a backward on a forward)."""
+        new = FakeEnv()
+        new._fake_of = dict(self._fake_of)
+        new._proxy_of = dict(self._proxy_of)
+        new._keep = list(self._keep)
+        new.subclass_inputs = list(self.subclass_inputs)
+        return new
+
     def proxy_of(self, fake: torch.Tensor) -> TensorProxy | None:
         return self._proxy_of.get(id(fake))
 

@@ -1,60 +1,154 @@
 """Stage 7, the flatten transform: subclasses leave the program before executors claim operations.
 
-In: a computation trace (after autograd, when there is one) holding subclass-level bound symbols recorded by
-interpretation. Out: a trace in which each of them is replaced by its subsymbols, so inner tensors flow as plain
-tensors through aten-level / thunder torch symbols that the torch, torch_compile and nvFuser executors can claim.
+In: a computation trace — after autograd, the joint forward+backward trace — holding subclass-level bound symbols
+recorded by interpretation and by the grad rules (``thunder_subclass.autograd``). Out: a trace in which each of them
+is replaced by its subsymbols, so inner tensors flow as plain tensors through aten-level / thunder torch symbols that
+the torch, torch_compile and nvFuser executors can claim. One forward sweep with a substitution map:
 
-* ``flatten_<Cls>`` of a value whose inner tensors are already defined (an intermediate subclass built by an
-  ``unflatten_<Cls>`` earlier, or a repeated flatten of an input) is dropped: only trace inputs are flattened, once.
+* subclass-level symbols (torch-level symbols unrolled on subclass proxies, ``grad_<op>``, autograd.Function
+  calls) are inlined, recursively;
+* ``flatten_<Cls>(x)`` of a value built earlier by ``unflatten_<Cls>``, or flattened before, is dropped and its
+  outputs replaced by the inner tensors already at hand: only trace inputs (and incoming gradients) are flattened,
+  once; what is saved for backward is then inner tensors;
+* gradients whose type differs from the one guessed when the backward was recorded (a plain parameter meeting a
+  ``TwoTensor`` gets a ``TwoTensor`` gradient) are propagated: ``grad_<op>`` is re-recorded for the actual gradient
+  types, and torch-level symbols whose argument kinds changed are traced again (through ``__torch_dispatch__`` when
+  they now see a subclass);
 * ``unflatten_<Cls>`` whose result nothing uses any more is removed by thunder's dead-code elimination, which runs
-  right after this pass; what remains builds subclass objects only where they leave the compiled function.
+  right after this pass: subclass objects are built only where they leave the compiled function.
 
-Called from the ``_transform_for_operator_executor_execution`` hook in ``_thunder_internals``.
+Called from the ``_transform_for_operator_executor_execution`` hook in ``_thunder_internals``, i.e. after
+``grad_transform_on_trace`` and before executors claim operations, for the forward and backward alike (they are one
+joint trace at that point in thunder 0.2.6).
 """
 
 from __future__ import annotations
 
-from thunder.core.proxies import variableify
+import thunder.core.prims as prims
+from thunder.core.proxies import TensorProxy, variableify
 from thunder.core.pytree import tree_flatten
-from thunder.core.trace import TraceProvenance, from_trace
+from thunder.core.trace import TraceProvenance, from_trace, tracectx
 
 from thunder_subclass._thunder_internals import is_torch_level_symbol
+from thunder_subclass.autograd import is_container_bsym, is_grad_bsym, proxy_kind, record_backward
+from thunder_subclass.errors import UnsupportedSubclassOperationError
 from thunder_subclass.proxy import SubclassTensorProxy
-from thunder_subclass.subclass_symbols import is_flatten_bsym
+from thunder_subclass.subclass_symbols import is_flatten_bsym, is_unflatten_bsym
 
 __all__ = ["flatten_subclasses", "is_subclass_level"]
 
 
-def is_subclass_level(bsym) -> bool:
-    """A torch-level bound symbol recorded on subclass proxies (to be replaced by its subsymbols)."""
-    if not is_torch_level_symbol(bsym.sym):
-        return False
+def _has_subclass(bsym) -> bool:
     return any(isinstance(p, SubclassTensorProxy) for p in (*bsym.flat_proxy_args, *bsym.flat_proxy_outs))
+
+
+def is_subclass_level(bsym) -> bool:
+    """A bound symbol to be replaced by its subsymbols: a torch-level symbol on subclass proxies, a ``grad_<op>``
+    or an autograd.Function call recorded by thunder_subclass."""
+    if is_grad_bsym(bsym) or is_container_bsym(bsym):
+        return True
+    return is_torch_level_symbol(bsym.sym) and _has_subclass(bsym)
+
+
+def _is_unrolled(bsym) -> bool:
+    # recorded by interpretation: its first-level subsymbols cross between subclasses and inner tensors
+    return any(is_flatten_bsym(s) or is_unflatten_bsym(s) for s in bsym.subsymbols)
+
+
+def _kinds(proxies) -> tuple:
+    return tuple(proxy_kind(p) for p in proxies)
+
+
+class _Flattener:
+    def __init__(self, trace):
+        self.trace = from_trace(trace)
+        self.bsyms: list = []
+        self.swap: dict = {}
+        self.inner_of: dict = {}  # variable of a subclass proxy -> its inner proxies (from unflatten / flatten)
+
+    def alias(self, old, new) -> None:
+        if isinstance(old, TensorProxy) and old is not new:
+            self.swap[variableify(old)] = new
+
+    def swapped(self, bsym):
+        return bsym.from_bsym_swap_proxies(self.swap) if self.swap else bsym
+
+    def visit(self, bsym) -> None:
+        nb = self.swapped(bsym)
+        changed = _kinds(bsym.flat_proxy_args) != _kinds(nb.flat_proxy_args)
+
+        if is_grad_bsym(bsym):
+            return self._visit_grad(bsym, nb)
+        if is_container_bsym(bsym) or (is_torch_level_symbol(bsym.sym) and _has_subclass(bsym)):
+            if not changed and (is_container_bsym(bsym) or _is_unrolled(bsym)):
+                for sub in bsym.subsymbols:
+                    self.visit(sub)
+                return
+            return self._retrace(nb)
+        if is_torch_level_symbol(bsym.sym) and changed:
+            return self._retrace(nb)
+        if is_flatten_bsym(nb):
+            known = self.inner_of.get(variableify(nb.args[0]))
+            if known is not None:
+                for old, new in zip(nb.output, known):
+                    self.alias(old, new)
+                return
+            self.inner_of[variableify(nb.args[0])] = tuple(nb.output)
+        elif is_unflatten_bsym(nb):
+            self.inner_of[variableify(nb.output)] = tuple(nb.args[0])
+        elif nb.sym.executor is None and any(isinstance(p, SubclassTensorProxy) for p in nb.flat_proxy_args):
+            if nb.sym in (prims.get_grad, prims.python_return, prims.python_del):
+                self.bsyms.append(nb)
+                return
+            raise UnsupportedSubclassOperationError(
+                f"thunder primitive {nb.sym.name} received a tensor subclass "
+                f"({', '.join(sorted({p.subclass_type.__name__ for p in nb.flat_proxy_args if isinstance(p, SubclassTensorProxy)}))}) "
+                "through a gradient: thunder differentiated a plain operation whose gradient turned out to be a "
+                "subclass, and this primitive has no torch-level equivalent thunder_subclass can run through "
+                "__torch_dispatch__. Please report it with the model that triggers it."
+            )
+        self.bsyms.append(nb)
+
+    def _retrace(self, nb) -> None:
+        # trace the torch-level symbol again with the current arguments (through __torch_dispatch__ when one of
+        # them is now a subclass), and substitute its outputs
+        self.trace.push_scope([])
+        with tracectx(self.trace):
+            result = nb.sym(*nb.args, **nb.kwargs)
+        produced = self.trace.pop_scope()
+        for old, new in zip(tree_flatten(nb.output)[0], tree_flatten(result)[0]):
+            self.alias(old, new)
+        for b in produced:
+            self.visit(b)
+
+    def _visit_grad(self, bsym, nb) -> None:
+        old_grads, grads, recipe = bsym.args[0], nb.args[0], nb.args[2]
+        if _kinds(old_grads) == _kinds(grads):
+            for sub in bsym.subsymbols:
+                self.visit(sub)
+            return
+        with tracectx(self.trace):
+            input_grads, scope = record_backward(recipe, grads)
+            for old, i in zip(nb.output, recipe.positions):
+                new = input_grads[i]
+                if new is None:  # no gradient for this input with these gradient types: zeros, as autograd
+                    import thunder.torch as ltorch
+
+                    self.trace.push_scope(scope)
+                    new = ltorch.zeros(*old.shape, device=old.device, dtype=old.dtype)
+                    self.trace.pop_scope()
+                self.alias(old, new)
+        for b in scope:
+            self.visit(b)
 
 
 def flatten_subclasses(trace):
     """Replace subclass-level bound symbols by their subsymbols (see the module docstring)."""
     if not any(is_subclass_level(b) for b in trace.bound_symbols):
         return trace
-
-    defined = {variableify(p) for p in tree_flatten((trace.args, trace.kwargs))[0] if hasattr(p, "name")}
-    bsyms = []
-
-    def visit(bsym):
-        if is_subclass_level(bsym):
-            for sub in bsym.subsymbols:
-                visit(sub)
-            return
-        outs = [variableify(p) for p in bsym.flat_proxy_outs]
-        if is_flatten_bsym(bsym) and outs and all(o in defined for o in outs):
-            return
-        bsyms.append(bsym)
-        defined.update(outs)
-
+    f = _Flattener(trace)
     for bsym in trace.bound_symbols:
-        visit(bsym)
-
-    new_trace = from_trace(trace)
-    new_trace.bound_symbols = bsyms
-    new_trace.set_provenance(TraceProvenance("Flatten tensor subclasses (thunder_subclass)"))
-    return new_trace
+        f.visit(bsym)
+    f.trace.bound_symbols = f.bsyms
+    f.trace.set_provenance(TraceProvenance("Flatten tensor subclasses (thunder_subclass)"))
+    return f.trace

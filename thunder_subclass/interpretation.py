@@ -17,6 +17,7 @@ user's source line.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import types
@@ -34,7 +35,7 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass_type
 import thunder.core.devices as devices
 import thunder.core.dtypes as dtypes
 import thunder.core.prims as prims
-from thunder.core.proxies import TensorProxy
+from thunder.core.proxies import Proxy, TensorProxy
 from thunder.core.pytree import tree_flatten, tree_map, tree_unflatten
 from thunder.core.symbol import Symbol
 from thunder.core.trace import get_tracectx
@@ -48,7 +49,7 @@ from thunder_subclass.errors import (
     format_location,
 )
 from thunder_subclass.fake import FakeEnv, fake_execution
-from thunder_subclass.proxy import SubclassTensorProxy, flatten_tensor
+from thunder_subclass.proxy import SubclassTensorProxy, flatten_tensor, has_subclass_proxy
 from thunder_subclass.subclass_symbols import record_flatten, record_unflatten
 
 __all__ = ["unroll_symbol_call", "construct_subclass", "subclass_lookaside", "torch_callable_for"]
@@ -122,6 +123,48 @@ def torch_callable_for(sym: Symbol, args: tuple) -> Callable:
     return candidates[0]
 
 
+def _is_default(value: Any, default: Any) -> bool:
+    if value is default:
+        return True
+    if isinstance(value, Proxy) or type(value) is not type(default):
+        return False
+    try:
+        return bool(value == default)
+    except Exception:
+        return False
+
+
+def denormalize(sym: Symbol, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """Arguments as a torch callable takes them. Thunder binds a symbol's arguments to its meta's signature with
+    defaults filled in (``ltorch.relu(x, False)``), which ``Tensor.relu`` does not accept: drop arguments equal to
+    their defaults, and pass the ones after a dropped one by keyword."""
+    try:
+        sig = inspect.signature(sym.meta)
+        bound = sig.bind(*args, **kwargs)
+    except (TypeError, ValueError):
+        return args, kwargs
+    new_args: list = []
+    new_kwargs: dict = {}
+    positional = True
+    for name, value in bound.arguments.items():
+        param = sig.parameters[name]
+        if param.kind is inspect.Parameter.VAR_POSITIONAL:
+            new_args.extend(value)
+            continue
+        if param.kind is inspect.Parameter.VAR_KEYWORD:
+            new_kwargs.update(value)
+            continue
+        if param.default is not inspect.Parameter.empty and _is_default(value, param.default):
+            positional = positional and param.kind is inspect.Parameter.POSITIONAL_ONLY
+            continue
+        if positional and param.kind is not inspect.Parameter.KEYWORD_ONLY:
+            new_args.append(value)
+        else:
+            positional = False
+            new_kwargs[name] = value
+    return tuple(new_args), new_kwargs
+
+
 def _op_name(fn: Callable) -> str:
     if isinstance(fn, type):
         return f"{fn.__qualname__}(...)"
@@ -151,24 +194,38 @@ def _subclass_names(args, kwargs) -> str:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _run_on_fakes(fn: Callable, args, kwargs, what: str, subclasses: str):
-    env = FakeEnv()
+def _run_on_fakes(fn: Callable, args, kwargs, what: str, subclasses: str, *, env: FakeEnv | None = None,
+                  wants_grad: Callable[[TensorProxy], bool] | None = None):
+    """Run ``fn`` on fakes of ``args``/``kwargs`` under the recorder. With ``wants_grad``, the top-level tensor
+    arguments it selects require grad and ``fn`` runs with grad enabled (for differentiating it afterwards)."""
+    env = env if env is not None else FakeEnv()
     fargs, fkwargs = tree_map(env.to_fake, (args, kwargs))
+    if wants_grad is not None:
+        for a in tree_flatten((args, kwargs))[0]:
+            if isinstance(a, TensorProxy):
+                fake = env.to_fake(a)
+                if fake.is_leaf:
+                    fake.requires_grad_(bool(wants_grad(a)))
     recorder = RecordingMode()
+    grad_mode = torch.enable_grad() if wants_grad is not None else contextlib.nullcontext()
     try:
-        with fake_execution(), recorder:
+        with fake_execution(), grad_mode, recorder:
             out = fn(*fargs, **fkwargs)
     except TensorSubclassError:
         raise
     except Exception as e:
-        filename, lineno = source_location()
-        raise SubclassDispatchError(
-            f"{what} on {subclasses} failed while tracing at {format_location(filename, lineno)}: "
-            f"{type(e).__name__}: {e}\nThe operation ran on fake {subclasses} instances "
-            "(its __torch_dispatch__ / __torch_function__ and fake-tensor execution); fix the subclass's "
-            "implementation of this operation or avoid calling it in compiled code."
-        ) from e
+        raise dispatch_error(what, subclasses, e) from e
     return env, recorder.calls, out
+
+
+def dispatch_error(what: str, subclasses: str, e: Exception) -> SubclassDispatchError:
+    filename, lineno = source_location()
+    return SubclassDispatchError(
+        f"{what} on {subclasses} failed while tracing at {format_location(filename, lineno)}: "
+        f"{type(e).__name__}: {e}\nThe operation ran on fake {subclasses} instances "
+        "(its __torch_dispatch__ / __torch_function__ and fake-tensor execution); fix the subclass's "
+        "implementation of this operation or avoid calling it in compiled code."
+    )
 
 
 def _proxy_for_result(x: Any, env: FakeEnv, scope: list, what: str) -> Any:
@@ -203,9 +260,17 @@ def _proxy_for_result(x: Any, env: FakeEnv, scope: list, what: str) -> Any:
     )
 
 
-def _record(fn: Callable, args: tuple, kwargs: dict, scope: list, what: str, subclasses: str):
+def _record(fn: Callable, args: tuple, kwargs: dict, scope: list, what: str, subclasses: str, **run_kwargs):
     """Run ``fn`` on fakes and record flatten -> aten calls -> unflatten into ``scope``; return proxy results."""
-    env, calls, out = _run_on_fakes(fn, args, kwargs, what, subclasses)
+    env, calls, out = _run_on_fakes(fn, args, kwargs, what, subclasses, **run_kwargs)
+    result = emit_calls(env, calls, out, scope, what, subclasses)
+    return env, out, result
+
+
+def emit_calls(env: FakeEnv, calls: list, out: Any, scope: list, what: str, subclasses: str,
+               flatten_from: int = 0) -> Any:
+    """Append to ``scope``: flattens of the subclass inputs ``env`` made fakes for (from index ``flatten_from``),
+    the recorded aten ``calls``, and unflattens building subclass results; return ``out`` as proxies."""
 
     def to_proxy(x):
         if isinstance(x, torch.Tensor):
@@ -222,8 +287,9 @@ def _record(fn: Callable, args: tuple, kwargs: dict, scope: list, what: str, sub
     mark = len(scope)
     trace.push_scope(scope)
     try:
-        for p in env.subclass_inputs:
-            if not any(p is q for sub in env.subclass_inputs for q in sub.inner.values()):
+        inputs = env.subclass_inputs[flatten_from:]
+        for p in inputs:
+            if not any(p is q for sub in inputs for q in sub.inner.values()):
                 record_flatten(p, scope)
         for op, a, k, fake_out in calls:
             pa, pk = pytree.tree_map(to_proxy, (a, k))
@@ -233,7 +299,7 @@ def _record(fn: Callable, args: tuple, kwargs: dict, scope: list, what: str, sub
     finally:
         trace.pop_scope()
     _mark_detached_if_grad_disabled(scope[mark:])
-    return env, out, result
+    return result
 
 
 def _mark_detached_if_grad_disabled(bsyms) -> None:
@@ -254,12 +320,18 @@ def _mark_detached_if_grad_disabled(bsyms) -> None:
 def unroll_symbol_call(sym: Symbol, args: tuple, kwargs: dict):
     """Record ``sym(*args, **kwargs)`` (some args are subclass proxies) as one bound symbol with unrolled
     subsymbols, and return its outputs (called from the ``Symbol.__call__`` hook)."""
-    fn = torch_callable_for(sym, args)
-    what = _op_name(fn)
-    subclasses = _subclass_names(args, kwargs)
-    subsymbols: list = []
-    env, fake_out, result = _record(fn, args, kwargs, subsymbols, what, subclasses)
+    from thunder_subclass.autograd import ensure_grad_rule
 
+    ensure_grad_rule(sym)
+    targs, tkwargs = denormalize(sym, args, kwargs)
+    fn = torch_callable_for(sym, targs)
+    subsymbols: list = []
+    _, _, result = _record(fn, targs, tkwargs, subsymbols, _op_name(fn), _subclass_names(args, kwargs))
+    return bind_unrolled(sym, args, kwargs, result, subsymbols)
+
+
+def bind_unrolled(sym: Symbol, args: tuple, kwargs: dict, result: Any, subsymbols: list) -> Any:
+    """Append ``sym(*args, **kwargs) -> result`` with ``subsymbols`` to the current scope; return the outputs."""
     # An operation that returns one of its subclass inputs unchanged (x.contiguous(), x.to(x.dtype)) returns
     # the same object in eager mode: no new value, no bound symbol.
     if isinstance(result, TensorProxy) and any(result is a for a in tree_flatten((args, kwargs))[0]):
@@ -327,6 +399,16 @@ def subclass_lookaside(fn: Any, wrapped_args: tuple) -> Callable | None:
         obj, name = unwrap(wrapped_args[0]), unwrap(wrapped_args[1])
         if isinstance(obj, TensorProxy) and name == "dtype" and is_called_from_user_code():
             return interpreter_needs_wrap(_torch_dtype_attr)
+        return None
+    if getattr(fn, "__func__", None) is torch.autograd.function.Function.apply.__func__ and isinstance(
+        getattr(fn, "__self__", None), type
+    ):
+        from thunder_subclass.autograd import apply_autograd_function, returns_subclass
+
+        cls = fn.__self__
+        uargs = tuple(unwrap(a) for a in wrapped_args)
+        if has_subclass_proxy(uargs, {}) or returns_subclass(cls, uargs, {}):
+            return interpreter_needs_wrap(functools.partial(apply_autograd_function, cls))
         return None
     if isinstance(fn, type) and is_traceable_wrapper_subclass_type(fn):
         if any(isinstance(a, TensorProxy) for a in tree_flatten([unwrap(a) for a in wrapped_args])[0]):

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 import thunder.core.devices as devices
@@ -49,17 +50,27 @@ class SubclassTensorProxy(TensorProxy):
         self,
         name: str | None = None,
         *,
-        subclass_type: type,
-        inner: Mapping[str, TensorProxy],
-        flatten_ctx: Any,
-        outer_stride: tuple[int, ...],
-        shape,
-        device,
-        dtype,
+        like: SubclassTensorProxy | None = None,
+        subclass_type: type | None = None,
+        inner: Mapping[str, TensorProxy] | None = None,
+        flatten_ctx: Any = None,
+        outer_stride: tuple[int, ...] | None = None,
+        shape=None,
+        device=None,
+        dtype=None,
         requires_grad: bool = False,
         history=None,
         tags=None,
     ):
+        if like is not None:
+            # ``type(p)(like=p)`` (thunder's get_grad, shallow_copy): the same subclass and metadata, with new
+            # inner proxies of the same kinds (a gradient has its own inner tensors).
+            subclass_type = like.subclass_type
+            flatten_ctx = like.flatten_ctx
+            outer_stride = like.outer_stride
+            inner = {a: type(p)(like=p) for a, p in like.inner.items()}
+            shape, device, dtype = like._shape, like._device, like._dtype
+            requires_grad = like.requires_grad
         super().__init__(
             name, shape=shape, device=device, dtype=dtype, requires_grad=requires_grad, history=history, tags=tags
         )
@@ -145,7 +156,7 @@ def is_subclass_value(t: Any) -> bool:
     if not isinstance(t, torch.Tensor) or isinstance(t, TensorProxy):
         return False
     cls = type(t)
-    if cls in PLAIN_TENSOR_TYPES:
+    if cls in PLAIN_TENSOR_TYPES or isinstance(t, FakeTensor):
         return False
     if is_traceable_wrapper_subclass(t):
         return True

@@ -14,6 +14,7 @@ from typing import Any
 
 from thunder.core.symbol import Symbol
 
+from thunder_subclass.autograd import register_constant_symbol
 from thunder_subclass.executor import subclass_executor, unique_operator_name
 from thunder_subclass.proxy import SubclassTensorProxy
 
@@ -36,6 +37,7 @@ def flatten_symbol(cls: type) -> Symbol:
             return tuple(getattr(x, a) for a in attrs)
 
         sym = subclass_executor.register_operator(unique_operator_name(f"flatten_{cls.__name__}"), meta=meta, fn=impl)
+        register_constant_symbol(sym)
         _flatten[cls] = sym
         _flatten_ids.add(sym.id)
     return sym
@@ -63,6 +65,7 @@ def unflatten_symbol(cls: type) -> Symbol:
         sym = subclass_executor.register_operator(
             unique_operator_name(f"unflatten_{cls.__name__}"), meta=meta, fn=impl
         )
+        register_constant_symbol(sym)
         _unflatten[cls] = sym
         _unflatten_ids.add(sym.id)
     return sym

@@ -1,0 +1,277 @@
+"""Training: subclass ops differentiate above __torch_dispatch__; the flatten pass runs after autograd (issue 3)."""
+
+import copy
+
+import pytest
+import thunder
+import torch
+import torch.nn.functional as F
+from torch.utils._pytree import tree_flatten, tree_map
+
+import thunder_subclass
+from thunder_subclass import SubclassTensorProxy
+from subclasses import QuantizedWeight, TwoTensor, nested_two_tensor, quantize
+
+
+def _two(*shape, requires_grad=True):
+    return TwoTensor(torch.randn(*shape), torch.randn(*shape)).requires_grad_(requires_grad)
+
+
+def _clone_leaf(t):
+    if not isinstance(t, torch.Tensor):
+        return t
+    return t.detach().clone().requires_grad_(t.requires_grad)
+
+
+def assert_same(actual, expected):
+    """Values and types equal, recursively through subclasses (a TwoTensor's a and b compared separately)."""
+    assert type(actual) is type(expected), f"{type(actual).__name__} != {type(expected).__name__}"
+    if actual is None:
+        return
+    if hasattr(type(expected), "__tensor_flatten__") and type(expected) is not torch.Tensor:
+        attrs, ctx = expected.__tensor_flatten__()
+        assert actual.__tensor_flatten__() == (attrs, ctx)
+        for a in attrs:
+            assert_same(getattr(actual, a), getattr(expected, a))
+        return
+    torch.testing.assert_close(actual, expected)
+
+
+def _subclass_level_bsyms(trace):
+    """Bound symbols of the trace (top level) that take or return a subclass proxy, other than the edges."""
+    edges = ("unpack_trivial", "python_return", "python_del", "get_grad", "clear_mutable_collection", "unpack_sequence")
+    out = []
+    for bsym in trace.bound_symbols:
+        name = bsym.sym.name
+        if name.startswith(("flatten_", "unflatten_")) or name in edges:
+            continue
+        if any(isinstance(p, SubclassTensorProxy) for p in (*bsym.flat_proxy_args, *bsym.flat_proxy_outs)):
+            out.append(bsym)
+    return out
+
+
+def check_training(fn, *args, grad_out=None, **jit_kwargs):
+    """Run ``fn`` eagerly and compiled on copies of ``args``; compare outputs, and gradients of every input that
+    requires grad (values and types). Returns the jitted function."""
+    eager_args = tree_map(_clone_leaf, args)
+    jit_args = tree_map(_clone_leaf, args)
+    jfn = thunder_subclass.jit(fn, **jit_kwargs)
+    expected = fn(*eager_args)
+    actual = jfn(*jit_args)
+    assert_same(actual.detach(), expected.detach())
+    g = grad_out if grad_out is not None else None
+    expected.backward(g)
+    actual.backward(None if g is None else _clone_leaf(g))
+    for e, a in zip(tree_flatten(eager_args)[0], tree_flatten(jit_args)[0]):
+        if isinstance(e, torch.Tensor) and e.requires_grad:
+            assert_same(a.grad, e.grad)
+    assert not _subclass_level_bsyms(thunder.last_traces(jfn)[-1])
+    assert not _subclass_level_bsyms(thunder.last_backward_traces(jfn)[-1])
+    return jfn
+
+
+def test_two_tensor_input_and_parameter():
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(_two(4, 4))
+
+        def forward(self, x):
+            return (x * self.w).sin().sum()
+
+    m = M()
+    em = copy.deepcopy(m)
+    x = _two(4, 4)
+    ex = _clone_leaf(x)
+    jm = thunder_subclass.jit(m)
+    out, eout = jm(x), em(ex)
+    assert_same(out.detach(), eout.detach())
+    out.backward()
+    eout.backward()
+    assert type(m.w.grad) is TwoTensor  # as in eager
+    assert_same(m.w.grad, em.w.grad)
+    assert_same(x.grad, ex.grad)
+    fw, bw = thunder.last_traces(jm)[-1], thunder.last_backward_traces(jm)[-1]
+    assert not _subclass_level_bsyms(fw) and not _subclass_level_bsyms(bw)
+    # inner tensors, not subclass objects, are saved for backward
+    saved = fw.bound_symbols[-1].args[1][0]
+    assert saved and all(not isinstance(p, SubclassTensorProxy) for p in saved)
+    # subclass objects are built only for values leaving the compiled function
+    assert [b.sym.name for b in fw.bound_symbols].count("unflatten_TwoTensor") == 1  # the output
+    assert [b.sym.name for b in bw.bound_symbols].count("unflatten_TwoTensor") == 2  # the two gradients
+
+
+def test_joint_trace_holds_subclass_symbols_with_unrolled_backward():
+    jf = check_training(lambda x, w: (x * w).sum(), _two(3, 3), _two(3, 3))
+    joint = [t for t in thunder.last_traces(jf) if "Grad transform" in str(t.get_provenance())][0]
+    names = [b.sym.name for b in joint.bound_symbols]
+    assert "mul" in names and "grad_mul" in names and "grad_sum" in names
+    grad_mul = [b for b in joint.bound_symbols if b.sym.name == "grad_mul"][0]
+    subs = [s.sym.name for s in grad_mul.subsymbols]
+    assert subs[0] == "flatten_TwoTensor" and subs[-1] == "unflatten_TwoTensor" and "mul" in subs
+
+
+def test_plain_parameter_meeting_two_tensor_gets_two_tensor_grad():
+    # eager: the gradient of a plain tensor multiplied by a TwoTensor is a TwoTensor
+    w = torch.randn(4, requires_grad=True)
+    check_training(lambda x, w: (x * (w * 2)).sum(), _two(4, requires_grad=False), w)
+
+
+def test_quantized_weight_dtype_changing_matmul():
+    w = quantize(torch.randn(6, 5))
+    x = torch.randn(3, 5, requires_grad=True)
+
+    def f(x, w):
+        y = x @ w.t()  # bf16-presenting weight, float32 result
+        assert y.dtype == torch.float32
+        return (y.relu() * 3).sum()
+
+    jf = check_training(f, x, w)
+    fw = thunder.last_traces(jf)[-1]
+    assert "aten_mm_default" in str(fw) or "matmul" in str(fw)
+
+
+def test_nested_two_tensor():
+    x = nested_two_tensor(*(torch.randn(3, 4) for _ in range(4))).requires_grad_()
+    y = nested_two_tensor(*(torch.randn(3, 4) for _ in range(4))).requires_grad_()
+    check_training(lambda x, y: (x * y + x.exp()).sum(), x, y)
+
+
+@pytest.mark.parametrize(
+    "op",
+    [
+        lambda x: sum(p.sin().sum() for p in x.split(2)),
+        lambda x: x.chunk(3)[0].sum() * 2 + x.chunk(3)[2].cos().sum(),  # an unused chunk gets a zero gradient
+        lambda x: sum((i + 1) * p.sum() for i, p in enumerate(x.unbind(0))),
+    ],
+    ids=["split", "chunk", "unbind"],
+)
+def test_multi_output_ops(op):
+    check_training(op, _two(6, 4))
+
+
+@pytest.mark.parametrize(
+    "op",
+    [
+        lambda x: (x.t() * torch.arange(6.0)).sum(),
+        lambda x: x.view(3, 8).sin().sum(),
+        lambda x: x.reshape(8, 3).cos().sum(),
+        lambda x: (x.transpose(0, 1) @ x).sum(),
+        lambda x: (x[1:, ::2] * 3).sum(),
+    ],
+    ids=["t", "view", "reshape", "transpose", "slicing"],
+)
+def test_view_ops(op):
+    check_training(op, _two(6, 4))
+
+
+def test_linear_with_subclass_weight():
+    x = torch.randn(5, 4, requires_grad=True)
+    check_training(lambda x, w, b: F.linear(x, w, b).sum(), x, _two(3, 4), torch.randn(3, requires_grad=True))
+
+
+class MLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(8, 16)
+        self.fc2 = torch.nn.Linear(16, 4)
+        for lin in (self.fc1, self.fc2):
+            lin.weight = torch.nn.Parameter(TwoTensor(lin.weight.detach().clone(), lin.weight.detach() * 0.5))
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def test_mlp_with_subclass_weights_three_sgd_steps():
+    model = MLP()
+    eager = copy.deepcopy(model)
+    jmodel = thunder_subclass.jit(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    eopt = torch.optim.SGD(eager.parameters(), lr=0.1)
+    x, target = torch.randn(10, 8), torch.randn(10, 4)
+    for _ in range(3):
+        loss = F.mse_loss(jmodel(x), target)
+        eloss = F.mse_loss(eager(x), target)
+        assert_same(loss.detach(), eloss.detach())
+        opt.zero_grad()
+        eopt.zero_grad()
+        loss.backward()
+        eloss.backward()
+        for p, ep in zip(model.parameters(), eager.parameters()):
+            assert_same(p.grad, ep.grad)
+        opt.step()
+        eopt.step()
+        for p, ep in zip(model.parameters(), eager.parameters()):
+            assert_same(p.detach(), ep.detach())
+    assert type(model.fc1.weight.grad) is TwoTensor
+    # one compilation served the three steps (the updated weights have the same metadata)
+    assert thunder.cache_misses(jmodel) == 1 and thunder.cache_hits(jmodel) == 2
+
+
+class ScaleGrad(torch.autograd.Function):
+    """Forward: x * w (subclasses in, subclass out). Backward: scaled by 3, unlike the derivative of mul."""
+
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x, w)
+        return x * w
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        return g * w * 3, g * x
+
+
+def test_autograd_function_over_subclasses():
+    jf = check_training(lambda x, w: ScaleGrad.apply(x, w).sum(), _two(4), _two(4))
+    first = str(thunder.last_traces(jf)[0])
+    assert "ScaleGrad_apply" in first
+
+
+class ToTwoTensor(torch.autograd.Function):
+    """Plain tensor in, subclass out (the pattern of torchao's float8 casts); plain gradient back."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return TwoTensor(x * 1.0, x * 2.0)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.a + g.b * 2 if isinstance(g, TwoTensor) else g
+
+
+def test_autograd_function_returning_a_subclass():
+    x = torch.randn(4, requires_grad=True)
+    check_training(lambda x: (ToTwoTensor.apply(x) * x).sum(), x)
+
+
+def test_backward_with_subclass_grad():
+    g = TwoTensor(torch.randn(4), torch.randn(4))
+    check_training(lambda x: (x * x).sin(), _two(4), grad_out=g)
+
+
+def test_torch_compile_executor_claims_flattened_region():
+    from thunder.executors.torch_compile import torch_compile_ex
+
+    jf = check_training(lambda x, w: ((x * w).sin() + 1).sum(), _two(4, 4), _two(4, 4),
+                        executors=[torch_compile_ex])
+    fw, bw = thunder.last_traces(jf)[-1], thunder.last_backward_traces(jf)[-1]
+    fw_names = [b.sym.name for b in fw.bound_symbols]
+    assert any(n.startswith("TorchCompile") for n in fw_names), fw_names
+    assert any(b.sym.name.startswith("TorchCompile") for b in bw.bound_symbols)
+    # the fused region is plain: subclass objects only at the edges
+    fused = [b for b in fw.bound_symbols if b.sym.name.startswith("TorchCompile")]
+    for b in fused:
+        assert not any(isinstance(p, SubclassTensorProxy) for p in (*b.flat_proxy_args, *b.flat_proxy_outs))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_nvfuser_claims_flattened_region_on_cuda():
+    pytest.importorskip("nvfuser")
+    from thunder.executors.nvfuserex import nvfuserex
+
+    x = TwoTensor(torch.randn(8, 8, device="cuda"), torch.randn(8, 8, device="cuda")).requires_grad_()
+    w = TwoTensor(torch.randn(8, 8, device="cuda"), torch.randn(8, 8, device="cuda")).requires_grad_()
+    jf = check_training(lambda x, w: ((x * w).sin() + 1).sum(), x, w, executors=[nvfuserex])
+    assert any(b.sym.name.startswith("nvFusion") for b in thunder.last_traces(jf)[-1].bound_symbols)

@@ -1,0 +1,299 @@
+"""Stage 6, autograd: subclass operations differentiate above ``__torch_dispatch__``, as in PyTorch.
+
+PyTorch runs autograd above the Python dispatch key: a torch op on a subclass is differentiated with the op's own
+derivative formula, and the backward's torch ops go through the subclass's ``__torch_dispatch__`` again. Here the
+same happens at trace time, on fake subclass instances:
+
+* Every torch-level symbol that was unrolled on subclass proxies gets a grad rule in the plugin's executor
+  (``OperatorExecutor.register_implementation(sym, checker=..., grad_transform=...)``, the public route thunder's
+  autodiff consults first). The rule runs the torch operation on fakes that require grad, records the forward as
+  the usual subclass-level bound symbol, then runs ``torch.autograd.grad`` on the fakes: PyTorch's derivative
+  formula executes through the subclass's dispatch, and the aten calls it makes on inner tensors are recorded as
+  the subsymbols of one ``grad_<op>`` bound symbol (metadata of every gradient known at trace time).
+* Gradient *types* follow eager: the gradient of a ``TwoTensor`` parameter is a ``TwoTensor``; a plain parameter
+  that meets a ``TwoTensor`` gets a ``TwoTensor`` gradient, as in eager. Because a gradient's type is only known once
+  the operations after it have been differentiated, ``grad_<op>`` is first recorded for the gradient types PyTorch
+  would guess (those of the outputs) and is re-recorded by the flatten pass (``thunder_subclass.flatten``) if the
+  gradients that actually reach it have other types; it keeps a :class:`GradRecipe` (the fake autograd graph) for
+  that.
+* The plugin's own boundary symbols (``flatten_*``, ``unflatten_*``, ``aten_*``) are constants for autodiff where
+  they appear outside a subclass-level symbol, as in eager: reading ``x.a`` or building ``TwoTensor(a, b)`` does not
+  connect inner tensors and outer tensor in the autograd graph.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+import thunder.core.dtypes as dtypes
+import thunder.core.prims as prims
+from thunder.core.proxies import TensorProxy
+from thunder.core.pytree import tree_flatten
+from thunder.core.symbol import Symbol
+from thunder.core.trace import get_tracectx
+
+from thunder_subclass.executor import subclass_executor, unique_operator_name
+from thunder_subclass.fake import FakeEnv, fake_execution
+from thunder_subclass.proxy import SubclassTensorProxy
+
+__all__ = ["GradRecipe", "ensure_grad_rule", "is_grad_bsym", "proxy_kind", "record_backward", "differentiate_call"]
+
+
+class GradRecipe:
+    """What ``grad_<op>`` needs to (re-)record its backward: the fake autograd graph of the forward.
+
+    Attributes: ``env`` (proxies <-> fakes of the forward), ``fake_inputs`` / ``fake_outputs`` (the fakes that
+    require grad / carry gradients), ``input_proxies`` (the proxies the gradients are for), ``what`` /
+    ``subclasses`` (for error messages) and ``positions`` (for each output of ``grad_<op>``, the input whose
+    gradient it is).
+    """
+
+    def __init__(self, env, fake_inputs, fake_outputs, input_proxies, what, subclasses):
+        self.env = env
+        self.fake_inputs = fake_inputs
+        self.fake_outputs = fake_outputs
+        self.input_proxies = input_proxies
+        self.what = what
+        self.subclasses = subclasses
+        self.positions: tuple[int, ...] = ()
+
+    def __repr__(self) -> str:
+        return f"GradRecipe({self.what})"
+
+
+def proxy_kind(p: Any) -> Any:
+    """What a gradient's recorded backward depends on: plain tensor, or subclass type + context + inner kinds."""
+    if isinstance(p, SubclassTensorProxy):
+        return (p.subclass_type, repr(p.flatten_ctx), tuple(proxy_kind(i) for i in p.inner.values()))
+    if isinstance(p, TensorProxy):
+        return torch.Tensor
+    return type(p)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Symbols
+# ---------------------------------------------------------------------------------------------------------------
+
+_grad_symbols: dict[str, Symbol] = {}
+_grad_ids: set[str] = set()
+_rules: set[Any] = set()
+
+
+def _not_called_directly(*args, **kwargs):
+    raise RuntimeError("thunder_subclass's grad symbols are bound by its grad rules only")
+
+
+def grad_symbol(op_name: str) -> Symbol:
+    """``grad_<op>``: the backward of one subclass-level operation (subsymbols: the unrolled backward)."""
+    sym = _grad_symbols.get(op_name)
+    if sym is None:
+        sym = subclass_executor.register_operator(
+            unique_operator_name(f"grad_{op_name}"), meta=_not_called_directly, fn=_not_called_directly
+        )
+        _grad_symbols[op_name] = sym
+        _grad_ids.add(sym.id)
+        _constant_for_autodiff(sym)
+    return sym
+
+
+def is_grad_bsym(bsym) -> bool:
+    return bsym.sym.id in _grad_ids
+
+
+def _constant_for_autodiff(sym: Symbol) -> None:
+    # outside subclass-level symbols the plugin's own symbols are not differentiated (as in eager: x.a, and the
+    # construction of a subclass from tensors, have no autograd edge between outer and inner tensors). Rules for
+    # the plugin's own symbol ids go in thunder's grad-rule table (thunder.core.transforms.register_grad).
+    from thunder.core.transforms import register_grad
+
+    def forward_only(*args, **kwargs):
+        return sym(*args, **kwargs)
+
+    register_grad(sym, forward_only)
+
+
+def _has_subclass_arg(*args, **kwargs) -> bool:
+    return any(isinstance(a, SubclassTensorProxy) for a in tree_flatten((args, kwargs))[0])
+
+
+def ensure_grad_rule(sym: Symbol) -> None:
+    """Register (once) the grad rule of torch-level symbol ``sym`` for calls with subclass arguments."""
+    if sym.id in _rules:
+        return
+    _rules.add(sym.id)
+
+    def grad_transform(*args, **kwargs):
+        from thunder_subclass.interpretation import _op_name, _subclass_names, denormalize, torch_callable_for
+
+        targs, tkwargs = denormalize(sym, args, kwargs)
+        fn = torch_callable_for(sym, targs)
+        return differentiate_call(sym, fn, args, kwargs, _op_name(fn), _subclass_names(args, kwargs),
+                                  call_args=(targs, tkwargs))
+
+    def unreachable(*args, **kwargs):  # the flatten pass removes subclass-level symbols before executors claim
+        raise RuntimeError(f"thunder_subclass: subclass-level {sym.name} reached an executor")
+
+    subclass_executor.register_implementation(
+        sym, checker=_has_subclass_arg, execution_transform=unreachable, grad_transform=grad_transform
+    )
+
+
+def register_constant_symbol(sym: Symbol) -> Symbol:
+    """Make one of the plugin's boundary symbols a constant for autodiff (see the module docstring)."""
+    _constant_for_autodiff(sym)
+    return sym
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The grad rule
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _wants_grad(trace) -> Callable[[TensorProxy], bool]:
+    # differentiable: inexact dtype (thunder's own criterion), except inputs of the trace that do not require grad
+    constant_inputs = {
+        p.name for p in tree_flatten((trace.args, trace.kwargs))[0] if isinstance(p, TensorProxy) and not p.requires_grad
+    }
+
+    def wants_grad(p: TensorProxy) -> bool:
+        return dtypes.is_inexact_dtype(p.dtype) and p.name not in constant_inputs
+
+    return wants_grad
+
+
+def differentiate_call(sym: Symbol, fn: Callable, args: tuple, kwargs: dict, what: str, subclasses: str,
+                       call_args: tuple | None = None):
+    """The grad transform: forward (one subclass-level bound symbol), then ``get_grad`` of the outputs,
+    ``grad_<op>`` (the unrolled PyTorch derivative) and ``put_grad`` of the inputs. ``fn`` is called with
+    ``call_args`` (positional, keyword) when given, else with ``args``/``kwargs`` (those of the bound symbol)."""
+    from thunder_subclass.interpretation import _record, bind_unrolled
+
+    trace = get_tracectx()
+    forward: list = []
+    cargs, ckwargs = call_args if call_args is not None else (args, kwargs)
+    env, fake_out, result = _record(fn, cargs, ckwargs, forward, what, subclasses, wants_grad=_wants_grad(trace))
+    result = bind_unrolled(sym, args, kwargs, result, forward)
+    if isinstance(result, TensorProxy) and any(result is a for a in tree_flatten((args, kwargs))[0]):
+        return result  # the op returned its input: the gradient passes through unchanged
+    return differentiate_fakes(env, args, kwargs, fake_out, result, sym.name, what, subclasses)
+
+
+def differentiate_fakes(env: FakeEnv, args, kwargs, fake_out, result, op_name: str, what: str, subclasses: str):
+    """Record get_grad / grad_<op_name> / put_grad for a forward already recorded on fakes in ``env``."""
+    input_proxies, fake_inputs = [], []
+    for a in tree_flatten((args, kwargs))[0]:
+        if isinstance(a, TensorProxy):
+            fake = env.to_fake(a)
+            if fake.requires_grad and not any(a is q for q in input_proxies):
+                input_proxies.append(a)
+                fake_inputs.append(fake)
+    outs, fakes = [], []
+    for p, f in zip(torch.utils._pytree.tree_leaves(result), torch.utils._pytree.tree_leaves(fake_out)):
+        if isinstance(f, torch.Tensor) and f.requires_grad and isinstance(p, TensorProxy):
+            outs.append(p)
+            fakes.append(f)
+    if not input_proxies or not outs:
+        return result
+
+    grads = [prims.get_grad(p) for p in outs]
+    recipe = GradRecipe(env, fake_inputs, fakes, input_proxies, what, subclasses)
+    saved = tuple(p for p in (*input_proxies, *outs))
+    input_grads, subsymbols = record_backward(recipe, grads)
+    recipe.positions = tuple(
+        i for i, g in enumerate(input_grads) if g is not None and not any(g is x for x in grads)
+    )
+    produced = tuple(input_grads[i] for i in recipe.positions)
+    bsym = grad_symbol(op_name).bind(tuple(grads), saved, recipe, output=produced, subsymbols=subsymbols)
+    get_tracectx().peek_scope().append(bsym)
+    for p, g in zip(input_proxies, input_grads):
+        if g is not None:
+            prims.put_grad(p, g)
+    return result
+
+
+def record_backward(recipe: GradRecipe, grads) -> tuple[list, list]:
+    """Run PyTorch's backward of the recorded forward on fakes, for gradients ``grads`` (proxies of any kind);
+    return the input gradients (proxies or None) and the recorded bound symbols."""
+    from thunder_subclass.interpretation import RecordingMode, dispatch_error, emit_calls
+
+    env = recipe.env.copy()
+    mark = len(env.subclass_inputs)
+    fake_grads = [env.to_fake(g) for g in grads]
+    recorder = RecordingMode()
+    try:
+        with fake_execution(), torch.enable_grad(), recorder:
+            fake_input_grads = torch.autograd.grad(
+                recipe.fake_outputs, recipe.fake_inputs, fake_grads, retain_graph=True, allow_unused=True
+            )
+    except Exception as e:
+        raise dispatch_error(f"the backward of {recipe.what}", recipe.subclasses, e) from e
+    scope: list = []
+    input_grads = emit_calls(env, recorder.calls, list(fake_input_grads), scope,
+                             f"the backward of {recipe.what}", recipe.subclasses, flatten_from=mark)
+    return input_grads, scope
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# torch.autograd.Function over subclasses
+# ---------------------------------------------------------------------------------------------------------------
+
+_container_ids: set[str] = set()
+_function_symbols: dict[type, Symbol] = {}
+
+
+def is_container_bsym(bsym) -> bool:
+    """A call of a user ``torch.autograd.Function`` recorded by thunder_subclass (inlined by the flatten pass)."""
+    return bsym.sym.id in _container_ids
+
+
+def autograd_function_symbol(cls: type) -> Symbol:
+    """``<Function>_apply``: one symbol per ``torch.autograd.Function`` class, differentiated with the class's
+    own ``backward`` (run by PyTorch's autograd on fakes, as in eager)."""
+    sym = _function_symbols.get(cls)
+    if sym is None:
+        sym = subclass_executor.register_operator(
+            unique_operator_name(f"{cls.__name__}_apply"), meta=_not_called_directly, fn=_not_called_directly
+        )
+        _function_symbols[cls] = sym
+        _container_ids.add(sym.id)
+
+        def grad_transform(*args, **kwargs):
+            from thunder_subclass.interpretation import _subclass_names
+
+            return differentiate_call(sym, cls.apply, args, kwargs, f"{cls.__qualname__}.apply",
+                                      _subclass_names(args, kwargs))
+
+        from thunder.core.transforms import register_grad
+
+        register_grad(sym, grad_transform)
+    return sym
+
+
+def returns_subclass(cls: type, args: tuple, kwargs: dict) -> bool:
+    """Whether ``cls.apply`` returns a tensor subclass for arguments like these (tried on fakes)."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    from thunder.core.pytree import tree_map
+
+    env = FakeEnv()
+    try:
+        fargs, fkwargs = tree_map(env.to_fake, (args, kwargs))
+        with fake_execution():
+            out = cls.apply(*fargs, **fkwargs)
+    except Exception:
+        return False  # thunder's own handling of autograd.Function applies (and reports errors)
+    return any(is_traceable_wrapper_subclass(o) for o in torch.utils._pytree.tree_leaves(out))
+
+
+def apply_autograd_function(cls: type, *args, **kwargs):
+    """``cls.apply(*args, **kwargs)`` in traced code with subclass inputs or outputs: one bound symbol whose
+    subsymbols are the forward's aten calls; its gradient comes from ``cls.backward`` (see autograd_function_symbol)."""
+    from thunder_subclass.interpretation import _record, _subclass_names, bind_unrolled
+
+    sym = autograd_function_symbol(cls)
+    scope: list = []
+    _, _, result = _record(cls.apply, args, kwargs, scope, f"{cls.__qualname__}.apply", _subclass_names(args, kwargs))
+    return bind_unrolled(sym, args, kwargs, result, scope)
