@@ -10,7 +10,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 import thunder_subclass
 from thunder_subclass import SubclassTensorProxy
-from subclasses import QuantizedWeight, TwoTensor, nested_two_tensor, quantize
+from subclasses import TwoTensor, nested_two_tensor, quantize
 
 
 def _two(*shape, requires_grad=True):
@@ -275,3 +275,35 @@ def test_nvfuser_claims_flattened_region_on_cuda():
     w = TwoTensor(torch.randn(8, 8, device="cuda"), torch.randn(8, 8, device="cuda")).requires_grad_()
     jf = check_training(lambda x, w: ((x * w).sin() + 1).sum(), x, w, executors=[nvfuserex])
     assert any(b.sym.name.startswith("nvFusion") for b in thunder.last_traces(jf)[-1].bound_symbols)
+
+
+@pytest.mark.parametrize(
+    "fn, grad_type",
+    [(lambda x: x * 2, torch.Tensor), (lambda x: (x * x).sin(), TwoTensor)],
+    ids=["linear-chain", "through-saved-subclass"],
+)
+def test_backward_with_plain_grad_for_subclass_output(fn, grad_type):
+    # eager accepts a plain gradient for a TwoTensor output and runs the derivative with it: the input's gradient
+    # is plain when the chain never meets a saved TwoTensor, a TwoTensor otherwise (torch.compile fails here,
+    # pytorch issue 172556)
+    jf = check_training(fn, _two(4), grad_out=torch.randn(4))
+    from thunder_subclass.tangents import variants_in
+
+    variants = [v for v in (variants_in(f) for f in _compiled_backwards(jf)) if v is not None]
+    assert variants and len(variants[0]._compiled) == 1  # one backward variant, for plain gradients
+    # the same call again reuses it; a TwoTensor gradient uses the compiled backward
+    x = _two(4)
+    jf(x).backward(torch.ones(4))
+    assert type(x.grad) is grad_type
+    assert len(variants[0]._compiled) == 1
+    x2 = _two(4)
+    ex2 = _clone_leaf(x2)
+    g = TwoTensor(torch.randn(4), torch.randn(4))
+    jf(x2).backward(g)
+    fn(ex2).backward(g)
+    assert_same(x2.grad, ex2.grad)
+
+
+def _compiled_backwards(jf):
+    cs = thunder.compile_stats(jf)
+    return [entry.backward_fn for entry in cs.interpreter_cache if getattr(entry, "backward_fn", None)]

@@ -13,6 +13,7 @@ from thunder_subclass._thunder_internals import ensure_thunder_importable as _en
 _ensure_thunder_importable()
 
 from thunder_subclass.errors import (  # noqa: E402
+    SubclassGradientError,
     SubclassDispatchError,
     SubclassProtocolError,
     TensorSubclassError,
@@ -43,6 +44,7 @@ __all__ = [
     "SubclassProtocolError",
     "SubclassDispatchError",
     "UnsupportedSubclassOperationError",
+    "SubclassGradientError",
     "ThunderVersionError",
     "install_hooks",
     "uninstall_hooks",

@@ -18,7 +18,12 @@ Hooks (thunder 0.2.6 paths, relative to the installed ``thunder/``):
   ``isinstance`` and ``type`` on subclass proxies behave as in eager.
 * ``executors/passes.py`` ``_transform_for_operator_executor_execution`` — the point after autograd and before
   executors claim operations (looked up at call time by ``thunder/__init__.py`` and by ``transform_for_execution``):
-  subclass-level bound symbols are replaced by their flat subsymbols (``thunder_subclass.flatten``).
+  subclass-level bound symbols are replaced by their flat subsymbols (``thunder_subclass.flatten``). In thunder 0.2.6
+  ``grad_transform_on_trace`` builds one joint forward+backward trace before this point, so the pass sees (and
+  flattens) forward and backward together, before ``split_into_forward_and_backward``.
+* ``executors/torch_autograd.py`` ``ThunderFunction.backward`` — when ``.backward(grad)`` passes gradients of another
+  kind than the compiled backward expects (a plain tensor for a ``TwoTensor`` output), a backward made for those
+  gradients runs instead (``thunder_subclass.tangents``); otherwise thunder's own backward runs unchanged.
 
 Compatibility shim (:func:`ensure_thunder_importable`): thunder 0.2.6's ``thunder/torch/default_torch_ops.py`` lists
 named-tensor methods that torch 2.13 removed (``torch.Tensor.align_as``, ``align_to``, ``has_names``,
@@ -95,6 +100,35 @@ def is_plugin_active() -> bool:
 
     cd = get_compile_data()
     return cd is not None and subclass_executor in cd.executors_list
+
+
+def current_compile_data() -> tuple[Any, Any]:
+    """thunder's compile data and compile stats of the jit being compiled (``thunder.core.compile_data``)."""
+    from thunder.core.compile_data import _compile_data
+
+    return _compile_data.get()
+
+
+def compile_data_context(cd, cs):
+    """Make ``cd``/``cs`` current again (``thunder.core.compile_data.compile_data_and_stats``), e.g. to trace a
+    backward variant at run time with the plugin's hooks active."""
+    from thunder.core.compile_data import compile_data_and_stats
+
+    return compile_data_and_stats(cd, cs)
+
+
+def new_trace(name: str, args: list, *, names) -> Any:
+    """An empty thunder trace whose signature is ``name(*args)`` (proxies), reserving ``names``. thunder 0.2.6 has
+    no public constructor for a trace without a Python function, so the signature is set directly
+    (``TraceCtx._siginfo``, as thunder's own jit_ext does)."""
+    from thunder.core.codeutils import SigInfo
+    from thunder.core.trace import TraceCtx
+
+    trace = TraceCtx()
+    trace.names = set(names)
+    trace.args = args
+    trace._siginfo = SigInfo.from_name_and_args(name, args)
+    return trace
 
 
 def source_location() -> tuple[str | None, int | None]:
@@ -215,16 +249,65 @@ def _hook_operator_executor_execution(original):
     return _transform_for_operator_executor_execution
 
 
+_variants_cache = None
+
+
+def _variants_of(compiled_backward):
+    global _variants_cache
+    import weakref
+
+    if _variants_cache is None:
+        _variants_cache = weakref.WeakKeyDictionary()
+    try:
+        return _variants_cache[compiled_backward]
+    except KeyError:
+        from thunder_subclass.tangents import variants_in
+
+        v = _variants_cache[compiled_backward] = variants_in(compiled_backward)
+        return v
+    except TypeError:  # not weak-referenceable
+        return None
+
+
+def _hook_thunder_function_backward(original):
+    # wraps thunder.executors.torch_autograd.ThunderFunction.backward (a staticmethod)
+    original = original.__func__ if isinstance(original, staticmethod) else original
+
+    @functools.wraps(original)
+    def backward(ctx, *raw_args):
+        variants = _variants_of(ctx.compiled_backward)
+        if variants is not None:
+            side_channel = ctx.side_channel
+            grads = side_channel["bw"] if side_channel is not None else raw_args
+            if not variants.accepts(grads):
+                # gradients of another kind than the compiled backward's (thunder_subclass.tangents)
+                if side_channel is not None:
+                    saved = side_channel.pop("saved_tensors")
+                    side_channel.pop("bw")
+                else:
+                    saved = list(ctx.saved_tensors)
+                    ctx.maybe_clear_saved_tensors()
+                result = variants.run(saved, list(grads))
+                if ctx.return_none_instead_of_grads:
+                    result = [None] * len(result)
+                return (None, None, None, None, None, None, None, *result)
+        return original(ctx, *raw_args)
+
+    return staticmethod(backward)
+
+
 def _targets() -> list[tuple[Any, str, Callable]]:
     import thunder.core.jit_ext as jit_ext
     import thunder.core.symbol as symbol
     import thunder.executors.passes as passes
+    import thunder.executors.torch_autograd as torch_autograd
 
     return [
         (jit_ext.JitCtx, "proxify", _hook_proxify),
         (symbol.Symbol, "__call__", _hook_symbol_call),
         (jit_ext, "general_jit_lookaside", _hook_general_jit_lookaside),
         (passes, "_transform_for_operator_executor_execution", _hook_operator_executor_execution),
+        (torch_autograd.ThunderFunction, "backward", _hook_thunder_function_backward),
     ]
 
 

@@ -11,6 +11,7 @@ __all__ = [
     "SubclassProtocolError",
     "SubclassDispatchError",
     "UnsupportedSubclassOperationError",
+    "SubclassGradientError",
     "ThunderVersionError",
 ]
 
@@ -32,6 +33,12 @@ class SubclassDispatchError(TensorSubclassError, RuntimeError):
 
 class UnsupportedSubclassOperationError(TensorSubclassError, NotImplementedError):
     """The operation on a subclass cannot be compiled (for example, a data-dependent op inside dispatch)."""
+
+
+class SubclassGradientError(TensorSubclassError, TypeError):
+    """The gradient given to ``.backward()`` for a subclass output of a compiled function is not of the kind the
+    backward was compiled for (another type, or other flatten metadata that the subclass cannot coerce with
+    ``__coerce_same_metadata_as_tangent__``)."""
 
 
 class ThunderVersionError(TensorSubclassError, ImportError):

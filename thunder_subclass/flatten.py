@@ -33,7 +33,7 @@ from thunder_subclass._thunder_internals import is_torch_level_symbol
 from thunder_subclass.autograd import is_container_bsym, is_grad_bsym, proxy_kind, record_backward
 from thunder_subclass.errors import UnsupportedSubclassOperationError
 from thunder_subclass.proxy import SubclassTensorProxy
-from thunder_subclass.subclass_symbols import is_flatten_bsym, is_unflatten_bsym
+from thunder_subclass.subclass_symbols import cotangent_flatten_symbol, is_flatten_bsym, is_unflatten_bsym
 
 __all__ = ["flatten_subclasses", "is_subclass_level"]
 
@@ -60,11 +60,13 @@ def _kinds(proxies) -> tuple:
 
 
 class _Flattener:
-    def __init__(self, trace):
+    def __init__(self, trace, variants=None):
         self.trace = from_trace(trace)
+        self.variants = variants  # BackwardVariants of a joint trace, passed to flatten_cotangent_<Cls>
         self.bsyms: list = []
         self.swap: dict = {}
         self.inner_of: dict = {}  # variable of a subclass proxy -> its inner proxies (from unflatten / flatten)
+        self.cotangents: set = set()  # variables of gradients arriving from outside (get_grad of an output)
 
     def alias(self, old, new) -> None:
         if isinstance(old, TensorProxy) and old is not new:
@@ -88,12 +90,20 @@ class _Flattener:
         if is_torch_level_symbol(bsym.sym) and changed:
             return self._retrace(nb)
         if is_flatten_bsym(nb):
-            known = self.inner_of.get(variableify(nb.args[0]))
+            v = variableify(nb.args[0])
+            known = self.inner_of.get(v)
             if known is not None:
                 for old, new in zip(nb.output, known):
                     self.alias(old, new)
                 return
-            self.inner_of[variableify(nb.args[0])] = tuple(nb.output)
+            self.inner_of[v] = tuple(nb.output)
+            if v in self.cotangents:  # a gradient from .backward(): checked (and coerced) at run time
+                p = nb.args[0]
+                nb = cotangent_flatten_symbol(p.subclass_type).bind(
+                    p, nb.args[1], p.flatten_ctx, self.variants, output=nb.output
+                )
+        elif nb.sym is prims.get_grad:
+            self.cotangents.add(variableify(nb.output))
         elif is_unflatten_bsym(nb):
             self.inner_of[variableify(nb.output)] = tuple(nb.args[0])
         elif nb.sym.executor is None and any(isinstance(p, SubclassTensorProxy) for p in nb.flat_proxy_args):
@@ -146,7 +156,13 @@ def flatten_subclasses(trace):
     """Replace subclass-level bound symbols by their subsymbols (see the module docstring)."""
     if not any(is_subclass_level(b) for b in trace.bound_symbols):
         return trace
-    f = _Flattener(trace)
+    variants = None
+    if any(b.sym is prims.get_grad for b in trace.bound_symbols):  # a joint forward+backward trace
+        from thunder_subclass._thunder_internals import current_compile_data
+        from thunder_subclass.tangents import BackwardVariants
+
+        variants = BackwardVariants(trace, *current_compile_data())
+    f = _Flattener(trace, variants)
     for bsym in trace.bound_symbols:
         f.visit(bsym)
     f.trace.bound_symbols = f.bsyms

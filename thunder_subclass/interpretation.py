@@ -400,15 +400,13 @@ def subclass_lookaside(fn: Any, wrapped_args: tuple) -> Callable | None:
         if isinstance(obj, TensorProxy) and name == "dtype" and is_called_from_user_code():
             return interpreter_needs_wrap(_torch_dtype_attr)
         return None
-    if getattr(fn, "__func__", None) is torch.autograd.function.Function.apply.__func__ and isinstance(
-        getattr(fn, "__self__", None), type
-    ):
+    if fn is torch.autograd.function.Function.apply.__func__ and wrapped_args:
+        # MyFunction.apply(*args) reaches the interpreter as Function.apply.__func__(MyFunction, *args)
         from thunder_subclass.autograd import apply_autograd_function, returns_subclass
 
-        cls = fn.__self__
-        uargs = tuple(unwrap(a) for a in wrapped_args)
-        if has_subclass_proxy(uargs, {}) or returns_subclass(cls, uargs, {}):
-            return interpreter_needs_wrap(functools.partial(apply_autograd_function, cls))
+        cls, *uargs = (unwrap(a) for a in wrapped_args)
+        if has_subclass_proxy(uargs, {}) or returns_subclass(cls, tuple(uargs), {}):
+            return interpreter_needs_wrap(apply_autograd_function)
         return None
     if isinstance(fn, type) and is_traceable_wrapper_subclass_type(fn):
         if any(isinstance(a, TensorProxy) for a in tree_flatten([unwrap(a) for a in wrapped_args])[0]):

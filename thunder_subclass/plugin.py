@@ -35,12 +35,18 @@ class TensorSubclassPlugin(Plugin):
         _thunder_internals.install()
         return [subclass_executor]
 
+    def setup_transforms(self):
+        from thunder_subclass.tangents import SavedTensorNames
+
+        return [SavedTensorNames()]
+
 
 def jit(fn: Callable, /, **kwargs) -> Callable:
     """``thunder.jit(fn, **kwargs)`` that can compile functions and modules holding tensor wrapper subclasses.
 
     Takes the same keyword arguments as ``thunder.jit``; ``executors`` (default: thunder's default executors) gets
-    the plugin's executor put first.
+    the plugin's executor put first, and ``transforms`` gets :class:`thunder_subclass.tangents.SavedTensorNames`
+    appended (it lets ``.backward(grad)`` accept gradients of other kinds than the outputs', as eager does).
 
     Example::
 
@@ -57,4 +63,7 @@ def jit(fn: Callable, /, **kwargs) -> Callable:
     _thunder_internals.install()
     executors: Sequence = resolve_executors(kwargs.pop("executors", None))
     executors = [subclass_executor, *(ex for ex in executors if ex is not subclass_executor)]
-    return thunder.jit(fn, executors=executors, **kwargs)
+    from thunder_subclass.tangents import SavedTensorNames
+
+    transforms = [*(kwargs.pop("transforms", None) or ()), SavedTensorNames()]
+    return thunder.jit(fn, executors=executors, transforms=transforms, **kwargs)

@@ -71,6 +71,57 @@ def unflatten_symbol(cls: type) -> Symbol:
     return sym
 
 
+_cotangent_flatten: dict[type, Symbol] = {}
+
+
+def _coerce_cotangent(cls: type, g: Any, expected_ctx: Any):
+    """The incoming gradient ``g`` as the ``cls`` with flatten context ``expected_ctx`` the backward was compiled
+    for, using the subclass's ``__coerce_same_metadata_as_tangent__`` where needed (as torch.compile does)."""
+    if type(g) is cls and g.__tensor_flatten__()[1] == expected_ctx:
+        return g
+    coerce = getattr(g, "__coerce_same_metadata_as_tangent__", None)
+    if coerce is not None:
+        coerced = coerce(expected_ctx) if type(g) is cls else coerce(expected_ctx, cls)
+        if coerced is not None and type(coerced) is cls and coerced.__tensor_flatten__()[1] == expected_ctx:
+            return coerced
+    from thunder_subclass.errors import SubclassGradientError
+
+    got = type(g).__qualname__
+    if type(g) is cls:
+        got += f" with flatten context {g.__tensor_flatten__()[1]!r}"
+    raise SubclassGradientError(
+        f"the gradient passed to .backward() for a {cls.__qualname__} output of a thunder_subclass-compiled "
+        f"function is a {got}; the compiled backward expects a {cls.__qualname__} with flatten context "
+        f"{expected_ctx!r} (the kind of the output, which is also what .backward() without arguments passes). "
+        f"Pass a {cls.__qualname__} gradient, or define {cls.__qualname__}.__coerce_same_metadata_as_tangent__ "
+        "to convert other gradients."
+    )
+
+
+def cotangent_flatten_symbol(cls: type) -> Symbol:
+    """``flatten_cotangent_<Cls>(g, attrs, ctx)``: the flatten of a gradient arriving from outside (the argument
+    of ``.backward()``), checked against the kind the backward was compiled for."""
+    sym = _cotangent_flatten.get(cls)
+    if sym is None:
+
+        # ``variants`` (thunder_subclass.tangents.BackwardVariants) is not used here: as an argument it puts the
+        # object among the compiled backward's globals, where the ThunderFunction.backward hook finds it.
+        def meta(g: SubclassTensorProxy, attrs: tuple[str, ...], ctx: Any, variants: Any = None):
+            return tuple(g.inner[a] for a in attrs)
+
+        def impl(g, attrs, ctx, variants=None):
+            g = _coerce_cotangent(cls, g, ctx)
+            return tuple(getattr(g, a) for a in attrs)
+
+        sym = subclass_executor.register_operator(
+            unique_operator_name(f"flatten_cotangent_{cls.__name__}"), meta=meta, fn=impl
+        )
+        register_constant_symbol(sym)
+        _cotangent_flatten[cls] = sym
+        _flatten_ids.add(sym.id)
+    return sym
+
+
 def is_flatten_bsym(bsym) -> bool:
     return bsym.sym.id in _flatten_ids
 

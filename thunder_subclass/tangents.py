@@ -1,0 +1,206 @@
+"""Stage 8, incoming gradients: ``.backward(grad)`` on a subclass output behaves as in eager.
+
+The compiled backward is made for gradients of the kind of each output (a ``TwoTensor`` output gets a ``TwoTensor``
+gradient), which is what ``.backward()`` without arguments passes and what torch.compile assumes. Eager PyTorch also
+accepts other gradients, for instance a plain tensor for a ``TwoTensor`` output, and then runs the derivative
+formulas with that plain tensor, which can change the type of the resulting gradients. torch.compile fails there
+(pytorch issue 172556); thunder_subclass runs a backward made for the gradients actually given:
+
+* a gradient of the expected kind, or one that the subclass coerces with ``__coerce_same_metadata_as_tangent__``,
+  runs the compiled backward (``flatten_cotangent_<Cls>`` coerces it and checks it at run time);
+* any other gradient selects a *backward variant*: the joint forward+backward trace is flattened again with the
+  gradient's actual kind (``thunder_subclass.flatten`` re-records every derivative whose gradient types change),
+  the backward part is cut out, fed with the tensors the compiled forward saved, compiled with the torch executor,
+  memoised per gradient kind, and run.
+
+:class:`BackwardVariants` is created by the flatten pass for each joint trace, travels into the backward trace as an
+argument of ``flatten_cotangent_<Cls>``, learns the names of the saved tensors from :class:`SavedTensorNames` (a
+thunder ``Transform`` that reads the final backward trace), and is found again at run time by the
+``ThunderFunction.backward`` hook in ``_thunder_internals``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+from thunder.core.proxies import TensorProxy
+from thunder.core.pytree import tree_flatten
+from thunder.core.transform_common import Transform
+
+from thunder_subclass.autograd import proxy_kind
+from thunder_subclass.errors import SubclassGradientError
+from thunder_subclass.proxy import SubclassTensorProxy
+
+__all__ = ["BackwardVariants", "SavedTensorNames", "runtime_kind"]
+
+
+def runtime_kind(t: Any) -> Any:
+    """:func:`thunder_subclass.autograd.proxy_kind` of a real tensor."""
+    if isinstance(t, torch.Tensor) and is_traceable_wrapper_subclass(t):
+        attrs, ctx = t.__tensor_flatten__()
+        return (type(t), repr(ctx), tuple(runtime_kind(getattr(t, a)) for a in attrs))
+    if isinstance(t, torch.Tensor):
+        return torch.Tensor
+    return type(t)
+
+
+class BackwardVariants:
+    """Backward programs of one compiled function for gradients of kinds other than the outputs' own."""
+
+    def __init__(self, joint, compile_data, compile_stats):
+        self.joint = joint
+        self.compile_data = compile_data
+        self.compile_stats = compile_stats
+        ret = joint.bound_symbols[-1]
+        self.outputs = tree_flatten(ret.args[0]["fw_flat_out"])[0]
+        self.expected = tuple(proxy_kind(o) if isinstance(o, TensorProxy) else None for o in self.outputs)
+        self.grad_of = {}  # output name -> its get_grad proxy in the joint trace
+        for bsym in joint.bound_symbols:
+            if bsym.sym.name == "get_grad" and isinstance(bsym.args[0], TensorProxy):
+                self.grad_of[bsym.args[0].name] = bsym.output
+        self.saved_names: list[str] | None = None
+        self._compiled: dict[tuple, Any] = {}
+
+    def __repr__(self) -> str:
+        return f"BackwardVariants({len(self._compiled)} compiled)"
+
+    def accepts(self, grads) -> bool:
+        """Whether the compiled backward serves these incoming gradients (checked at every backward call)."""
+        for g, out, kind in zip(grads, self.outputs, self.expected):
+            if kind is None or g is None or runtime_kind(g) == kind:
+                continue
+            if isinstance(out, SubclassTensorProxy) and hasattr(g, "__coerce_same_metadata_as_tangent__"):
+                continue  # flatten_cotangent_<Cls> coerces it
+            return False
+        return True
+
+    def run(self, saved: list, grads) -> tuple:
+        key = tuple(runtime_kind(g) for g in grads)
+        compiled = self._compiled.get(key)
+        if compiled is None:
+            compiled = self._compiled[key] = self._build(grads)
+        fn, saved_positions, grad_positions = compiled
+        return fn(*[saved[i] for i in saved_positions], *[grads[i] for i in grad_positions])
+
+    def _build(self, grads):
+        from thunder.core.trace import tracectx
+        from thunder.core.transforms import dce
+        from thunder.executors.passes import transform_for_execution
+        from thunder.executors.torchex import ex as torchex
+
+        from thunder_subclass._thunder_internals import compile_data_context, new_trace
+        from thunder_subclass.executor import subclass_executor
+        from thunder_subclass.flatten import _Flattener
+        from thunder_subclass.proxy import subclass_proxy_from_tensor
+
+        if self.saved_names is None:
+            raise SubclassGradientError(
+                "thunder_subclass could not find the saved tensors of this compiled function's backward, so it "
+                "cannot run a backward for gradients of another kind than its outputs. Pass gradients of the "
+                "outputs' kinds to .backward()."
+            )
+        with compile_data_context(self.compile_data, self.compile_stats):
+            flattener = _Flattener(self.joint, variants=None)
+            cotangents, grad_positions = [], []
+            with tracectx(flattener.trace):
+                for i, (g, out) in enumerate(zip(grads, self.outputs)):
+                    gp = self.grad_of.get(getattr(out, "name", None))
+                    if gp is None or not isinstance(g, torch.Tensor):
+                        continue
+                    if runtime_kind(g) == proxy_kind(gp):
+                        new = gp
+                    elif is_traceable_wrapper_subclass(g):
+                        new = subclass_proxy_from_tensor(g, name=None, history=None)
+                    else:
+                        new = TensorProxy(like=gp)
+                    flattener.alias(gp, new)
+                    cotangents.append(new)
+                    grad_positions.append(i)
+            for bsym in self.joint.bound_symbols:
+                flattener.visit(bsym)
+            flat = flattener.trace
+            flat.bound_symbols = flattener.bsyms
+            flat = dce(flat)
+
+            # the backward part: what the gradients need, starting from the saved tensors and the cotangents
+            ret = flat.bound_symbols[-1]
+            outputs = ret.args[0]["output"]
+            available = {n: i for i, n in enumerate(self.saved_names)}
+            cot_names = {p.name for p in cotangents}
+            producers = {}
+            for bsym in flat.bound_symbols:
+                for o in bsym.flat_proxy_outs:
+                    producers.setdefault(o.name, bsym)
+            needed, used_saved, stack = set(), {}, [p for p in tree_flatten(outputs)[0] if isinstance(p, TensorProxy)]
+            seen = set()
+            while stack:
+                p = stack.pop()
+                if p.name in seen:
+                    continue
+                seen.add(p.name)
+                if p.name in cot_names:
+                    continue
+                if p.name in available:
+                    used_saved[p.name] = p
+                    continue
+                bsym = producers.get(p.name)
+                if bsym is None or bsym.sym.name == "unpack_trivial":
+                    raise SubclassGradientError(
+                        f"the backward for gradients of kinds {[getattr(k, '__name__', k) for k in map(runtime_kind, grads)]} "
+                        f"needs {p.name}, which the compiled forward did not save; pass gradients of the outputs' "
+                        "kinds to .backward()."
+                    )
+                if id(bsym) not in needed:
+                    needed.add(id(bsym))
+                    stack.extend(bsym.flat_proxy_args)
+            body = [b for b in flat.bound_symbols if id(b) in needed]
+
+            saved_args = sorted(used_saved.values(), key=lambda p: available[p.name])
+            args = [*saved_args, *cotangents]
+            trace = new_trace("subclass_backward_variant", args, names=flat.names)
+            import thunder.core.prims as prims
+
+            with tracectx(trace):
+                trace.bound_symbols = [*body, prims.python_return.bind(tuple(outputs), output=None)]
+            extrace = transform_for_execution(trace, executors_list=[subclass_executor, torchex])
+            fn = extrace.python_callable()
+        return fn, [available[p.name] for p in saved_args], grad_positions
+
+
+def variants_in(fn) -> BackwardVariants | None:
+    """The :class:`BackwardVariants` a compiled backward function refers to (its trace's objects are globals)."""
+    import inspect
+
+    try:
+        fn = inspect.unwrap(fn)  # thunder decorates it (torch.no_grad, no_autocast)
+    except ValueError:
+        return None
+    for v in getattr(fn, "__globals__", {}).values():
+        if isinstance(v, BackwardVariants):
+            return v
+    return None
+
+
+class SavedTensorNames(Transform):
+    """Reads, from the final backward trace, the names of the tensors the forward saves (in order), for the
+    backward variants that trace refers to."""
+
+    def transform_trace_post_optimization(self, computation_trace, **kwargs):
+        variants = [
+            a
+            for bsym in computation_trace.bound_symbols
+            for a in bsym.args
+            if isinstance(a, BackwardVariants)
+        ]
+        if not variants or not computation_trace.args:
+            return computation_trace
+        # the backward trace's first argument is (saved tensors, saved non-tensors), in ctx.saved_tensors order
+        saved_for_backward = computation_trace.args[0]
+        tensors = saved_for_backward[0] if isinstance(saved_for_backward, (list, tuple)) and saved_for_backward else []
+        names = [p.name for p in tensors if isinstance(p, TensorProxy)]
+        for v in variants:
+            v.saved_names = names
+        return computation_trace
