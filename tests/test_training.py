@@ -96,6 +96,13 @@ def test_two_tensor_input_and_parameter():
     # inner tensors, not subclass objects, are saved for backward
     saved = fw.bound_symbols[-1].args[1][0]
     assert saved and all(not isinstance(p, SubclassTensorProxy) for p in saved)
+    # the default executors: the torch executor claims the flattened operations thunder knows; aten ops without a
+    # thunder equivalent run as the plugin's aten_* symbols (executed by torch), next to its flatten_*/unflatten_*
+    for trace in (fw, bw):
+        claimed = {b.sym.executor.name for b in trace.bound_symbols if b.sym.executor is not None}
+        assert claimed <= {"torch", "thunder_subclass", "python"} and "torch" in claimed, claimed
+        ours = {b.sym.name for b in trace.bound_symbols if getattr(b.sym.executor, "name", None) == "thunder_subclass"}
+        assert all(n.startswith(("flatten_", "unflatten_", "aten_")) for n in ours), ours
     # subclass objects are built only for values leaving the compiled function
     assert [b.sym.name for b in fw.bound_symbols].count("unflatten_TwoTensor") == 1  # the output
     assert [b.sym.name for b in bw.bound_symbols].count("unflatten_TwoTensor") == 2  # the two gradients
@@ -127,8 +134,11 @@ def test_quantized_weight_dtype_changing_matmul():
         return (y.relu() * 3).sum()
 
     jf = check_training(f, x, w)
-    fw = thunder.last_traces(jf)[-1]
-    assert "aten_mm_default" in str(fw) or "matmul" in str(fw)
+    fw, bw = thunder.last_traces(jf)[-1], thunder.last_backward_traces(jf)[-1]
+    fw_names = [b.sym.name for b in fw.bound_symbols]
+    # the int8 data is dequantized (QuantizedWeight's dispatch) and multiplied in float32, in the flat program
+    assert fw_names.count("flatten_QuantizedWeight") == 1 and "aten_to_dtype" in fw_names and "matmul" in fw_names
+    assert "matmul" in [b.sym.name for b in bw.bound_symbols]  # grad_x = grad @ dequantized weight
 
 
 def test_nested_two_tensor():
