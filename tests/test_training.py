@@ -124,6 +124,23 @@ def test_plain_parameter_meeting_two_tensor_gets_two_tensor_grad():
     check_training(lambda x, w: (x * (w * 2)).sum(), _two(4, requires_grad=False), w)
 
 
+@pytest.mark.parametrize(
+    "fn, w_shape",
+    [
+        (lambda x, w: (x * w.sin()).sum(), (4, 4)),  # thunder's derivative of sin: prims.cos * (TwoTensor grad)
+        (lambda x, w: (x * F.relu(w)).sum(), (4, 4)),  # ltorch.where(mask, grad, 0)
+        (lambda x, w: (x @ w.t()).sum(), (4, 4)),  # prims.transpose of a TwoTensor gradient
+        (lambda x, w: (x * w.reshape(4, 4)).sum(), (16,)),  # prims.reshape
+        (lambda x, w: (x * w.sum(0, keepdim=True)).sum(), (4, 4)),  # broadcast + dtype conversion
+    ],
+    ids=["sin", "relu", "t-matmul", "reshape", "sum-keepdim"],
+)
+def test_plain_operation_whose_gradient_is_a_subclass(fn, w_shape):
+    # thunder differentiates the plain operation on w; its gradient is a TwoTensor (as in eager), so the plain
+    # derivative is traced again through TwoTensor's dispatch by the flatten pass
+    check_training(fn, _two(4, 4, requires_grad=False), torch.randn(*w_shape, requires_grad=True))
+
+
 def test_quantized_weight_dtype_changing_matmul():
     w = quantize(torch.randn(6, 5))
     x = torch.randn(3, 5, requires_grad=True)

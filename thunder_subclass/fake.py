@@ -86,6 +86,10 @@ class FakeEnv:
     def to_fake(self, x: Any) -> Any:
         if isinstance(x, NumberProxy):
             return x.value
+        if isinstance(x, dtypes.dtype):  # thunder's own argument types, as torch takes them
+            return dtypes.to_torch_dtype(x)
+        if isinstance(x, devices.Device):
+            return devices.to_torch_device(x)
         if not isinstance(x, TensorProxy):
             return x
         fake = self._fake_of.get(id(x))

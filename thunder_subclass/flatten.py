@@ -106,18 +106,46 @@ class _Flattener:
             self.cotangents.add(variableify(nb.output))
         elif is_unflatten_bsym(nb):
             self.inner_of[variableify(nb.output)] = tuple(nb.args[0])
-        elif nb.sym.executor is None and any(isinstance(p, SubclassTensorProxy) for p in nb.flat_proxy_args):
-            if nb.sym in (prims.get_grad, prims.python_return, prims.python_del):
-                self.bsyms.append(nb)
-                return
+        elif (
+            nb.sym.executor is None
+            and nb.sym not in (prims.python_return, prims.python_del)
+            and any(isinstance(p, SubclassTensorProxy) for p in nb.flat_proxy_args)
+        ):
+            return self._through_dispatch(nb)
+        self.bsyms.append(nb)
+
+    def _through_dispatch(self, nb) -> None:
+        # A thunder primitive that now receives a subclass (thunder's derivative of a plain operation got a
+        # subclass gradient, as a plain parameter multiplied by a TwoTensor does): run the primitive's torch
+        # implementation (thunder's torch executor) on fake subclass instances, through __torch_dispatch__.
+        from thunder.executors.torchex import ex as torchex
+
+        from thunder_subclass._thunder_internals import new_trace
+        from thunder_subclass.interpretation import _record, _subclass_names
+
+        inputs = list(nb.flat_proxy_args)
+        single = new_trace(f"torch_{nb.sym.name}", inputs, names=self.trace.names)
+        with tracectx(single):
+            single.bound_symbols = [nb, prims.python_return.bind(nb.output, output=None)]
+        try:
+            from thunder.executors.passes import transform_for_execution
+
+            fn = transform_for_execution(single, executors_list=[torchex]).python_callable()
+        except Exception as e:
             raise UnsupportedSubclassOperationError(
                 f"thunder primitive {nb.sym.name} received a tensor subclass "
-                f"({', '.join(sorted({p.subclass_type.__name__ for p in nb.flat_proxy_args if isinstance(p, SubclassTensorProxy)}))}) "
-                "through a gradient: thunder differentiated a plain operation whose gradient turned out to be a "
-                "subclass, and this primitive has no torch-level equivalent thunder_subclass can run through "
-                "__torch_dispatch__. Please report it with the model that triggers it."
-            )
-        self.bsyms.append(nb)
+                f"({_subclass_names(inputs, {})}) through a gradient, and thunder's torch executor cannot run it "
+                f"({type(e).__name__}: {e}). Please report it with the model that triggers it."
+            ) from e
+        self.trace.push_scope([])
+        with tracectx(self.trace):
+            _, _, result = _record(fn, tuple(inputs), {}, self.trace.peek_scope(),
+                                   f"thunder primitive {nb.sym.name}", _subclass_names(inputs, {}))
+        produced = self.trace.pop_scope()
+        for old, new in zip(tree_flatten(nb.output)[0], tree_flatten(result)[0]):
+            self.alias(old, new)
+        for b in produced:
+            self.visit(b)
 
     def _retrace(self, nb) -> None:
         # trace the torch-level symbol again with the current arguments (through __torch_dispatch__ when one of

@@ -100,6 +100,16 @@ def _is_tensor_method(fn: Callable) -> bool:
     return getattr(fn, "__qualname__", "").split(".")[0] in ("Tensor", "TensorBase")
 
 
+@functools.cache
+def _first_parameter(sym: Symbol) -> str | None:
+    # thunder's method-style symbols take the tensor first as ``a`` (``reshape(a, *shape)``); others follow the
+    # function (``where(pred, a, b)``, whose Tensor method would put ``a`` first)
+    try:
+        return next(iter(inspect.signature(sym.meta).parameters), None)
+    except (TypeError, ValueError):
+        return None
+
+
 def torch_callable_for(sym: Symbol, args: tuple) -> Callable:
     """The torch callable that thunder symbol ``sym`` stands for (resolved from the symbol id)."""
     candidates = _torch_callables_by_symbol_id().get(sym.id, [])
@@ -116,7 +126,7 @@ def torch_callable_for(sym: Symbol, args: tuple) -> Callable:
 
     # the Tensor method when the first argument is a tensor (thunder symbols take method-style arguments:
     # x.reshape(3, 8) calls ltorch.reshape(x, 3, 8)); else a function (2 * x calls torch.mul(2, x))
-    if args and isinstance(args[0], TensorProxy) and methods:
+    if args and isinstance(args[0], TensorProxy) and methods and _first_parameter(sym) in ("a", "self", "input"):
         return min(methods, key=preference)
     if functions:
         return min(functions, key=preference)
