@@ -1,9 +1,12 @@
 """``python -m thunder_subclass.demo``: compile a small model holding tensor subclasses and check it against eager.
 
-The model has a ``TwoTensor`` input and an int8 weight-only quantized linear layer whose weight is a wrapper
-subclass (int8 data + per-row scale, presented as bfloat16). It prints the first trace (subclass proxies, dispatch
-unrolled into subsymbols) and the final execution trace (plain operations only), and exits non-zero if the compiled
-result differs from eager's.
+Inference: a model with a ``TwoTensor`` input and an int8 weight-only quantized linear layer whose weight is a
+wrapper subclass (int8 data + per-row scale, presented as bfloat16). It prints the first trace (subclass proxies,
+dispatch unrolled into subsymbols) and the final execution trace (plain operations only).
+
+Training: one SGD step of a linear layer whose weight is a ``TwoTensor`` parameter; prints the backward trace.
+
+Exits non-zero if a compiled result or gradient differs from eager's.
 """
 
 from __future__ import annotations
@@ -87,6 +90,37 @@ def main() -> int:
         print(f"FAIL: compiled result differs from eager:\n{e}")
         return 1
     print(f"OK: compiled output {type(actual).__name__} {actual.dtype} {tuple(actual.shape)} equals eager's")
+    return train_step()
+
+
+def train_step() -> int:
+    import copy
+
+    import thunder
+
+    layer = torch.nn.Linear(8, 4)
+    w = layer.weight.detach()
+    layer.weight = torch.nn.Parameter(TwoTensor(w.clone(), w * 0.5))
+    eager = copy.deepcopy(layer)
+    clayer = thunder_subclass.jit(layer)
+    x, target = torch.randn(3, 8), torch.randn(3, 4)
+    losses = []
+    for m in (clayer, eager):
+        loss = torch.nn.functional.mse_loss(m(x), target)
+        loss.backward()
+        losses.append(loss)
+    print("=== training: backward execution trace (plain operations; the TwoTensor gradient rebuilt at the end) ===")
+    print(thunder.last_backward_traces(clayer)[-1])
+    grad, expected = layer.weight.grad, eager.weight.grad
+    try:
+        assert type(grad) is type(expected) is TwoTensor, (type(grad), type(expected))
+        torch.testing.assert_close(losses[0].a, losses[1].a)
+        torch.testing.assert_close(grad.a, expected.a)
+        torch.testing.assert_close(grad.b, expected.b)
+    except AssertionError as e:
+        print(f"FAIL: compiled training step differs from eager:\n{e}")
+        return 1
+    print("OK: loss and the TwoTensor weight gradient equal eager's")
     return 0
 
 
