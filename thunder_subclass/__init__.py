@@ -14,6 +14,7 @@ _ensure_thunder_importable()
 
 from thunder_subclass.errors import (  # noqa: E402
     SubclassGradientError,
+    SubclassGradRuleError,
     SubclassDispatchError,
     SubclassProtocolError,
     TensorSubclassError,
@@ -22,6 +23,7 @@ from thunder_subclass.errors import (  # noqa: E402
 )
 from thunder_subclass.plugin import PLUGIN_NAME, TensorSubclassPlugin, jit  # noqa: E402
 from thunder_subclass.proxy import SubclassTensorProxy  # noqa: E402
+from thunder_subclass.rules import RuleHandle, make_subclass, register_grad_rule, register_implementation  # noqa: E402
 from thunder_subclass._thunder_internals import install as install_hooks, uninstall as uninstall_hooks  # noqa: E402
 
 
@@ -45,6 +47,11 @@ __all__ = [
     "SubclassDispatchError",
     "UnsupportedSubclassOperationError",
     "SubclassGradientError",
+    "SubclassGradRuleError",
+    "register_grad_rule",
+    "register_implementation",
+    "make_subclass",
+    "RuleHandle",
     "ThunderVersionError",
     "install_hooks",
     "uninstall_hooks",

@@ -127,7 +127,11 @@ def ensure_grad_rule(sym: Symbol) -> None:
 
     def grad_transform(*args, **kwargs):
         from thunder_subclass.interpretation import _op_name, _subclass_names, denormalize, torch_callable_for
+        from thunder_subclass.rules import call_rule, find_grad_rule
 
+        rule = find_grad_rule(sym.id, args, kwargs)
+        if rule is not None:  # registered with thunder_subclass.register_grad_rule
+            return call_rule(rule, args, kwargs)
         targs, tkwargs = denormalize(sym, args, kwargs)
         fn = torch_callable_for(sym, targs)
         return differentiate_call(sym, fn, args, kwargs, _op_name(fn), _subclass_names(args, kwargs),

@@ -12,6 +12,7 @@ __all__ = [
     "SubclassDispatchError",
     "UnsupportedSubclassOperationError",
     "SubclassGradientError",
+    "SubclassGradRuleError",
     "ThunderVersionError",
 ]
 
@@ -39,6 +40,11 @@ class SubclassGradientError(TensorSubclassError, TypeError):
     """The gradient given to ``.backward()`` for a subclass output of a compiled function is not of the kind the
     backward was compiled for (another type, or other flatten metadata that the subclass cannot coerce with
     ``__coerce_same_metadata_as_tangent__``)."""
+
+
+class SubclassGradRuleError(TensorSubclassError, RuntimeError):
+    """A grad rule or executor implementation registered for a (subclass, op) pair raised while tracing; the message
+    names the rule, the subclass and the op, and the original exception is chained as ``__cause__``."""
 
 
 class ThunderVersionError(TensorSubclassError, ImportError):

@@ -83,6 +83,8 @@ class _Flattener:
             return self._visit_grad(bsym, nb)
         if is_container_bsym(bsym) or (is_torch_level_symbol(bsym.sym) and _has_subclass(bsym)):
             if not changed and (is_container_bsym(bsym) or _is_unrolled(bsym)):
+                if self._claimed(nb):
+                    return
                 for sub in bsym.subsymbols:
                     self.visit(sub)
                 return
@@ -146,6 +148,23 @@ class _Flattener:
             self.alias(old, new)
         for b in produced:
             self.visit(b)
+
+    def _claimed(self, nb) -> bool:
+        # an executor registered an implementation for this (subclass, op) (thunder_subclass.register_implementation)
+        from thunder_subclass.rules import call_rule, find_implementation
+
+        impl = find_implementation(nb.sym.id, nb.args, nb.kwargs)
+        if impl is None:
+            return False
+        self.trace.push_scope([])
+        with tracectx(self.trace):
+            result = call_rule(impl, nb.args, nb.kwargs)
+        produced = self.trace.pop_scope()
+        for old, new in zip(tree_flatten(nb.output)[0], tree_flatten(result)[0]):
+            self.alias(old, new)
+        for b in produced:
+            self.visit(b)
+        return True
 
     def _retrace(self, nb) -> None:
         # trace the torch-level symbol again with the current arguments (through __torch_dispatch__ when one of
