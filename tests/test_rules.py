@@ -173,3 +173,25 @@ def test_executor_claims_subclass_op():
         jf2 = thunder_subclass.jit(f)
         torch.testing.assert_close(jf2(x, w), expected)
         assert "int8_linear" not in str(thunder.last_traces(jf2)[-1])
+
+
+def test_claimed_forward_keeps_default_backward():
+    from thunder.executors.torchex import ex as torchex
+
+    w = quantize(torch.randn(6, 5))
+    x = torch.randn(3, 5, requires_grad=True)
+    ex = x.detach().clone().requires_grad_()
+
+    def f(x, w):
+        return F.linear(x, w).relu().sum()
+
+    claim = lambda x, w, bias=None: int8_linear(x, w.data_int8, w.scale)  # noqa: E731
+    with register_implementation(QuantizedWeight, F.linear, claim, executor=rules_ex):
+        jf = thunder_subclass.jit(f, executors=[rules_ex, torchex])
+        jf(x, w).backward()
+        f(ex, w).backward()
+    torch.testing.assert_close(x.grad, ex.grad)
+    assert "int8_linear" in [b.sym.name for b in thunder.last_traces(jf)[-1].bound_symbols]
+    # the backward is PyTorch's derivative of linear through QuantizedWeight's dispatch (dequantize, matmul)
+    bw_names = [b.sym.name for b in thunder.last_backward_traces(jf)[-1].bound_symbols]
+    assert "matmul" in bw_names and "aten_to_dtype" in bw_names
