@@ -19,6 +19,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch._ops import OpOverload
 
+import thunder.core.prims as prims
 import thunder.torch as ltorch
 from thunder.core.proxies import TensorProxy, proxy
 from thunder.core.pytree import tree_flatten, tree_map
@@ -74,8 +75,11 @@ def aten_symbol(op: OpOverload) -> Symbol:
     """The thunder symbol for ``op`` (made once, memoised): meta by fake execution, executed by the op itself."""
     sym = _symbols.get(op)
     if sym is None:
-        name = unique_operator_name(f"aten_{op._schema.name.split('::')[-1]}_{op._overloadname}")
-        sym = subclass_executor.register_operator(name, meta=_fake_meta(op), fn=op)
+        namespace, _, opname = op._schema.name.partition("::")
+        name = unique_operator_name(f"{namespace}_{opname}_{op._overloadname}")  # aten_mul_Tensor, mylib_foo_default
+        # an op that writes to its arguments (add_, copy_, out=) must run even if its result is unused
+        tags = [prims.OpTags.DONT_DCE, prims.OpTags.IN_PLACE] if op._schema.is_mutable else None
+        sym = subclass_executor.register_operator(name, meta=_fake_meta(op), fn=op, tags=tags)
         register_constant_symbol(sym)
         _symbols[op] = sym
     return sym

@@ -65,8 +65,11 @@ class FakeEnv:
         self._proxy_of: dict[int, TensorProxy] = {}  # id(fake) -> proxy
         self._keep: list[Any] = []  # keeps fakes alive so ids stay unique
         self.subclass_inputs: list[SubclassTensorProxy] = []
+        self.mutated: set[int] = set()  # ids of fakes that in-place ops wrote to
 
     def bind(self, p: TensorProxy, fake: torch.Tensor) -> None:
+        if id(fake) in self._proxy_of and self._proxy_of[id(fake)] is not p:
+            self.mutated.add(id(fake))  # an in-place op made a new version of this tensor
         self._fake_of[id(p)] = fake
         self._proxy_of[id(fake)] = p
         self._keep.append((p, fake))
@@ -78,6 +81,7 @@ class FakeEnv:
         new._proxy_of = dict(self._proxy_of)
         new._keep = list(self._keep)
         new.subclass_inputs = list(self.subclass_inputs)
+        new.mutated = set(self.mutated)
         return new
 
     def proxy_of(self, fake: torch.Tensor) -> TensorProxy | None:

@@ -108,6 +108,14 @@ class _Flattener:
             self.cotangents.add(variableify(nb.output))
         elif is_unflatten_bsym(nb):
             self.inner_of[variableify(nb.output)] = tuple(nb.args[0])
+        elif nb.sym.id == prims.PrimIDs.UPDATE_ALIASES and any(
+            isinstance(p, SubclassTensorProxy) for p in nb.flat_proxy_args
+        ):
+            # thunder's alias bookkeeping for in-place ops (an identity at run time) made plain proxies for
+            # subclass values: keep the subclass values (the in-place aten symbols are never reordered or removed)
+            for old, new in zip(nb.output, nb.args[0]):
+                self.alias(old, new)
+            return
         elif (
             nb.sym.executor is None
             and nb.sym not in (prims.python_return, prims.python_del)
@@ -169,8 +177,14 @@ class _Flattener:
     def _retrace(self, nb) -> None:
         # trace the torch-level symbol again with the current arguments (through __torch_dispatch__ when one of
         # them is now a subclass), and substitute its outputs
+        from thunder.core.proxies import ProxyTag
+
+        from thunder_subclass.interpretation import traced_grad_mode
+
+        # recorded under torch.no_grad() (its outputs are detached): trace it again the same way
+        detached = any(ProxyTag.DETACHED_AUTOGRAD_GRAPH in o.tags for o in nb.flat_proxy_outs)
         self.trace.push_scope([])
-        with tracectx(self.trace):
+        with tracectx(self.trace), traced_grad_mode(not detached):
             result = nb.sym(*nb.args, **nb.kwargs)
         produced = self.trace.pop_scope()
         for old, new in zip(tree_flatten(nb.output)[0], tree_flatten(result)[0]):

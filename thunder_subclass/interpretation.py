@@ -67,7 +67,12 @@ class RecordingMode(TorchDispatchMode):
         kwargs = kwargs or {}
         if any(is_traceable_wrapper_subclass_type(t) for t in types_):
             return NotImplemented
-        out = func(*args, **kwargs)
+        try:
+            out = func(*args, **kwargs)
+        except Exception as e:
+            if not hasattr(e, "_thunder_subclass_op"):
+                e._thunder_subclass_op = func  # the aten / custom op that failed on fakes, for the error message
+            raise
         if isinstance(func, OpOverload) and any(isinstance(o, torch.Tensor) for o in pytree.tree_leaves(out)):
             self.calls.append((func, args, kwargs, out))
         return out
@@ -217,7 +222,7 @@ def _run_on_fakes(fn: Callable, args, kwargs, what: str, subclasses: str, *, env
                 if fake.is_leaf:
                     fake.requires_grad_(bool(wants_grad(a)))
     recorder = RecordingMode()
-    grad_mode = torch.enable_grad() if wants_grad is not None else contextlib.nullcontext()
+    grad_mode = torch.enable_grad() if wants_grad is not None else torch.set_grad_enabled(_traced_grad_mode())
     try:
         with fake_execution(), grad_mode, recorder:
             out = fn(*fargs, **fkwargs)
@@ -228,8 +233,50 @@ def _run_on_fakes(fn: Callable, args, kwargs, what: str, subclasses: str, *, env
     return env, recorder.calls, out
 
 
-def dispatch_error(what: str, subclasses: str, e: Exception) -> SubclassDispatchError:
+_grad_mode_override: list[bool] = []
+
+
+@contextlib.contextmanager
+def traced_grad_mode(enabled: bool):
+    """Run fakes with this grad mode (used when re-tracing a symbol recorded under ``torch.no_grad``)."""
+    _grad_mode_override.append(enabled)
+    try:
+        yield
+    finally:
+        _grad_mode_override.pop()
+
+
+def _traced_grad_mode() -> bool:
+    # whether the traced code runs with grad enabled (thunder follows torch.no_grad() in user code)
+    from thunder.core.compile_data import get_compile_data
+
+    if _grad_mode_override:
+        return _grad_mode_override[-1]
+    cd = get_compile_data()
+    return torch.is_grad_enabled() if cd is None else bool(cd.is_grad_enabled)
+
+
+def _missing_fake_impl(e: Exception) -> str | None:
+    """The name of the custom operator whose missing fake implementation made ``e``, else None."""
+    op = getattr(e, "_thunder_subclass_op", None)
+    if op is None or not isinstance(op, OpOverload) or op.namespace in ("aten", "prim", "prims"):
+        return None
+    message = str(e)
+    if "fake impl" in message or "Meta" in message or "meta" in message:
+        return op._schema.name
+    return None
+
+
+def dispatch_error(what: str, subclasses: str, e: Exception) -> TensorSubclassError:
     filename, lineno = source_location()
+    custom_op = _missing_fake_impl(e)
+    if custom_op is not None:
+        return UnsupportedSubclassOperationError(
+            f"custom operator {custom_op}, called by {subclasses} for {what} at "
+            f"{format_location(filename, lineno)}, has no fake implementation; thunder_subclass runs dispatch on "
+            "fake tensors while tracing and needs one to know the result's metadata. Register it with "
+            f"@torch.library.register_fake(\"{custom_op}\") (or <op>.register_fake for torch.library.custom_op)."
+        )
     return SubclassDispatchError(
         f"{what} on {subclasses} failed while tracing at {format_location(filename, lineno)}: "
         f"{type(e).__name__}: {e}\nThe operation ran on fake {subclasses} instances "
@@ -244,7 +291,7 @@ def _proxy_for_result(x: Any, env: FakeEnv, scope: list, what: str) -> Any:
     if not isinstance(x, torch.Tensor):
         return x
     p = env.proxy_of(x)
-    if p is not None:
+    if p is not None and not (isinstance(p, SubclassTensorProxy) and _inner_mutated(x, env)):
         return p
     if is_traceable_wrapper_subclass(x):
         attrs, ctx = flatten_tensor(x)
@@ -268,6 +315,17 @@ def _proxy_for_result(x: Any, env: FakeEnv, scope: list, what: str) -> Any:
         f"{what} returned {kind} that no recorded aten operation produced; thunder_subclass cannot place it "
         "in the trace."
     )
+
+
+def _inner_mutated(x: torch.Tensor, env: FakeEnv) -> bool:
+    """Whether an in-place op wrote to an inner tensor of subclass fake ``x`` (then ``x`` is returned as a new
+    version: a new proxy over the new inner versions)."""
+    attrs, _ = flatten_tensor(x)
+    for a in attrs:
+        inner = getattr(x, a)
+        if id(inner) in env.mutated or (is_traceable_wrapper_subclass(inner) and _inner_mutated(inner, env)):
+            return True
+    return False
 
 
 def _record(fn: Callable, args: tuple, kwargs: dict, scope: list, what: str, subclasses: str, **run_kwargs):

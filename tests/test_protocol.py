@@ -1,0 +1,193 @@
+"""More of the subclass protocol: custom ops, mutation, nesting depth, tangent metadata hooks (issue 5)."""
+
+import pytest
+import thunder
+import torch
+from torch.utils._pytree import tree_map
+
+import thunder_subclass
+from thunder_subclass import UnsupportedSubclassOperationError
+from subclasses import TwoTensor
+from test_training import _clone_leaf, assert_same, check_training
+
+aten = torch.ops.aten
+
+
+@torch.library.custom_op("thunder_subclass_tests::scale_add", mutates_args=())
+def scale_add(x: torch.Tensor, y: torch.Tensor, alpha: float) -> torch.Tensor:
+    return x + alpha * y
+
+
+@scale_add.register_fake
+def _(x, y, alpha):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("thunder_subclass_tests::no_fake", mutates_args=())
+def no_fake(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+class CustomOpTensor(torch.Tensor):
+    """Wraps one tensor; ``add`` runs the custom op ``scale_add``, ``mul`` the custom op without a fake impl."""
+
+    @staticmethod
+    def __new__(cls, elem):
+        return torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=elem.dtype, device=elem.device)
+
+    def __init__(self, elem):
+        self.elem = elem
+
+    def __tensor_flatten__(self):
+        return ["elem"], None
+
+    @staticmethod
+    def __tensor_unflatten__(inner, ctx, outer_size, outer_stride):
+        return CustomOpTensor(inner["elem"])
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is aten.add.Tensor:
+            x, y = (a.elem if isinstance(a, CustomOpTensor) else a for a in args[:2])
+            return CustomOpTensor(torch.ops.thunder_subclass_tests.scale_add(x, y, float(kwargs.get("alpha", 1))))
+        if func is aten.mul.Tensor:
+            return CustomOpTensor(torch.ops.thunder_subclass_tests.no_fake(args[0].elem))
+        args, kwargs = tree_map(lambda a: a.elem if isinstance(a, CustomOpTensor) else a, (args, kwargs))
+        out = func(*args, **kwargs)
+        return tree_map(lambda o: CustomOpTensor(o) if isinstance(o, torch.Tensor) else o, out)
+
+
+def test_custom_op_inside_dispatch_is_its_own_symbol():
+    x, y = CustomOpTensor(torch.randn(4)), CustomOpTensor(torch.randn(4))
+    jf = thunder_subclass.jit(lambda x, y: (x + y).sin())
+    out, expected = jf(x, y), (x + y).sin()
+    assert type(out) is CustomOpTensor
+    torch.testing.assert_close(out.elem, expected.elem)
+    names = [b.sym.name for b in thunder.last_traces(jf)[-1].bound_symbols]
+    assert "thunder_subclass_tests_scale_add_default" in names  # runs the real implementation
+
+
+def test_custom_op_without_fake_impl_names_it():
+    x = CustomOpTensor(torch.randn(4))
+    with pytest.raises(
+        UnsupportedSubclassOperationError,
+        match=r"custom operator thunder_subclass_tests::no_fake, called by CustomOpTensor .* has no fake "
+        r"implementation.*register_fake\(\"thunder_subclass_tests::no_fake\"\)",
+    ):
+        thunder_subclass.jit(lambda x: x * 2)(x)
+
+
+def _two(*shape):
+    return TwoTensor(torch.randn(*shape), torch.randn(*shape))
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x, y: (x.add_(1), x.mul_(y), x.sin())[-1],
+        lambda x, y: x.copy_(y.a * 2).cos(),  # copy a plain tensor into a TwoTensor
+        lambda x, y: x.copy_(y) * 2,
+    ],
+    ids=["add_-mul_", "copy_-plain", "copy_-subclass"],
+)
+def test_in_place_ops_change_the_callers_subclass(fn):
+    x, y = _two(4), _two(4)
+    ex, ey = _clone_leaf(x), _clone_leaf(y)
+    out = thunder_subclass.jit(fn)(x, y)
+    assert_same(out, fn(ex, ey))
+    assert_same(x, ex)  # the caller's TwoTensor was updated in place, as in eager
+    assert_same(y, ey)
+
+
+def test_sgd_style_update_under_no_grad():
+    def step(w, g):
+        with torch.no_grad():
+            w.add_(g, alpha=-0.1)
+            return w * 1
+
+    w, g = _two(4).requires_grad_(), _two(4)
+    ew = _clone_leaf(w)
+    out = thunder_subclass.jit(step)(w, g)
+    assert_same(out, step(ew, g))
+    assert_same(w.detach(), ew.detach())
+
+
+def test_optimizer_step_of_subclass_parameters():
+    # torch.optim.SGD's update of a TwoTensor parameter, compiled: w.add_(grad, alpha=-lr) under no_grad
+    def sgd_step(params, grads):
+        with torch.no_grad():
+            for p, g in zip(params, grads):
+                p.add_(g, alpha=-0.5)
+
+    params = [_two(3, 3).requires_grad_(), _two(3).requires_grad_()]
+    grads = [_two(3, 3), _two(3)]
+    eparams = [_clone_leaf(p) for p in params]
+    thunder_subclass.jit(sgd_step)(params, grads)
+    sgd_step(eparams, grads)
+    for p, ep in zip(params, eparams):
+        assert_same(p.detach(), ep.detach())
+
+
+def _deep(depth, *shape):
+    if depth == 0:
+        return torch.randn(*shape)
+    return TwoTensor(_deep(depth - 1, *shape), _deep(depth - 1, *shape))
+
+
+@pytest.mark.parametrize("depth", [1, 2, 3])
+def test_nested_subclasses_of_any_depth(depth):
+    x, w = _deep(depth, 3, 4).requires_grad_(), _deep(depth, 4, 2).requires_grad_()
+    jf = check_training(lambda x, w: ((x @ w).relu() + x.sum()).sum(), x, w)
+    first = str(thunder.last_traces(jf)[0])
+    assert first.count("TwoTensor[") >= 2 ** depth - 1  # every level shows in the proxies' types
+
+
+class Tagged(torch.Tensor):
+    """A tensor with a tag in its flatten context; multiplying by a number keeps the tag, other ops are plain.
+    Incoming gradients with another tag are coerced to the expected one."""
+
+    coerced: list = []
+
+    @staticmethod
+    def __new__(cls, data, tag):
+        return torch.Tensor._make_wrapper_subclass(cls, data.shape, dtype=data.dtype, device=data.device)
+
+    def __init__(self, data, tag):
+        self.data_, self.tag = data, tag
+
+    def __tensor_flatten__(self):
+        return ["data_"], self.tag
+
+    @staticmethod
+    def __tensor_unflatten__(inner, tag, outer_size, outer_stride):
+        return Tagged(inner["data_"], tag)
+
+    def __coerce_same_metadata_as_tangent__(self, expected_metadata, expected_type=None):
+        Tagged.coerced.append((self.tag, expected_metadata))
+        return Tagged(self.data_, expected_metadata)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is aten.mul.Tensor and isinstance(args[0], Tagged) and isinstance(args[1], (int, float)):
+            return Tagged(args[0].data_ * args[1], args[0].tag)
+        if func in (aten.detach.default, aten.clone.default, aten.ones_like.default):
+            return Tagged(func(args[0].data_, *args[1:], **kwargs), args[0].tag)
+        args, kwargs = tree_map(lambda a: a.data_ if isinstance(a, Tagged) else a, (args, kwargs))
+        return func(*args, **kwargs)
+
+
+def test_coerce_same_metadata_as_tangent_is_used_for_incoming_gradients():
+    Tagged.coerced.clear()
+    x = Tagged(torch.randn(4), "fwd").requires_grad_()
+    ex = Tagged(x.data_.clone(), "fwd").requires_grad_()
+    jf = thunder_subclass.jit(lambda x: x * 2)
+    out = jf(x)
+    assert type(out) is Tagged and out.tag == "fwd"
+    g = Tagged(torch.randn(4), "other")
+    out.backward(g)
+    assert Tagged.coerced == [("other", "fwd")]  # coerced to the metadata the backward was compiled for
+    (ex * 2).backward(g)
+    # values as eager (the tag is the coerced one, as with torch.compile)
+    torch.testing.assert_close(x.grad.data_, ex.grad.data_)
