@@ -191,3 +191,71 @@ def test_coerce_same_metadata_as_tangent_is_used_for_incoming_gradients():
     (ex * 2).backward(g)
     # values as eager (the tag is the coerced one, as with torch.compile)
     torch.testing.assert_close(x.grad.data_, ex.grad.data_)
+
+
+def test_view_then_in_place_updates_base_as_eager():
+    # TwoTensor's dispatch uses return_and_correct_aliasing: a view of a TwoTensor aliases it
+    def f(x):
+        v = x.view(16)
+        v.mul_(2)
+        return v, x + 0
+
+    x = _two(4, 4)
+    ex = _clone_leaf(x)
+    out, eout = thunder_subclass.jit(f)(x), f(ex)
+    for a, e in zip(out, eout):
+        assert_same(a, e)
+    assert_same(x, ex)
+
+
+class FunctionOverride(torch.Tensor):
+    """Overrides __torch_function__ (instead of disabling it): ``sin`` computes ``cos``."""
+
+    @staticmethod
+    def __new__(cls, elem):
+        return torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=elem.dtype, device=elem.device)
+
+    def __init__(self, elem):
+        self.elem = elem
+
+    def __tensor_flatten__(self):
+        return ["elem"], None
+
+    @staticmethod
+    def __tensor_unflatten__(inner, ctx, outer_size, outer_stride):
+        return FunctionOverride(inner["elem"])
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func is torch.Tensor.sin:
+            func = torch.Tensor.cos
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **(kwargs or {}))
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        args, kwargs = tree_map(lambda a: a.elem if isinstance(a, FunctionOverride) else a, (args, kwargs or {}))
+        out = func(*args, **kwargs)
+        return tree_map(lambda o: FunctionOverride(o) if isinstance(o, torch.Tensor) else o, out)
+
+
+def test_torch_function_override_is_respected():
+    x = FunctionOverride(torch.randn(5))
+    jf = thunder_subclass.jit(lambda t: t.sin() * 2)
+    out, expected = jf(x), x.sin() * 2
+    assert type(out) is FunctionOverride
+    torch.testing.assert_close(out.elem, expected.elem)
+    torch.testing.assert_close(out.elem, x.elem.cos() * 2)
+    names = [b.sym.name for b in thunder.last_traces(jf)[-1].bound_symbols]
+    assert "cos" in names and "sin" not in names
+
+
+def test_symbolic_values_cache_recompiles_per_batch_size_correctly():
+    # thunder 0.2.6 cache="symbolic values": thunder_subclass's fake runs have no ShapeEnv and the outer tensor's
+    # guard uses concrete sizes, so each batch size is its own trace (correct results, no reuse; see README)
+    f = lambda t: (t * 2).sum(0)  # noqa: E731
+    jf = thunder_subclass.jit(f, cache="symbolic values")
+    for n in (3, 5, 3):
+        x = _two(n, 4)
+        assert_same(jf(x), f(x))
+    assert thunder.cache_misses(jf) == 2 and thunder.cache_hits(jf) == 1

@@ -21,7 +21,9 @@ from torch._ops import OpOverload
 
 import thunder.core.prims as prims
 import thunder.torch as ltorch
-from thunder.core.proxies import TensorProxy, proxy
+import thunder.core.devices as devices
+import thunder.core.dtypes as dtypes
+from thunder.core.proxies import TensorProxy
 from thunder.core.pytree import tree_flatten, tree_map
 from thunder.core.symbol import Symbol
 
@@ -68,7 +70,14 @@ def proxy_from_fake(x: Any) -> Any:
     """A plain ``TensorProxy`` with the metadata of fake tensor ``x`` (non-tensors are returned unchanged)."""
     if not isinstance(x, torch.Tensor):
         return x
-    return remember_stride(proxy(x, name=None), x)
+    # static metadata: fake tensors here carry concrete sizes (no ShapeEnv), also under cache="symbolic values"
+    p = TensorProxy(
+        shape=tuple(int(s) for s in x.shape),
+        device=devices.to_device(x.device),
+        dtype=dtypes.to_dtype(x.dtype),
+        requires_grad=x.requires_grad,
+    )
+    return remember_stride(p, x)
 
 
 def aten_symbol(op: OpOverload) -> Symbol:
