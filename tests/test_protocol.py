@@ -259,3 +259,142 @@ def test_symbolic_values_cache_recompiles_per_batch_size_correctly():
         x = _two(n, 4)
         assert_same(jf(x), f(x))
     assert thunder.cache_misses(jf) == 2 and thunder.cache_hits(jf) == 1
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Opaque attributes (torch 2.13: OpaqueBase + register_opaque_type, as DeviceMesh)
+# ---------------------------------------------------------------------------------------------------------------
+
+from torch._library.opaque_object import register_opaque_type  # noqa: E402
+from torch._opaque_base import OpaqueBase  # noqa: E402
+
+
+class Mesh(OpaqueBase):
+    def __init__(self, size):
+        self.size = size
+
+
+register_opaque_type(Mesh, typ="reference", guard_fn=lambda m: [m.size])
+
+
+class MeshTensor(torch.Tensor):
+    """A tensor placed on a Mesh (an opaque reference object listed by __tensor_flatten__); results keep the
+    first argument's mesh."""
+
+    @staticmethod
+    def __new__(cls, elem, mesh):
+        return torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=elem.dtype, device=elem.device)
+
+    def __init__(self, elem, mesh):
+        self.elem, self.mesh = elem, mesh
+
+    def __tensor_flatten__(self):
+        return ["elem", "mesh"], None
+
+    @staticmethod
+    def __tensor_unflatten__(inner, ctx, outer_size, outer_stride):
+        return MeshTensor(inner["elem"], inner["mesh"])
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        mesh = next(a.mesh for a in args if isinstance(a, MeshTensor))
+        args, kwargs = tree_map(lambda a: a.elem if isinstance(a, MeshTensor) else a, (args, kwargs or {}))
+        out = func(*args, **kwargs)
+        return tree_map(lambda o: MeshTensor(o, mesh) if isinstance(o, torch.Tensor) else o, out)
+
+
+def _on(mesh, requires_grad=False):
+    return MeshTensor(torch.randn(4), mesh).requires_grad_(requires_grad)
+
+
+def test_opaque_attribute_is_an_input_not_a_constant():
+    f = lambda x, y: (x * y).sin()  # noqa: E731
+    jf = thunder_subclass.jit(f)
+    m1, m2 = Mesh(2), Mesh(2)
+    x, y = _on(m1), _on(m1)
+    out = jf(x, y)
+    assert type(out) is MeshTensor and out.mesh is m1
+    torch.testing.assert_close(out.elem, f(x, y).elem)
+    assert "mesh: opaque Mesh" in str(thunder.last_traces(jf)[0])
+    out2 = jf(_on(m2), _on(m2))  # another object, equal guard_fn values: same trace, that object out
+    assert out2.mesh is m2
+    assert thunder.cache_misses(jf) == 1 and thunder.cache_hits(jf) == 1
+
+
+def test_opaque_guard_fn_value_change_is_a_cache_miss():
+    jf = thunder_subclass.jit(lambda x: x * 2)
+    jf(_on(Mesh(2)))
+    m3 = Mesh(3)
+    assert jf(_on(m3)).mesh is m3
+    assert thunder.cache_misses(jf) == 2
+
+
+def test_opaque_object_shared_by_two_inputs_stays_one_object():
+    m = Mesh(4)
+    out = thunder_subclass.jit(lambda x, y: x + y)(_on(m), _on(m))
+    assert out.mesh is m
+
+
+def test_opaque_attribute_with_backward():
+    m = Mesh(2)
+    x, y = _on(m, True), _on(m, True)
+    ex, ey = MeshTensor(x.elem.clone(), m).requires_grad_(), MeshTensor(y.elem.clone(), m).requires_grad_()
+    thunder_subclass.jit(lambda x, y: (x * y).sin().sum())(x, y).backward()
+    (ex * ey).sin().sum().backward()
+    assert type(x.grad) is MeshTensor and x.grad.mesh is m
+    torch.testing.assert_close(x.grad.elem, ex.grad.elem)
+    torch.testing.assert_close(y.grad.elem, ey.grad.elem)
+
+
+class Placed(torch.Tensor):
+    """A tensor with a placement in its context, like DTensor: ``partial`` outputs expect ``replicate``
+    gradients (__coerce_tangent_metadata__), and gradients are converted between placements
+    (__coerce_same_metadata_as_tangent__). Placement does not change values."""
+
+    coerced_to: list = []
+
+    @staticmethod
+    def __new__(cls, data, placement):
+        return torch.Tensor._make_wrapper_subclass(cls, data.shape, dtype=data.dtype, device=data.device)
+
+    def __init__(self, data, placement):
+        self.data_, self.placement = data, placement
+
+    def __tensor_flatten__(self):
+        return ["data_"], self.placement
+
+    @staticmethod
+    def __tensor_unflatten__(inner, placement, outer_size, outer_stride):
+        return Placed(inner["data_"], placement)
+
+    def __coerce_tangent_metadata__(self):
+        return Placed(self.data_, "replicate") if self.placement == "partial" else self
+
+    def __coerce_same_metadata_as_tangent__(self, expected_placement, expected_type=None):
+        Placed.coerced_to.append(expected_placement)
+        return Placed(self.data_, expected_placement)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        placement = next(a.placement for a in args if isinstance(a, Placed))
+        if func is aten.sum.default:
+            placement = "partial"  # a reduction leaves a partial result, as DTensor's sum over a sharded dim
+        args, kwargs = tree_map(lambda a: a.data_ if isinstance(a, Placed) else a, (args, kwargs or {}))
+        out = func(*args, **kwargs)
+        return tree_map(lambda o: Placed(o, placement) if isinstance(o, torch.Tensor) else o, out)
+
+
+def test_coerce_tangent_metadata_sets_the_compiled_gradient_kind():
+    Placed.coerced_to.clear()
+    x = Placed(torch.randn(4), "shard").requires_grad_()
+    ex = Placed(x.data_.clone(), "shard").requires_grad_()
+    jf = thunder_subclass.jit(lambda x: (x * x).sum())
+    out = jf(x)
+    assert type(out) is Placed and out.placement == "partial"
+    bw = thunder.last_backward_traces(jf)[-1]
+    flat = [b for b in bw.bound_symbols if b.sym.name == "flatten_cotangent_Placed"]
+    assert len(flat) == 1 and flat[0].args[2] == "replicate"  # compiled for the coerced (replicate) gradient
+    out.backward()  # the default gradient is a partial Placed (ones_like): coerced to replicate at run time
+    assert Placed.coerced_to == ["replicate"]
+    (ex * ex).sum().backward()
+    torch.testing.assert_close(x.grad.data_, ex.grad.data_)

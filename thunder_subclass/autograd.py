@@ -70,6 +70,10 @@ def proxy_kind(p: Any) -> Any:
         return (p.subclass_type, repr(p.flatten_ctx), tuple(proxy_kind(i) for i in p.inner.values()))
     if isinstance(p, TensorProxy):
         return torch.Tensor
+    from thunder_subclass.proxy import OpaqueObjectProxy
+
+    if isinstance(p, OpaqueObjectProxy):
+        return type(p.value)
     return type(p)
 
 

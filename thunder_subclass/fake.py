@@ -18,7 +18,7 @@ import thunder.core.devices as devices
 import thunder.core.dtypes as dtypes
 from thunder.core.proxies import NumberProxy, TensorProxy
 
-from thunder_subclass.proxy import SubclassTensorProxy
+from thunder_subclass.proxy import OpaqueObjectProxy, SubclassTensorProxy
 
 _STRIDE_ATTR = "_thunder_subclass_stride"
 
@@ -94,6 +94,11 @@ class FakeEnv:
             return dtypes.to_torch_dtype(x)
         if isinstance(x, devices.Device):
             return devices.to_torch_device(x)
+        if isinstance(x, OpaqueObjectProxy):  # the object seen while tracing stands in for it in fake runs
+            if id(x.value) not in self._proxy_of:
+                self._proxy_of[id(x.value)] = x
+                self._keep.append((x, x.value))
+            return x.value
         if not isinstance(x, TensorProxy):
             return x
         fake = self._fake_of.get(id(x))

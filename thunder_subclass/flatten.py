@@ -224,6 +224,10 @@ def flatten_subclasses(trace):
 
         variants = BackwardVariants(trace, *current_compile_data())
     f = _Flattener(trace, variants)
+    if variants is not None:
+        from thunder_subclass.tangents import coerce_tangents
+
+        coerce_tangents(f, variants)
     for bsym in trace.bound_symbols:
         f.visit(bsym)
     f.trace.bound_symbols = f.bsyms

@@ -5,7 +5,8 @@ context that ``unpack_inputs`` turns into prologue checks, in this order:
 
 1. ``check_subclass(x, spec)``: the exact type, the attribute names of ``__tensor_flatten__`` and the flatten
    context are as when traced (the context is compared with the class's ``__metadata_guard__(old, new)`` when it
-   defines one, else with ``==``);
+   defines one, else with ``==``), and each opaque attribute has the same type and the same values of its type's
+   registered ``guard_fn``;
 2. thunder's usual tensor check on the outer tensor and on every inner tensor (shape, device, dtype, requires_grad),
    recursively for nested subclasses.
 
@@ -20,7 +21,7 @@ import thunder.clang as clang
 import thunder.core.prims as prims
 
 from thunder_subclass.executor import subclass_executor
-from thunder_subclass.proxy import PLAIN_TENSOR_TYPES, SubclassTensorProxy
+from thunder_subclass.proxy import PLAIN_TENSOR_TYPES, OpaqueObjectProxy, SubclassTensorProxy, opaque_guard_values
 
 __all__ = ["SubclassSpec", "add_subclass_guards", "check_subclass"]
 
@@ -29,12 +30,14 @@ class SubclassSpec:
     """What a subclass input looked like when it was traced. (Not a dataclass: thunder prints dataclass
     arguments field by field, and a type or an arbitrary context object cannot be printed.)"""
 
-    __slots__ = ("subclass_type", "attr_names", "flatten_ctx")
+    __slots__ = ("subclass_type", "attr_names", "flatten_ctx", "opaque")
 
-    def __init__(self, subclass_type: type, attr_names: tuple[str, ...], flatten_ctx: Any):
+    def __init__(self, subclass_type: type, attr_names: tuple[str, ...], flatten_ctx: Any, opaque=None):
         self.subclass_type = subclass_type
         self.attr_names = tuple(attr_names)
         self.flatten_ctx = flatten_ctx
+        # opaque attributes: name -> (type, its guard_fn's values when traced)
+        self.opaque: dict[str, tuple[type, Any]] = dict(opaque or {})
 
     def __repr__(self) -> str:
         return f"SubclassSpec({self.subclass_type.__name__}, attrs={self.attr_names}, ctx={self.flatten_ctx!r})"
@@ -45,6 +48,10 @@ class SubclassSpec:
         attrs, ctx = t.__tensor_flatten__()
         if tuple(attrs) != self.attr_names:
             return False
+        for attr, (typ, values) in self.opaque.items():
+            obj = getattr(t, attr)
+            if type(obj) is not typ or opaque_guard_values(obj) != values:
+                return False
         metadata_guard = getattr(self.subclass_type, "__metadata_guard__", None)
         if metadata_guard is not None:
             return bool(metadata_guard(self.flatten_ctx, ctx))
@@ -90,11 +97,12 @@ def add_plain_tensor_guard(jit_ctx, p) -> None:
 
 def add_subclass_guards(jit_ctx, p: SubclassTensorProxy) -> None:
     """Add the prologue constraints for input ``p`` (and, recursively, its inner tensors) to ``jit_ctx``."""
-    spec = SubclassSpec(p.subclass_type, p.attr_names, p.flatten_ctx)
+    opaque = {a: (type(q.value), opaque_guard_values(q.value)) for a, q in p.inner.items() if isinstance(q, OpaqueObjectProxy)}
+    spec = SubclassSpec(p.subclass_type, p.attr_names, p.flatten_ctx, opaque)
     jit_ctx.add_constraint((check_subclass, p, spec))
     jit_ctx.add_constraint((clang.check_tensor_shape_and_metadata, p))
     for inner in p.inner.values():
         if isinstance(inner, SubclassTensorProxy):
             add_subclass_guards(jit_ctx, inner)
-        else:
+        elif not isinstance(inner, OpaqueObjectProxy):  # opaque objects: guarded by check_subclass above
             jit_ctx.add_constraint((clang.check_tensor_shape_and_metadata, inner))

@@ -49,7 +49,7 @@ from thunder_subclass.errors import (
     format_location,
 )
 from thunder_subclass.fake import FakeEnv, fake_execution
-from thunder_subclass.proxy import SubclassTensorProxy, flatten_tensor, has_subclass_proxy
+from thunder_subclass.proxy import SubclassTensorProxy, flatten_tensor, has_subclass_proxy, is_opaque_object
 from thunder_subclass.subclass_symbols import record_flatten, record_unflatten
 
 __all__ = ["unroll_symbol_call", "construct_subclass", "subclass_lookaside", "torch_callable_for"]
@@ -288,6 +288,14 @@ def dispatch_error(what: str, subclasses: str, e: Exception) -> TensorSubclassEr
 def _proxy_for_result(x: Any, env: FakeEnv, scope: list, what: str) -> Any:
     if isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
         raise UnsupportedSubclassOperationError(f"{what} returned a data-dependent value {x!r}; not supported.")
+    if is_opaque_object(x):
+        p = env.proxy_of(x)
+        if p is None:
+            raise UnsupportedSubclassOperationError(
+                f"{what} made a new opaque {type(x).__qualname__} object; thunder_subclass can only pass on opaque "
+                "objects that come from the inputs."
+            )
+        return p
     if not isinstance(x, torch.Tensor):
         return x
     p = env.proxy_of(x)
@@ -341,6 +349,8 @@ def emit_calls(env: FakeEnv, calls: list, out: Any, scope: list, what: str, subc
     the recorded aten ``calls``, and unflattens building subclass results; return ``out`` as proxies."""
 
     def to_proxy(x):
+        if is_opaque_object(x):
+            return env.proxy_of(x) or x
         if isinstance(x, torch.Tensor):
             p = env.proxy_of(x)
             if p is not None:

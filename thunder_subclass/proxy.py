@@ -20,7 +20,7 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 import thunder.core.devices as devices
 import thunder.core.dtypes as dtypes
-from thunder.core.proxies import ProxyTag, TensorProxy, tensorproxy
+from thunder.core.proxies import AnyProxy, ProxyTag, TensorProxy, tensorproxy
 from thunder.core.pytree import tree_iter
 from thunder.core.trace import get_tracectx
 
@@ -68,7 +68,10 @@ class SubclassTensorProxy(TensorProxy):
             subclass_type = like.subclass_type
             flatten_ctx = like.flatten_ctx
             outer_stride = like.outer_stride
-            inner = {a: type(p)(like=p) for a, p in like.inner.items()}
+            inner = {
+                a: OpaqueObjectProxy(p.value) if isinstance(p, OpaqueObjectProxy) else type(p)(like=p)
+                for a, p in like.inner.items()
+            }
             shape, device, dtype = like._shape, like._device, like._dtype
             requires_grad = like.requires_grad
         super().__init__(
@@ -111,7 +114,8 @@ class SubclassTensorProxy(TensorProxy):
         """Plain inner proxies, depth first (the tensors the flattened program works on)."""
         out = []
         for p in self.inner.values():
-            out.extend(p.leaves() if isinstance(p, SubclassTensorProxy) else [p])
+            if isinstance(p, TensorProxy):
+                out.extend(p.leaves() if isinstance(p, SubclassTensorProxy) else [p])
         return out
 
     def replace(self, **changes):
@@ -208,12 +212,57 @@ def flatten_tensor(t: torch.Tensor) -> tuple[list[str], Any]:
     except Exception as e:
         raise SubclassProtocolError(f"{cls.__qualname__}.__tensor_flatten__ raised {type(e).__name__}: {e}") from e
     for a in attrs:
-        if not isinstance(getattr(t, a, None), torch.Tensor):
+        v = getattr(t, a, None)
+        if not isinstance(v, torch.Tensor) and not is_opaque_object(v):
             raise SubclassProtocolError(
                 f"{cls.__qualname__}.__tensor_flatten__ names attribute {a!r}, which is not a tensor "
-                f"(got {type(getattr(t, a, None)).__name__}); only tensor attributes may be listed."
+                f"(got {type(v).__name__}); only tensor attributes, and objects of opaque reference types "
+                "(torch._opaque_base.OpaqueBase registered with register_opaque_type(..., typ='reference')), may "
+                "be listed."
             )
     return list(attrs), ctx
+
+
+def is_opaque_object(v: Any) -> bool:
+    """An object of an opaque *reference* type (torch 2.13: ``torch._library.opaque_object``), which
+    ``__tensor_flatten__`` may list next to tensors (DeviceMesh works this way)."""
+    if v is None or isinstance(v, (torch.Tensor, int, float, bool, str)):
+        return False
+    from torch._library.opaque_object import is_opaque_reference_type
+
+    try:
+        return bool(is_opaque_reference_type(type(v)))
+    except Exception:
+        return False
+
+
+def opaque_guard_values(v: Any) -> Any:
+    """What the cache guards on for opaque object ``v``: its type's registered ``guard_fn(v)`` (None without one)."""
+    from torch._library.opaque_object import get_opaque_obj_info
+
+    info = get_opaque_obj_info(type(v))
+    guard_fn = getattr(info, "guard_fn", None)
+    return None if guard_fn is None else guard_fn(v)
+
+
+class OpaqueObjectProxy(AnyProxy):
+    """An opaque object held by a subclass (``__tensor_flatten__`` lists it): an input of the trace, flowing through
+    ``flatten_*`` / ``unflatten_*`` at run time, never a baked constant. ``value`` is the object seen while tracing
+    (used for fake runs); guards compare its type's ``guard_fn``."""
+
+    _DEFAULT_PREFIX = "opaque"
+
+    @property
+    def value(self) -> Any:
+        return self._o
+
+    def type_string(self) -> str:
+        return f"opaque {type(self._o).__qualname__}"
+
+    def replace(self, **changes):
+        kwargs = dict(name=self.name, history=self.history, tags=self.tags)
+        kwargs.update(changes)
+        return OpaqueObjectProxy(self._o, **kwargs)
 
 
 def subclass_proxy_from_tensor(t: torch.Tensor, *, name: str | None, history, inner_history=None) -> SubclassTensorProxy:
@@ -225,7 +274,9 @@ def subclass_proxy_from_tensor(t: torch.Tensor, *, name: str | None, history, in
         it = getattr(t, a)
         h = inner_history(a) if inner_history is not None else None
         iname = fresh_name(f"{name}_{a}")
-        if is_subclass_value(it):
+        if is_opaque_object(it):
+            inner[a] = OpaqueObjectProxy(it, name=iname, history=h)
+        elif is_subclass_value(it):
             inner[a] = subclass_proxy_from_tensor(
                 it, name=iname, history=h, inner_history=None if h is None else _load_attr_history(h)
             )

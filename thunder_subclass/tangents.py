@@ -170,6 +170,39 @@ class BackwardVariants:
         return fn, [available[p.name] for p in saved_args], grad_positions
 
 
+def coerced_tangent(gp: SubclassTensorProxy):
+    """The gradient kind the backward is compiled for, for an output of kind ``gp``: the output's own, or what the
+    subclass's ``__coerce_tangent_metadata__`` turns it into (as torch.compile does: a DTensor with a Partial
+    placement expects a Replicate gradient). Returns a new proxy, or None when unchanged."""
+    cls = gp.subclass_type
+    if not hasattr(cls, "__coerce_tangent_metadata__"):
+        return None
+    from thunder_subclass.fake import FakeEnv, fake_execution
+    from thunder_subclass.proxy import subclass_proxy_from_tensor
+
+    fake = FakeEnv().to_fake(gp)
+    with fake_execution():
+        coerced = fake.__coerce_tangent_metadata__()
+    if coerced is fake or runtime_kind(coerced) == proxy_kind(gp):
+        return None
+    return subclass_proxy_from_tensor(coerced, name=None, history=None)
+
+
+def coerce_tangents(flattener, variants: BackwardVariants) -> None:
+    """Apply :func:`coerced_tangent` to the incoming gradients of a joint trace being flattened."""
+    from thunder.core.trace import tracectx
+
+    with tracectx(flattener.trace):
+        for i, out in enumerate(variants.outputs):
+            gp = variants.grad_of.get(getattr(out, "name", None))
+            if not isinstance(gp, SubclassTensorProxy):
+                continue
+            coerced = coerced_tangent(gp)
+            if coerced is not None:
+                flattener.alias(gp, coerced)
+                variants.expected = (*variants.expected[:i], proxy_kind(coerced), *variants.expected[i + 1:])
+
+
 def variants_in(fn) -> BackwardVariants | None:
     """The :class:`BackwardVariants` a compiled backward function refers to (its trace's objects are globals)."""
     import inspect
