@@ -64,10 +64,20 @@ class GradRecipe:
         return f"GradRecipe({self.what})"
 
 
+def ctx_key(ctx: Any) -> Any:
+    """A flatten context as part of a hashable kind: itself when hashable (so equal contexts match even when their
+    reprs differ, e.g. ``torch.Size([])`` and ``()``), else its repr."""
+    try:
+        hash(ctx)
+        return ctx
+    except TypeError:
+        return repr(ctx)
+
+
 def proxy_kind(p: Any) -> Any:
     """What a gradient's recorded backward depends on: plain tensor, or subclass type + context + inner kinds."""
     if isinstance(p, SubclassTensorProxy):
-        return (p.subclass_type, repr(p.flatten_ctx), tuple(proxy_kind(i) for i in p.inner.values()))
+        return (p.subclass_type, ctx_key(p.flatten_ctx), tuple(proxy_kind(i) for i in p.inner.values()))
     if isinstance(p, TensorProxy):
         return torch.Tensor
     from thunder_subclass.proxy import OpaqueObjectProxy
@@ -280,20 +290,25 @@ def autograd_function_symbol(cls: type) -> Symbol:
     return sym
 
 
-def returns_subclass(cls: type, args: tuple, kwargs: dict) -> bool:
-    """Whether ``cls.apply`` returns a tensor subclass for arguments like these (tried on fakes)."""
+def involves_subclass(cls: type, args: tuple, kwargs: dict) -> bool:
+    """Whether ``cls.apply`` returns a tensor subclass, or runs a subclass's ``__torch_dispatch__`` inside (torchao's
+    float8 matmul casts its plain inputs to Float8TrainingTensor inside the Function), for arguments like these
+    (tried on fakes)."""
     from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
     from thunder.core.pytree import tree_map
 
+    from thunder_subclass.interpretation import RecordingMode
+
     env = FakeEnv()
+    recorder = RecordingMode()
     try:
         fargs, fkwargs = tree_map(env.to_fake, (args, kwargs))
-        with fake_execution():
+        with fake_execution(), recorder:
             out = cls.apply(*fargs, **fkwargs)
     except Exception:
         return False  # thunder's own handling of autograd.Function applies (and reports errors)
-    return any(is_traceable_wrapper_subclass(o) for o in torch.utils._pytree.tree_leaves(out))
+    return recorder.saw_subclass or any(is_traceable_wrapper_subclass(o) for o in torch.utils._pytree.tree_leaves(out))
 
 
 def apply_autograd_function(cls: type, *args, **kwargs):

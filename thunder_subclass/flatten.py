@@ -33,7 +33,7 @@ from thunder_subclass._thunder_internals import is_torch_level_symbol
 from thunder_subclass.autograd import is_container_bsym, is_grad_bsym, proxy_kind, record_backward
 from thunder_subclass.errors import UnsupportedSubclassOperationError
 from thunder_subclass.proxy import SubclassTensorProxy
-from thunder_subclass.subclass_symbols import cotangent_flatten_symbol, is_flatten_bsym, is_unflatten_bsym
+from thunder_subclass.subclass_symbols import cotangent_flatten_symbol, ctx_arg, is_flatten_bsym, is_unflatten_bsym
 
 __all__ = ["flatten_subclasses", "is_subclass_level"]
 
@@ -102,7 +102,7 @@ class _Flattener:
             if v in self.cotangents:  # a gradient from .backward(): checked (and coerced) at run time
                 p = nb.args[0]
                 nb = cotangent_flatten_symbol(p.subclass_type).bind(
-                    p, nb.args[1], p.flatten_ctx, self.variants, output=nb.output
+                    p, nb.args[1], ctx_arg(p.flatten_ctx), self.variants, output=nb.output
                 )
         elif nb.sym is prims.get_grad:
             self.cotangents.add(variableify(nb.output))

@@ -62,10 +62,12 @@ class RecordingMode(TorchDispatchMode):
     def __init__(self):
         super().__init__()
         self.calls: list[tuple[OpOverload, tuple, dict, Any]] = []
+        self.saw_subclass = False  # some op ran a wrapper subclass's __torch_dispatch__
 
     def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
         kwargs = kwargs or {}
         if any(is_traceable_wrapper_subclass_type(t) for t in types_):
+            self.saw_subclass = True
             return NotImplemented
         try:
             out = func(*args, **kwargs)
@@ -480,10 +482,10 @@ def subclass_lookaside(fn: Any, wrapped_args: tuple) -> Callable | None:
         return None
     if fn is torch.autograd.function.Function.apply.__func__ and wrapped_args:
         # MyFunction.apply(*args) reaches the interpreter as Function.apply.__func__(MyFunction, *args)
-        from thunder_subclass.autograd import apply_autograd_function, returns_subclass
+        from thunder_subclass.autograd import apply_autograd_function, involves_subclass
 
         cls, *uargs = (unwrap(a) for a in wrapped_args)
-        if has_subclass_proxy(uargs, {}) or returns_subclass(cls, tuple(uargs), {}):
+        if has_subclass_proxy(uargs, {}) or involves_subclass(cls, tuple(uargs), {}):
             return interpreter_needs_wrap(apply_autograd_function)
         return None
     if isinstance(fn, type) and is_traceable_wrapper_subclass_type(fn):

@@ -20,6 +20,39 @@ from thunder_subclass.proxy import SubclassTensorProxy
 
 __all__ = ["flatten_symbol", "unflatten_symbol", "is_flatten_bsym", "is_unflatten_bsym", "record_flatten", "record_unflatten"]
 
+class FlattenContext:
+    """A flatten context that is not a plain literal (DTensor's holds placements and a ``TensorMeta`` named tuple),
+    passed to the boundary symbols as an object: thunder prints literal arguments as source code, which would name
+    classes the execution trace does not import."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any):
+        self.value = value
+
+    def __repr__(self) -> str:
+        return f"FlattenContext({self.value!r})"
+
+
+def _is_literal(x: Any) -> bool:
+    if x is None or type(x) in (bool, int, float, str):
+        return True
+    if type(x) in (tuple, list):
+        return all(_is_literal(v) for v in x)
+    if type(x) is dict:
+        return all(type(k) is str and _is_literal(v) for k, v in x.items())
+    return False
+
+
+def ctx_arg(ctx: Any) -> Any:
+    """``ctx`` as a bound-symbol argument: itself when a plain literal, else wrapped in :class:`FlattenContext`."""
+    return ctx if _is_literal(ctx) else FlattenContext(ctx)
+
+
+def ctx_value(arg: Any) -> Any:
+    return arg.value if isinstance(arg, FlattenContext) else arg
+
+
 _flatten: dict[type, Symbol] = {}
 _unflatten: dict[type, Symbol] = {}
 _flatten_ids: set[str] = set()
@@ -53,14 +86,14 @@ def unflatten_symbol(cls: type) -> Symbol:
 
             env = FakeEnv()
             fake = cls.__tensor_unflatten__(
-                {a: env.to_fake(p) for a, p in zip(attrs, inner)}, ctx, outer_size, outer_stride
+                {a: env.to_fake(p) for a, p in zip(attrs, inner)}, ctx_value(ctx), outer_size, outer_stride
             )
             out = subclass_proxy_from_tensor(fake, name=None, history=None)
             out.inner = dict(zip(attrs, inner))
             return out
 
         def impl(inner, attrs, ctx, outer_size, outer_stride):
-            return cls.__tensor_unflatten__(dict(zip(attrs, inner)), ctx, outer_size, outer_stride)
+            return cls.__tensor_unflatten__(dict(zip(attrs, inner)), ctx_value(ctx), outer_size, outer_stride)
 
         sym = subclass_executor.register_operator(
             unique_operator_name(f"unflatten_{cls.__name__}"), meta=meta, fn=impl
@@ -82,7 +115,7 @@ def _coerce_cotangent(cls: type, g: Any, expected_ctx: Any):
     coerce = getattr(g, "__coerce_same_metadata_as_tangent__", None)
     if coerce is not None:
         coerced = coerce(expected_ctx) if type(g) is cls else coerce(expected_ctx, cls)
-        if coerced is not None and type(coerced) is cls and coerced.__tensor_flatten__()[1] == expected_ctx:
+        if coerced is not None and type(coerced) is cls:  # trusted, as torch.compile trusts it
             return coerced
     from thunder_subclass.errors import SubclassGradientError
 
@@ -110,7 +143,7 @@ def cotangent_flatten_symbol(cls: type) -> Symbol:
             return tuple(g.inner[a] for a in attrs)
 
         def impl(g, attrs, ctx, variants=None):
-            g = _coerce_cotangent(cls, g, ctx)
+            g = _coerce_cotangent(cls, g, ctx_value(ctx))
             return tuple(getattr(g, a) for a in attrs)
 
         sym = subclass_executor.register_operator(
@@ -142,5 +175,5 @@ def record_flatten(p: SubclassTensorProxy, scope: list) -> None:
 def record_unflatten(out: SubclassTensorProxy, scope: list) -> None:
     """Append ``out = unflatten_<Cls>(inner...)`` to ``scope`` (inner subclasses must already be defined)."""
     sym = unflatten_symbol(out.subclass_type)
-    args = (tuple(out.inner.values()), out.attr_names, out.flatten_ctx, tuple(out._shape), out.outer_stride)
+    args = (tuple(out.inner.values()), out.attr_names, ctx_arg(out.flatten_ctx), tuple(out._shape), out.outer_stride)
     scope.append(sym.bind(*args, output=out))

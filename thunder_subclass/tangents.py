@@ -30,7 +30,7 @@ from thunder.core.proxies import TensorProxy
 from thunder.core.pytree import tree_flatten
 from thunder.core.transform_common import Transform
 
-from thunder_subclass.autograd import proxy_kind
+from thunder_subclass.autograd import ctx_key, proxy_kind
 from thunder_subclass.errors import SubclassGradientError
 from thunder_subclass.proxy import SubclassTensorProxy
 
@@ -41,7 +41,7 @@ def runtime_kind(t: Any) -> Any:
     """:func:`thunder_subclass.autograd.proxy_kind` of a real tensor."""
     if isinstance(t, torch.Tensor) and is_traceable_wrapper_subclass(t):
         attrs, ctx = t.__tensor_flatten__()
-        return (type(t), repr(ctx), tuple(runtime_kind(getattr(t, a)) for a in attrs))
+        return (type(t), ctx_key(ctx), tuple(runtime_kind(getattr(t, a)) for a in attrs))
     if isinstance(t, torch.Tensor):
         return torch.Tensor
     return type(t)
@@ -171,21 +171,22 @@ class BackwardVariants:
 
 
 def coerced_tangent(gp: SubclassTensorProxy):
-    """The gradient kind the backward is compiled for, for an output of kind ``gp``: the output's own, or what the
-    subclass's ``__coerce_tangent_metadata__`` turns it into (as torch.compile does: a DTensor with a Partial
-    placement expects a Replicate gradient). Returns a new proxy, or None when unchanged."""
-    cls = gp.subclass_type
-    if not hasattr(cls, "__coerce_tangent_metadata__"):
-        return None
+    """The gradient kind the backward is compiled for, for an output of kind ``gp``: the output's own, detached
+    (a gradient does not require grad), then what the subclass's ``__coerce_tangent_metadata__`` turns it into (as
+    torch.compile does: a DTensor with a Partial placement expects a Replicate gradient). Returns a new proxy, or
+    None when unchanged."""
     from thunder_subclass.fake import FakeEnv, fake_execution
     from thunder_subclass.proxy import subclass_proxy_from_tensor
 
     fake = FakeEnv().to_fake(gp)
-    with fake_execution():
-        coerced = fake.__coerce_tangent_metadata__()
-    if coerced is fake or runtime_kind(coerced) == proxy_kind(gp):
+    with fake_execution(), torch.no_grad():
+        # a gradient does not require grad (DTensor's flatten context records requires_grad)
+        tangent = fake.detach() if fake.requires_grad else fake
+        if hasattr(type(tangent), "__coerce_tangent_metadata__"):
+            tangent = tangent.__coerce_tangent_metadata__()
+    if runtime_kind(tangent) == proxy_kind(gp):
         return None
-    return subclass_proxy_from_tensor(coerced, name=None, history=None)
+    return subclass_proxy_from_tensor(tangent, name=None, history=None)
 
 
 def coerce_tangents(flattener, variants: BackwardVariants) -> None:
