@@ -1,0 +1,144 @@
+"""Real subclasses, unmodified: torchao (float8 training, quantize_ configs, NF4 + LoRA) and DTensor (issue 6)."""
+
+import copy
+import tempfile
+
+import pytest
+import thunder
+import torch
+import torch.nn.functional as F
+
+import thunder_subclass
+
+torchao = pytest.importorskip("torchao", reason="torchao is not installed (the `test` extra installs it)")
+
+
+def _mlp(d_in=32, d_hidden=64, d_out=16):
+    return torch.nn.Sequential(torch.nn.Linear(d_in, d_hidden), torch.nn.ReLU(), torch.nn.Linear(d_hidden, d_out))
+
+
+def test_torchao_float8_training_three_steps():
+    from torchao.float8 import convert_to_float8_training
+
+    model = _mlp()
+    convert_to_float8_training(model)
+    eager = copy.deepcopy(model)
+    jmodel = thunder_subclass.jit(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    eopt = torch.optim.SGD(eager.parameters(), lr=0.05)
+    x, target = torch.randn(16, 32), torch.randn(16, 16)
+    for _ in range(3):
+        loss, eloss = F.mse_loss(jmodel(x), target), F.mse_loss(eager(x), target)
+        torch.testing.assert_close(loss, eloss)
+        opt.zero_grad()
+        eopt.zero_grad()
+        loss.backward()
+        eloss.backward()
+        for p, ep in zip(model.parameters(), eager.parameters()):
+            torch.testing.assert_close(p.grad, ep.grad)
+        opt.step()
+        eopt.step()
+    for p, ep in zip(model.parameters(), eager.parameters()):
+        torch.testing.assert_close(p, ep)
+    fw = thunder.last_traces(jmodel)[-1]
+    bw = thunder.last_backward_traces(jmodel)[-1]
+    # the float8 GEMMs, flattened: Float8TrainingTensor exists only inside the traced autograd.Function
+    assert [b.sym.name for b in fw.bound_symbols].count("aten__scaled_mm_default") == 2
+    assert "aten__scaled_mm_default" in [b.sym.name for b in bw.bound_symbols]
+    assert "matmul_with_hp_or_float8_args_apply" in str(thunder.last_traces(jmodel)[0])
+
+
+@pytest.mark.parametrize(
+    "config_name, tensor_type",
+    [
+        ("Int8WeightOnlyConfig", "Int8Tensor"),
+        ("Int8DynamicActivationInt8WeightConfig", "Int8Tensor"),
+        ("IntxWeightOnlyConfig", "IntxUnpackedToInt8Tensor"),
+        ("Float8WeightOnlyConfig", "Float8Tensor"),
+    ],
+)
+def test_torchao_quantize_inference(config_name, tensor_type):
+    import torchao.quantization as tq
+
+    model = _mlp(64, 32, 16).eval()
+    tq.quantize_(model, getattr(tq, config_name)())
+    assert type(model[0].weight).__name__ == tensor_type
+    x = torch.randn(8, 64)
+    with torch.no_grad():
+        expected = model(x)
+        jmodel = thunder_subclass.jit(model)
+        torch.testing.assert_close(jmodel(x), expected)
+    assert f"{tensor_type}[" in str(thunder.last_traces(jmodel)[0])  # the weight is a subclass proxy
+
+
+class LoRALinear(torch.nn.Module):
+    def __init__(self, weight, rank=4):
+        from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import to_nf4
+
+        super().__init__()
+        self.weight = torch.nn.Parameter(to_nf4(weight), requires_grad=False)
+        self.lora_a = torch.nn.Parameter(torch.randn(rank, weight.shape[1], dtype=weight.dtype) * 0.1)
+        self.lora_b = torch.nn.Parameter(torch.randn(weight.shape[0], rank, dtype=weight.dtype) * 0.1)
+
+    def forward(self, x):
+        from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import linear_nf4
+
+        return linear_nf4(x, self.weight) + (x @ self.lora_a.t()) @ self.lora_b.t()
+
+
+def test_torchao_nf4_base_weight_with_lora_adapters():
+    weight = torch.randn(256, 128, dtype=torch.bfloat16)
+    model, eager = LoRALinear(weight), LoRALinear(weight)  # NF4Tensor does not support deepcopy
+    eager.load_state_dict({"lora_a": model.lora_a.detach(), "lora_b": model.lora_b.detach()}, strict=False)
+    x = torch.randn(4, 128, dtype=torch.bfloat16)
+    out, expected = thunder_subclass.jit(model)(x), eager(x)
+    torch.testing.assert_close(out, expected)
+    out.float().pow(2).sum().backward()
+    expected.float().pow(2).sum().backward()
+    torch.testing.assert_close(model.lora_a.grad, eager.lora_a.grad)
+    torch.testing.assert_close(model.lora_b.grad, eager.lora_b.grad)
+    assert model.weight.grad is None
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if not dist.is_available():
+        pytest.skip("torch.distributed is not available")
+    with tempfile.NamedTemporaryFile() as f:
+        dist.init_process_group("gloo", init_method=f"file://{f.name}", rank=0, world_size=1)
+        try:
+            yield init_device_mesh("cpu", (1,))
+        finally:
+            dist.destroy_process_group()
+
+
+def test_dtensor_parameters_forward_and_backward(mesh):
+    from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+
+    w1, w2, x = torch.randn(16, 8), torch.randn(4, 16), torch.randn(3, 8)
+
+    def params():
+        return (
+            torch.nn.Parameter(distribute_tensor(w1.clone(), mesh, [Replicate()])),
+            torch.nn.Parameter(distribute_tensor(w2.clone(), mesh, [Shard(0)])),
+        )
+
+    def f(x, a, b):
+        return F.linear(torch.relu(F.linear(x, a)), b).sum()
+
+    dx = distribute_tensor(x, mesh, [Replicate()])
+    (a, b), (ea, eb) = params(), params()
+    jf = thunder_subclass.jit(f)
+    out, expected = jf(dx, a, b), f(dx, ea, eb)
+    assert type(out) is DTensor and out.placements == expected.placements
+    torch.testing.assert_close(out.to_local(), expected.to_local())
+    out.backward()
+    expected.backward()
+    for p, ep in ((a, ea), (b, eb)):
+        assert type(p.grad) is DTensor and p.grad.placements == ep.grad.placements
+        assert p.grad.device_mesh is mesh  # the mesh is passed through, not copied or baked
+        torch.testing.assert_close(p.grad.to_local(), ep.grad.to_local())
+    assert "device_mesh: opaque DeviceMesh" in str(thunder.last_traces(jf)[0])
