@@ -24,6 +24,7 @@ from thunder_subclass.errors import (  # noqa: E402
 from thunder_subclass.plugin import PLUGIN_NAME, TensorSubclassPlugin, jit  # noqa: E402
 from thunder_subclass.proxy import SubclassTensorProxy  # noqa: E402
 from thunder_subclass.rules import RuleHandle, make_subclass, register_grad_rule, register_implementation  # noqa: E402
+from thunder_subclass.aten_symbols import register_aten_symbol  # noqa: E402
 from thunder_subclass._thunder_internals import install as install_hooks, uninstall as uninstall_hooks  # noqa: E402
 
 
@@ -51,6 +52,7 @@ __all__ = [
     "register_grad_rule",
     "register_implementation",
     "make_subclass",
+    "register_aten_symbol",
     "RuleHandle",
     "ThunderVersionError",
     "install_hooks",

@@ -31,7 +31,7 @@ from thunder_subclass.autograd import register_constant_symbol
 from thunder_subclass.executor import subclass_executor, unique_operator_name
 from thunder_subclass.fake import FakeEnv, fake_execution, remember_stride
 
-__all__ = ["aten_symbol", "record_aten_call", "THUNDER_EQUIVALENTS"]
+__all__ = ["aten_symbol", "record_aten_call", "register_aten_symbol", "THUNDER_EQUIVALENTS"]
 
 aten = torch.ops.aten
 
@@ -53,6 +53,25 @@ THUNDER_EQUIVALENTS: dict[OpOverload, Callable[..., Any]] = {
 }
 
 _symbols: dict[OpOverload, Symbol] = {}
+_registered: dict[OpOverload, Symbol] = {}
+
+
+def register_aten_symbol(op: OpOverload, symbol: Symbol) -> Callable[[], None]:
+    """Record calls of ``op`` made inside ``__torch_dispatch__`` as ``symbol`` (an operator of your executor, taking
+    the op's arguments) instead of the generic ``<ns>_<op>_<overload>`` symbol, so the execution trace shows your
+    executor's symbol and your executor runs it (e.g. a backend's kernels, see
+    ``thunder_subclass.examples.python_device``). Returns a function that removes the registration."""
+    if not isinstance(op, OpOverload):
+        raise TypeError(f"register_aten_symbol needs an OpOverload such as torch.ops.aten.mm.default, got {op!r}")
+    if op in _registered and _registered[op] is not symbol:
+        raise ValueError(f"{op} is already recorded as {_registered[op].name}; remove that registration first")
+    _registered[op] = symbol
+
+    def remove() -> None:
+        if _registered.get(op) is symbol:
+            del _registered[op]
+
+    return remove
 
 
 def _fake_meta(op: OpOverload) -> Callable:
@@ -133,5 +152,6 @@ def record_aten_call(op: OpOverload, args: tuple, kwargs: dict, fake_out: Any, e
         if isinstance(f, torch.Tensor):
             env.bind(p, f)
     out = pytree.tree_unflatten(flat_out, spec)
-    bsym = aten_symbol(op).bind(*args, **kwargs, output=out)
+    bsym = _registered.get(op, None) or aten_symbol(op)
+    bsym = bsym.bind(*args, **kwargs, output=out)
     get_tracectx().peek_scope().append(bsym)
