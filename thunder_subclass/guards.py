@@ -3,12 +3,12 @@
 In: a ``SubclassTensorProxy`` made for an input (argument, parameter, buffer). Out: constraints on thunder's jit
 context that ``unpack_inputs`` turns into prologue checks, in this order:
 
-1. ``check_subclass(x, spec)``: the exact type, the attribute names of ``__tensor_flatten__`` and the flatten
-   context are as when traced (the context is compared with the class's ``__metadata_guard__(old, new)`` when it
-   defines one, else with ``==``), and each opaque attribute has the same type and the same values of its type's
-   registered ``guard_fn``;
-2. thunder's usual tensor check on the outer tensor and on every inner tensor (shape, device, dtype, requires_grad),
-   recursively for nested subclasses.
+``check_subclass(x, spec)``, one call per subclass input: the exact type, the attribute names of
+``__tensor_flatten__`` and the flatten context are as when traced (the context is compared with the class's
+``__metadata_guard__(old, new)`` when it defines one, else with ``==``); each opaque attribute has the same type and
+the same values of its type's registered ``guard_fn``; and the outer tensor and every inner tensor have the shape,
+dtype, device and requires_grad they had (thunder's usual tensor check, done here in the same call), recursively
+for nested subclasses; inner tensors must be plain tensors.
 
 A failing check makes the prologue raise, which thunder treats as a cache miss: a new trace, never a stale one.
 """
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import thunder.clang as clang
+import torch
 import thunder.core.prims as prims
 
 from thunder_subclass.executor import subclass_executor
@@ -26,18 +26,48 @@ from thunder_subclass.proxy import PLAIN_TENSOR_TYPES, OpaqueObjectProxy, Subcla
 __all__ = ["SubclassSpec", "add_subclass_guards", "check_subclass"]
 
 
+def _tensor_meta(p) -> tuple:
+    import thunder.core.devices as devices
+    import thunder.core.dtypes as dtypes
+
+    return (
+        torch.Size([int(d) for d in p._shape]),
+        dtypes.to_torch_dtype(p.dtype),
+        devices.to_torch_device(p.device),
+        bool(p.requires_grad),
+    )
+
+
 class SubclassSpec:
-    """What a subclass input looked like when it was traced. (Not a dataclass: thunder prints dataclass
-    arguments field by field, and a type or an arbitrary context object cannot be printed.)"""
+    """What a subclass input looked like when it was traced: everything the cached trace depends on, checked in one
+    call per input. (Not a dataclass: thunder prints dataclass arguments field by field, and a type or an arbitrary
+    context object cannot be printed.)"""
 
-    __slots__ = ("subclass_type", "attr_names", "flatten_ctx", "opaque")
+    __slots__ = ("subclass_type", "attr_names", "flatten_ctx", "opaque", "meta", "inner")
 
-    def __init__(self, subclass_type: type, attr_names: tuple[str, ...], flatten_ctx: Any, opaque=None):
+    def __init__(self, subclass_type: type, attr_names: tuple[str, ...], flatten_ctx: Any, opaque=None,
+                 meta: tuple | None = None, inner: dict | None = None):
         self.subclass_type = subclass_type
         self.attr_names = tuple(attr_names)
         self.flatten_ctx = flatten_ctx
         # opaque attributes: name -> (type, its guard_fn's values when traced)
         self.opaque: dict[str, tuple[type, Any]] = dict(opaque or {})
+        # (shape, dtype, device, requires_grad) of the outer tensor, and per tensor attribute: such a tuple or, for a
+        # nested subclass, its SubclassSpec
+        self.meta = meta
+        self.inner: dict[str, Any] = dict(inner or {})
+
+    @classmethod
+    def of(cls, p: SubclassTensorProxy) -> SubclassSpec:
+        inner, opaque = {}, {}
+        for a, q in p.inner.items():
+            if isinstance(q, OpaqueObjectProxy):
+                opaque[a] = (type(q.value), opaque_guard_values(q.value))
+            elif isinstance(q, SubclassTensorProxy):
+                inner[a] = SubclassSpec.of(q)
+            else:
+                inner[a] = _tensor_meta(q)
+        return cls(p.subclass_type, p.attr_names, p.flatten_ctx, opaque, _tensor_meta(p), inner)
 
     def __repr__(self) -> str:
         return f"SubclassSpec({self.subclass_type.__name__}, attrs={self.attr_names}, ctx={self.flatten_ctx!r})"
@@ -45,9 +75,18 @@ class SubclassSpec:
     def matches(self, t) -> bool:
         if type(t) is not self.subclass_type:
             return False
+        if self.meta is not None and (t.shape, t.dtype, t.device, t.requires_grad) != self.meta:
+            return False
         attrs, ctx = t.__tensor_flatten__()
         if tuple(attrs) != self.attr_names:
             return False
+        for attr, expected in self.inner.items():
+            x = getattr(t, attr)
+            if isinstance(expected, SubclassSpec):
+                if not expected.matches(x):
+                    return False
+            elif type(x) not in PLAIN_TENSOR_TYPES or (x.shape, x.dtype, x.device, x.requires_grad) != expected:
+                return False
         for attr, (typ, values) in self.opaque.items():
             obj = getattr(t, attr)
             if type(obj) is not typ or opaque_guard_values(obj) != values:
@@ -96,13 +135,7 @@ def add_plain_tensor_guard(jit_ctx, p) -> None:
 
 
 def add_subclass_guards(jit_ctx, p: SubclassTensorProxy) -> None:
-    """Add the prologue constraints for input ``p`` (and, recursively, its inner tensors) to ``jit_ctx``."""
-    opaque = {a: (type(q.value), opaque_guard_values(q.value)) for a, q in p.inner.items() if isinstance(q, OpaqueObjectProxy)}
-    spec = SubclassSpec(p.subclass_type, p.attr_names, p.flatten_ctx, opaque)
-    jit_ctx.add_constraint((check_subclass, p, spec))
-    jit_ctx.add_constraint((clang.check_tensor_shape_and_metadata, p))
-    for inner in p.inner.values():
-        if isinstance(inner, SubclassTensorProxy):
-            add_subclass_guards(jit_ctx, inner)
-        elif not isinstance(inner, OpaqueObjectProxy):  # opaque objects: guarded by check_subclass above
-            jit_ctx.add_constraint((clang.check_tensor_shape_and_metadata, inner))
+    """Add the prologue constraint for input ``p``: one ``check_subclass`` that checks the type, attribute names,
+    flatten context, opaque attributes, and the metadata of the outer tensor and of every inner tensor, recursively
+    (one Python call per subclass input instead of one thunder check per tensor)."""
+    jit_ctx.add_constraint((check_subclass, p, SubclassSpec.of(p)))

@@ -1,0 +1,312 @@
+"""Speed of subclass-holding models: eager vs thunder_subclass vs torch.compile vs the hand-flattened limit.
+
+    python benchmarks/bench_subclasses.py [--quick] [--out benchmarks/results]
+
+For each model and size, in one run: the steady-state time per call (median of repeated timed loops) and the
+first-call time (trace + transforms + first run; a fresh compile each time, median of a few) of
+
+* ``eager``            the model with its subclass, in eager PyTorch (every op pays Python ``__torch_dispatch__``);
+* ``ts``               ``thunder_subclass.jit`` with thunder's default executors;
+* ``ts+torch_compile`` ``thunder_subclass.jit`` with thunder's torch_compile executor first;
+* ``aot_eager``        ``torch.compile(backend="aot_eager")``;
+* ``inductor``         ``torch.compile(backend="inductor")``;
+* ``flat-thunder``     the same computation written by hand on plain tensors under plain ``thunder.jit`` (the limit:
+                       subclasses cost nothing at run time). Not available for torchao float8.
+
+Models (two sizes: ``small`` is overhead-bound, ``large`` compute-bound): a 4-layer ``TwoTensor`` MLP (forward +
+backward), an int8 weight-only linear stack (inference), a torchao float8-training MLP (forward + backward).
+
+Prints a table of ratios (time / ts), writes ``results.csv`` and ``results.png`` under ``--out``. Timings are wall
+clock on a shared machine: compare ratios from one run, not absolute numbers across runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import csv
+import os
+import statistics
+import sys
+import time
+import warnings
+
+warnings.filterwarnings("ignore")
+
+import torch  # noqa: E402
+
+import thunder_subclass  # noqa: E402  (before thunder)
+import thunder  # noqa: E402
+from torch.testing._internal.two_tensor import TwoTensor  # noqa: E402
+
+torch.set_num_threads(max(1, os.cpu_count() or 1))
+
+SIZES = {"small": dict(batch=8, width=32), "large": dict(batch=256, width=1024)}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Models
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class TwoTensorMLP(torch.nn.Module):
+    def __init__(self, width, layers=4):
+        super().__init__()
+        self.weights = torch.nn.ParameterList(
+            [torch.nn.Parameter(TwoTensor(torch.randn(width, width) / width**0.5, torch.randn(width, width) / width**0.5))
+             for _ in range(layers)]
+        )
+
+    def forward(self, x):
+        for w in self.weights:
+            x = torch.relu(x @ w)
+        return x.sum()
+
+
+def two_tensor_case(size):
+    width, batch = SIZES[size]["width"], SIZES[size]["batch"]
+    model = TwoTensorMLP(width)
+    x = TwoTensor(torch.randn(batch, width), torch.randn(batch, width))
+    inner = [(w.a.detach().clone().requires_grad_(), w.b.detach().clone().requires_grad_()) for w in model.weights]
+
+    def flat(xa, xb, *ws):  # the same computation on the inner tensors, by hand
+        for wa, wb in zip(ws[0::2], ws[1::2]):
+            xa, xb = torch.relu(xa @ wa), torch.relu(xb @ wb)
+        return xa.sum(), xb.sum()
+
+    def run_subclass(fn):
+        def step():
+            out = fn(x)
+            out.backward()
+            return out
+        return step
+
+    def run_flat(fn):
+        ws = [t for pair in inner for t in pair]
+
+        def step():
+            a, b = fn(x.a, x.b, *ws)
+            (a + b).backward()
+            return a
+        return step
+
+    return dict(model=model, run=run_subclass, flat=flat, run_flat=run_flat, train=True)
+
+
+class Int8Weight(torch.Tensor):
+    """Weight-only int8: int8 data + per-row scale, presented as float32; dequantizes in dispatch."""
+
+    @staticmethod
+    def __new__(cls, data, scale):
+        return torch.Tensor._make_wrapper_subclass(cls, data.shape, dtype=torch.float32, device=data.device)
+
+    def __init__(self, data, scale):
+        self.data_int8, self.scale = data, scale
+
+    def __tensor_flatten__(self):
+        return ["data_int8", "scale"], None
+
+    @staticmethod
+    def __tensor_unflatten__(inner, ctx, outer_size, outer_stride):
+        return Int8Weight(inner["data_int8"], inner["scale"])
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        from torch.utils._pytree import tree_map
+
+        def deq(a):
+            return a.data_int8.to(torch.float32) * a.scale[:, None] if isinstance(a, Int8Weight) else a
+
+        if func in (torch.ops.aten.detach.default, torch.ops.aten.clone.default):
+            return Int8Weight(func(args[0].data_int8), func(args[0].scale))
+        args, kwargs = tree_map(deq, (args, kwargs or {}))
+        return func(*args, **kwargs)
+
+
+def int8_case(size):
+    width, batch = SIZES[size]["width"], SIZES[size]["batch"]
+    model = torch.nn.Sequential(*[torch.nn.Linear(width, width, bias=False) for _ in range(4)]).requires_grad_(False)
+    raw = []
+    for lin in model:
+        w = lin.weight.detach()
+        scale = w.abs().amax(dim=1) / 127.0
+        data = torch.round(w / scale[:, None]).to(torch.int8)
+        lin.weight = torch.nn.Parameter(Int8Weight(data, scale), requires_grad=False)
+        raw.append((data, scale))
+    x = torch.randn(batch, width)
+
+    def flat(x, *ws):
+        for data, scale in zip(ws[0::2], ws[1::2]):
+            x = x @ (data.to(torch.float32) * scale[:, None]).t()
+        return x
+
+    def run_subclass(fn):
+        def step():
+            with torch.no_grad():
+                return fn(x)
+        return step
+
+    def run_flat(fn):
+        ws = [t for pair in raw for t in pair]
+
+        def step():
+            with torch.no_grad():
+                return fn(x, *ws)
+        return step
+
+    return dict(model=model, run=run_subclass, flat=flat, run_flat=run_flat, train=False)
+
+
+def float8_case(size):
+    from torchao.float8 import convert_to_float8_training
+
+    width, batch = SIZES[size]["width"], SIZES[size]["batch"]
+    model = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU(), torch.nn.Linear(width, width))
+    convert_to_float8_training(model)
+    x = torch.randn(batch, width)
+
+    def run_subclass(fn):
+        def step():
+            out = fn(x).sum()
+            out.backward()
+            return out
+        return step
+
+    return dict(model=model, run=run_subclass, flat=None, run_flat=None, train=True)
+
+
+CASES = {"twotensor_mlp": two_tensor_case, "int8_linear_stack": int8_case, "float8_training_mlp": float8_case}
+
+# ---------------------------------------------------------------------------------------------------------------
+# Compilers
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def compilers():
+    from thunder.executors.torch_compile import torch_compile_ex
+
+    return {
+        "eager": lambda m: m,
+        "ts": lambda m: thunder_subclass.jit(m),
+        "ts+torch_compile": lambda m: thunder_subclass.jit(m, executors=[torch_compile_ex]),
+        "aot_eager": lambda m: torch.compile(m, backend="aot_eager"),
+        "inductor": lambda m: torch.compile(m, backend="inductor"),
+    }
+
+
+def timeit(step, *, repeats, inner):
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            step()
+        samples.append((time.perf_counter() - t0) / inner)
+    return statistics.median(samples)
+
+
+def first_call(make_step, repeats):
+    samples = []
+    for _ in range(repeats):
+        torch._dynamo.reset()
+        t0 = time.perf_counter()
+        make_step()()
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples)
+
+
+def measure(case_name, size, quick):
+    case = CASES[case_name](size)
+    repeats, inner = (3, 5) if quick else (7, 20 if size == "small" else 3)
+    first_repeats = 1 if quick else 3
+    rows = []
+    for name, compile_fn in compilers().items():
+        def make_step():
+            return case["run"](compile_fn(copy.deepcopy(case["model"])))
+
+        try:
+            first = first_call(make_step, first_repeats) if name != "eager" else float("nan")
+            step = make_step()
+            for _ in range(3):
+                step()  # warm-up
+            steady = timeit(step, repeats=repeats, inner=inner)
+        except Exception as e:  # a compiler that cannot handle the model is reported, not fatal
+            print(f"  {case_name}/{size}/{name}: failed: {type(e).__name__}: {str(e)[:120]}", file=sys.stderr)
+            first = steady = float("nan")
+        rows.append(dict(model=case_name, size=size, compiler=name, steady_s=steady, first_call_s=first))
+    if case["flat"] is not None:
+        def make_flat():
+            return case["run_flat"](thunder.jit(case["flat"]))
+
+        first = first_call(make_flat, first_repeats)
+        step = make_flat()
+        for _ in range(3):
+            step()
+        rows.append(dict(model=case_name, size=size, compiler="flat-thunder",
+                         steady_s=timeit(step, repeats=repeats, inner=inner), first_call_s=first))
+    return rows
+
+
+def report(rows, out_dir):
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "results.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    names = ["eager", "ts", "ts+torch_compile", "aot_eager", "inductor", "flat-thunder"]
+    print("\nsteady state: time per call / thunder_subclass (ts) time per call; lower is faster than ts")
+    print(f"{'model':22} {'size':6} {'ts ms':>8} " + " ".join(f"{n:>16}" for n in names))
+    groups = {}
+    for r in rows:
+        groups.setdefault((r["model"], r["size"]), {})[r["compiler"]] = r
+    for (model, size), g in groups.items():
+        ts = g["ts"]["steady_s"]
+        cells = [f"{g[n]['steady_s'] / ts:16.2f}" if n in g else f"{'-':>16}" for n in names]
+        print(f"{model:22} {size:6} {ts * 1e3:8.3f} " + " ".join(cells))
+    print("\nfirst call (trace + compile + run), seconds")
+    print(f"{'model':22} {'size':6} " + " ".join(f"{n:>16}" for n in names[1:]))
+    for (model, size), g in groups.items():
+        cells = [f"{g[n]['first_call_s']:16.2f}" if n in g else f"{'-':>16}" for n in names[1:]]
+        print(f"{model:22} {size:6} " + " ".join(cells))
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no plot", file=sys.stderr)
+        return
+    fig, ax = plt.subplots(figsize=(11, 4.5))
+    labels = [f"{m}\n{s}" for (m, s) in groups]
+    width = 0.8 / len(names)
+    for i, n in enumerate(names):
+        vals = [g[n]["steady_s"] / g["ts"]["steady_s"] if n in g else 0 for g in groups.values()]
+        ax.bar([j + i * width for j in range(len(groups))], vals, width, label=n)
+    ax.axhline(1.0, color="k", linewidth=0.8)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(groups))], labels, fontsize=8)
+    ax.set_ylabel("time per call / thunder_subclass")
+    ax.set_yscale("log")
+    ax.legend(fontsize=8, ncol=3)
+    ax.set_title("Steady-state time relative to thunder_subclass (CPU, lower is faster)")
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, "results.png"), dpi=110)
+    print(f"\nwrote {os.path.join(out_dir, 'results.csv')} and results.png")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer repeats (a smoke run)")
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    parser.add_argument("--models", default=",".join(CASES), help="comma-separated subset of " + ", ".join(CASES))
+    parser.add_argument("--sizes", default="small,large")
+    args = parser.parse_args(argv)
+    torch.manual_seed(0)
+    rows = []
+    for model in args.models.split(","):
+        for size in args.sizes.split(","):
+            print(f"measuring {model} / {size} ...", file=sys.stderr)
+            rows.extend(measure(model, size, args.quick))
+    report(rows, args.out)
+
+
+if __name__ == "__main__":
+    main()
