@@ -16,8 +16,9 @@ first-call time (trace + transforms + first run; a fresh compile each time, medi
 Models (two sizes: ``small`` is overhead-bound, ``large`` compute-bound): a 4-layer ``TwoTensor`` MLP (forward +
 backward), an int8 weight-only linear stack (inference), a torchao float8-training MLP (forward + backward).
 
-Prints a table of ratios (time / ts), writes ``results.csv`` and ``results.png`` under ``--out``. Timings are wall
-clock on a shared machine: compare ratios from one run, not absolute numbers across runs.
+Prints a table of ratios (time / ts), writes ``results.csv`` and ``results.png`` under ``--out``. Steady-state times
+are medians over rounds in which every configuration is timed in turn (machine noise hits all alike); timings are
+wall clock on a shared machine: compare ratios from one run, not absolute numbers across runs.
 """
 
 from __future__ import annotations
@@ -40,6 +41,12 @@ import thunder  # noqa: E402
 from torch.testing._internal.two_tensor import TwoTensor  # noqa: E402
 
 torch.set_num_threads(max(1, os.cpu_count() or 1))
+try:  # honest first-call times for inductor: no on-disk compile caches
+    import torch._inductor.config as inductor_config
+
+    inductor_config.force_disable_caches = True
+except Exception:
+    pass
 
 SIZES = {"small": dict(batch=8, width=32), "large": dict(batch=256, width=1024)}
 
@@ -194,16 +201,6 @@ def compilers():
     }
 
 
-def timeit(step, *, repeats, inner):
-    samples = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(inner):
-            step()
-        samples.append((time.perf_counter() - t0) / inner)
-    return statistics.median(samples)
-
-
 def first_call(make_step, repeats):
     samples = []
     for _ in range(repeats):
@@ -216,34 +213,37 @@ def first_call(make_step, repeats):
 
 def measure(case_name, size, quick):
     case = CASES[case_name](size)
-    repeats, inner = (3, 5) if quick else (7, 20 if size == "small" else 3)
+    repeats, inner = (5, 5) if quick else ((15, 30) if size == "small" else (7, 2))
     first_repeats = 1 if quick else 3
-    rows = []
-    for name, compile_fn in compilers().items():
-        def make_step():
-            return case["run"](compile_fn(copy.deepcopy(case["model"])))
-
+    makers = {
+        name: (lambda compile_fn=compile_fn: case["run"](compile_fn(copy.deepcopy(case["model"]))))
+        for name, compile_fn in compilers().items()
+    }
+    if case["flat"] is not None:
+        makers["flat-thunder"] = lambda: case["run_flat"](thunder.jit(case["flat"]))
+    firsts, steps = {}, {}
+    for name, make_step in makers.items():
         try:
-            first = first_call(make_step, first_repeats) if name != "eager" else float("nan")
-            step = make_step()
+            firsts[name] = first_call(make_step, first_repeats) if name != "eager" else float("nan")
+            steps[name] = make_step()
             for _ in range(3):
-                step()  # warm-up
-            steady = timeit(step, repeats=repeats, inner=inner)
+                steps[name]()  # warm-up
         except Exception as e:  # a compiler that cannot handle the model is reported, not fatal
             print(f"  {case_name}/{size}/{name}: failed: {type(e).__name__}: {str(e)[:120]}", file=sys.stderr)
-            first = steady = float("nan")
-        rows.append(dict(model=case_name, size=size, compiler=name, steady_s=steady, first_call_s=first))
-    if case["flat"] is not None:
-        def make_flat():
-            return case["run_flat"](thunder.jit(case["flat"]))
-
-        first = first_call(make_flat, first_repeats)
-        step = make_flat()
-        for _ in range(3):
-            step()
-        rows.append(dict(model=case_name, size=size, compiler="flat-thunder",
-                         steady_s=timeit(step, repeats=repeats, inner=inner), first_call_s=first))
-    return rows
+    # round robin: every configuration is timed in every round, so machine noise hits them alike
+    samples = {name: [] for name in steps}
+    for _ in range(repeats):
+        for name, step in steps.items():
+            t0 = time.perf_counter()
+            for _ in range(inner):
+                step()
+            samples[name].append((time.perf_counter() - t0) / inner)
+    return [
+        dict(model=case_name, size=size, compiler=name,
+             steady_s=statistics.median(samples[name]) if name in samples else float("nan"),
+             first_call_s=firsts.get(name, float("nan")))
+        for name in makers
+    ]
 
 
 def report(rows, out_dir):
