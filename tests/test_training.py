@@ -334,3 +334,31 @@ def test_backward_with_plain_grad_for_subclass_output(fn, grad_type):
 def _compiled_backwards(jf):
     cs = thunder.compile_stats(jf)
     return [entry.backward_fn for entry in cs.interpreter_cache if getattr(entry, "backward_fn", None)]
+
+
+def test_regression_gradient_substituted_by_autodiff_is_rerecorded():
+    # found by tests/test_fuzz.py: the gradient of `v.sum() * 0.1` is the (nested) gradient of the loss, which
+    # thunder's autodiff substitutes into grad_mul's arguments after grad_mul was recorded for a guessed (simple)
+    # TwoTensor gradient; the stale recording made a 3-level gradient where eager has 2 levels
+    def f(x, n):
+        return ((n + x) * (n + x)).sum() + x.sin().sum() * 0.1
+
+    n = nested_two_tensor(*(torch.randn(4) for _ in range(4))).requires_grad_()
+    check_training(f, _two(4), n)
+
+
+def test_regression_unused_subclass_output_gets_materialized_zero_gradient():
+    # found by tests/test_fuzz.py: autograd fills the gradient of an unused TwoTensor output with a plain zero
+    # tensor; it must not select a backward for plain gradients (which needed tensors the forward did not save)
+    x = _two(4)
+    ex = _clone_leaf(x)
+
+    def f(x):
+        y = torch.tanh(x)
+        return y, (y * y).sum()
+
+    _, loss = thunder_subclass.jit(f)(x)
+    _, eloss = f(ex)
+    loss.backward()
+    eloss.backward()
+    assert_same(x.grad, ex.grad)

@@ -279,6 +279,13 @@ def _hook_thunder_function_backward(original):
         if variants is not None:
             side_channel = ctx.side_channel
             grads = side_channel["bw"] if side_channel is not None else raw_args
+            canonical = variants.canonical(grads)
+            if canonical is not None:  # plain zeros autograd made for unused subclass outputs
+                grads = canonical
+                if side_channel is not None:
+                    side_channel["bw"] = canonical
+                else:
+                    raw_args = tuple(canonical)
             if not variants.accepts(grads):
                 # gradients of another kind than the compiled backward's (thunder_subclass.tangents)
                 if side_channel is not None:

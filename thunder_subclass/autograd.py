@@ -47,8 +47,9 @@ class GradRecipe:
 
     Attributes: ``env`` (proxies <-> fakes of the forward), ``fake_inputs`` / ``fake_outputs`` (the fakes that
     require grad / carry gradients), ``input_proxies`` (the proxies the gradients are for), ``what`` /
-    ``subclasses`` (for error messages) and ``positions`` (for each output of ``grad_<op>``, the input whose
-    gradient it is).
+    ``subclasses`` (for error messages), ``positions`` (for each output of ``grad_<op>``, the input whose
+    gradient it is) and ``grad_kinds`` (the gradient kinds its subsymbols were first recorded for; thunder's autodiff
+    substitutes the actual gradients into the bound symbol's arguments later).
     """
 
     def __init__(self, env, fake_inputs, fake_outputs, input_proxies, what, subclasses):
@@ -59,6 +60,7 @@ class GradRecipe:
         self.what = what
         self.subclasses = subclasses
         self.positions: tuple[int, ...] = ()
+        self.grad_kinds: tuple = ()
 
     def __repr__(self) -> str:
         return f"GradRecipe({self.what})"
@@ -220,6 +222,7 @@ def differentiate_fakes(env: FakeEnv, args, kwargs, fake_out, result, op_name: s
     recipe = GradRecipe(env, fake_inputs, fakes, input_proxies, what, subclasses)
     saved = tuple(p for p in (*input_proxies, *outs))
     input_grads, subsymbols = record_backward(recipe, grads)
+    recipe.grad_kinds = tuple(proxy_kind(g) for g in grads)  # what the subsymbols below are recorded for
     recipe.positions = tuple(
         i for i, g in enumerate(input_grads) if g is not None and not any(g is x for x in grads)
     )

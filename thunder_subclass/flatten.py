@@ -32,6 +32,7 @@ from thunder.core.trace import TraceProvenance, from_trace, tracectx
 from thunder_subclass._thunder_internals import is_torch_level_symbol
 from thunder_subclass.autograd import is_container_bsym, is_grad_bsym, proxy_kind, record_backward
 from thunder_subclass.errors import UnsupportedSubclassOperationError
+from thunder_subclass.interpretation import ARG_KINDS
 from thunder_subclass.proxy import SubclassTensorProxy
 from thunder_subclass.subclass_symbols import cotangent_flatten_symbol, ctx_arg, is_flatten_bsym, is_unflatten_bsym
 
@@ -77,7 +78,8 @@ class _Flattener:
 
     def visit(self, bsym) -> None:
         nb = self.swapped(bsym)
-        changed = _kinds(bsym.flat_proxy_args) != _kinds(nb.flat_proxy_args)
+        recorded = bsym.flat_proxy_outs[0].__dict__.get(ARG_KINDS) if bsym.flat_proxy_outs else None
+        changed = (recorded if recorded is not None else _kinds(bsym.flat_proxy_args)) != _kinds(nb.flat_proxy_args)
 
         if is_grad_bsym(bsym):
             return self._visit_grad(bsym, nb)
@@ -193,8 +195,8 @@ class _Flattener:
             self.visit(b)
 
     def _visit_grad(self, bsym, nb) -> None:
-        old_grads, grads, recipe = bsym.args[0], nb.args[0], nb.args[2]
-        if _kinds(old_grads) == _kinds(grads):
+        grads, recipe = nb.args[0], nb.args[2]
+        if recipe.grad_kinds == _kinds(grads):
             for sub in bsym.subsymbols:
                 self.visit(sub)
             return

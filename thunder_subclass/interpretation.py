@@ -431,7 +431,22 @@ def bind_unrolled(sym: Symbol, args: tuple, kwargs: dict, result: Any, subsymbol
 
     bsym = sym.bind(*args, **kwargs, output=result, subsymbols=subsymbols)
     get_tracectx().peek_scope().append(bsym)
+    remember_argument_kinds(bsym)
     return result
+
+
+ARG_KINDS = "_thunder_subclass_arg_kinds"
+
+
+def remember_argument_kinds(bsym) -> None:
+    """Record, on the bound symbol's first output proxy, the kinds of the arguments its subsymbols were recorded for.
+    thunder's autodiff later substitutes gradients into arguments (a guessed gradient by the actual one); the
+    flatten pass compares and traces the symbol again when the kinds differ."""
+    from thunder_subclass.autograd import proxy_kind
+
+    outs = bsym.flat_proxy_outs
+    if outs:
+        outs[0].__dict__[ARG_KINDS] = tuple(proxy_kind(p) for p in bsym.flat_proxy_args)
 
 
 def construct_subclass(cls: type, *args, **kwargs):

@@ -61,8 +61,21 @@ class BackwardVariants:
         for bsym in joint.bound_symbols:
             if bsym.sym.name == "get_grad" and isinstance(bsym.args[0], TensorProxy):
                 self.grad_of[bsym.args[0].name] = bsym.output
+        # the proxy of the gradient each output's compiled backward expects (for zeros of that kind)
+        self.expected_proxy = [self.grad_of.get(getattr(o, "name", None), o) for o in self.outputs]
         self.saved_names: list[str] | None = None
         self._compiled: dict[tuple, Any] = {}
+
+    def canonical(self, grads) -> list | None:
+        """``grads`` with a zero gradient of the expected kind where autograd materialized a plain zero tensor for
+        a subclass output that nothing used (autograd.Function fills undefined gradients with plain zeros); None
+        when nothing changes. A zero gradient contributes nothing, whatever its type."""
+        changed = None
+        for i, (g, p) in enumerate(zip(grads, self.expected_proxy)):
+            if isinstance(p, SubclassTensorProxy) and type(g) is torch.Tensor and not g.any():
+                changed = list(grads) if changed is None else changed
+                changed[i] = _zeros_of(p)
+        return changed
 
     def __repr__(self) -> str:
         return f"BackwardVariants({len(self._compiled)} compiled)"
@@ -170,6 +183,17 @@ class BackwardVariants:
         return fn, [available[p.name] for p in saved_args], grad_positions
 
 
+def _zeros_of(p):
+    """A real zero tensor of the kind of proxy ``p`` (a subclass rebuilt from zero inner tensors)."""
+    from thunder_subclass.fake import torch_device, torch_dtype
+    from thunder_subclass.proxy import OpaqueObjectProxy
+
+    if isinstance(p, SubclassTensorProxy):
+        inner = {a: q.value if isinstance(q, OpaqueObjectProxy) else _zeros_of(q) for a, q in p.inner.items()}
+        return p.subclass_type.__tensor_unflatten__(inner, p.flatten_ctx, tuple(p._shape), p.outer_stride)
+    return torch.zeros(tuple(p._shape), dtype=torch_dtype(p), device=torch_device(p))
+
+
 def coerced_tangent(gp: SubclassTensorProxy):
     """The gradient kind the backward is compiled for, for an output of kind ``gp``: the output's own, detached
     (a gradient does not require grad), then what the subclass's ``__coerce_tangent_metadata__`` turns it into (as
@@ -201,6 +225,7 @@ def coerce_tangents(flattener, variants: BackwardVariants) -> None:
             coerced = coerced_tangent(gp)
             if coerced is not None:
                 flattener.alias(gp, coerced)
+                variants.expected_proxy[i] = coerced
                 variants.expected = (*variants.expected[:i], proxy_kind(coerced), *variants.expected[i + 1:])
 
 
