@@ -99,7 +99,9 @@ def test_decorator_and_scoped_forms_leave_no_rule_behind():
 
 def test_rule_for_base_class_applies_to_subclasses():
     class MyTwo(TwoTensor):
-        pass
+        @staticmethod
+        def __tensor_unflatten__(inner, ctx, outer_size, outer_stride):
+            return MyTwo(inner["a"], inner["b"], outer_size, outer_stride)
 
     x = MyTwo(torch.randn(4), torch.randn(4)).requires_grad_()
     w = MyTwo(torch.randn(4), torch.randn(4)).requires_grad_()

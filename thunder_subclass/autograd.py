@@ -61,6 +61,7 @@ class GradRecipe:
         self.subclasses = subclasses
         self.positions: tuple[int, ...] = ()
         self.grad_kinds: tuple = ()
+        self.saved: tuple = ()
 
     def __repr__(self) -> str:
         return f"GradRecipe({self.what})"
@@ -221,6 +222,7 @@ def differentiate_fakes(env: FakeEnv, args, kwargs, fake_out, result, op_name: s
     grads = [prims.get_grad(p) for p in outs]
     recipe = GradRecipe(env, fake_inputs, fakes, input_proxies, what, subclasses)
     saved = tuple(p for p in (*input_proxies, *outs))
+    recipe.saved = saved  # as recorded; thunder's autodiff may rename them in the bound symbol's arguments
     input_grads, subsymbols = record_backward(recipe, grads)
     recipe.grad_kinds = tuple(proxy_kind(g) for g in grads)  # what the subsymbols below are recorded for
     recipe.positions = tuple(
@@ -235,12 +237,15 @@ def differentiate_fakes(env: FakeEnv, args, kwargs, fake_out, result, op_name: s
     return result
 
 
-def record_backward(recipe: GradRecipe, grads) -> tuple[list, list]:
+def record_backward(recipe: GradRecipe, grads, saved=None) -> tuple[list, list]:
     """Run PyTorch's backward of the recorded forward on fakes, for gradients ``grads`` (proxies of any kind);
-    return the input gradients (proxies or None) and the recorded bound symbols."""
+    return the input gradients (proxies or None) and the recorded bound symbols. ``saved``: the current proxies of
+    the values the recipe recorded as ``recipe.saved`` (thunder's autodiff renames them after recording)."""
     from thunder_subclass.interpretation import RecordingMode, dispatch_error, emit_calls
 
     env = recipe.env.copy()
+    for old, new in zip(recipe.saved, saved or ()):
+        env.rename(old, new)
     mark = len(env.subclass_inputs)
     fake_grads = [env.to_fake(g) for g in grads]
     recorder = RecordingMode()

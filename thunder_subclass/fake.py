@@ -84,6 +84,19 @@ class FakeEnv:
         new.mutated = set(self.mutated)
         return new
 
+    def rename(self, old, new) -> None:
+        """Let ``new`` stand for what ``old`` stood for (thunder's autodiff renames proxies after recording)."""
+        fake = self._fake_of.get(id(old))
+        if fake is None or old is new:
+            return
+        self._proxy_of[id(fake)] = new
+        self._fake_of[id(new)] = fake
+        self._keep.append((new, fake))
+        if isinstance(old, SubclassTensorProxy) and isinstance(new, SubclassTensorProxy):
+            for a, q in old.inner.items():
+                if a in new.inner:
+                    self.rename(q, new.inner[a])
+
     def proxy_of(self, fake: torch.Tensor) -> TensorProxy | None:
         return self._proxy_of.get(id(fake))
 
@@ -107,6 +120,7 @@ class FakeEnv:
         if isinstance(x, SubclassTensorProxy):
             inner = {a: self.to_fake(p) for a, p in x.inner.items()}
             fake = x.subclass_type.__tensor_unflatten__(inner, x.flatten_ctx, tuple(x._shape), x.outer_stride)
+            check_unflattened(x.subclass_type, fake, tuple(x._shape))
             if x.requires_grad and not fake.requires_grad:
                 fake.requires_grad_(True)
             self.subclass_inputs.append(x)
@@ -119,6 +133,25 @@ class FakeEnv:
                 fake.requires_grad_(True)
         self.bind(x, fake)
         return fake
+
+
+def check_unflattened(cls: type, t: Any, shape: tuple) -> None:
+    """``cls.__tensor_unflatten__`` must rebuild a ``cls`` of the outer shape it was given."""
+    from thunder_subclass.errors import SubclassProtocolError
+
+    if type(t) is not cls:
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        got = "Tensor" if isinstance(t, FakeTensor) else type(t).__qualname__  # while tracing, plain tensors are fake
+        raise SubclassProtocolError(
+            f"{cls.__qualname__}.__tensor_unflatten__ returned a {got}, not a {cls.__qualname__}; "
+            "it must rebuild the subclass from its inner tensors and flatten context."
+        )
+    if tuple(t.shape) != tuple(shape):
+        raise SubclassProtocolError(
+            f"{cls.__qualname__}.__tensor_unflatten__ returned a {cls.__qualname__} of shape {tuple(t.shape)}; "
+            f"expected {tuple(shape)} (the outer_size it was given)."
+        )
 
 
 @contextlib.contextmanager

@@ -201,7 +201,7 @@ class _Flattener:
                 self.visit(sub)
             return
         with tracectx(self.trace):
-            input_grads, scope = record_backward(recipe, grads)
+            input_grads, scope = record_backward(recipe, grads, saved=nb.args[1])
             for old, i in zip(nb.output, recipe.positions):
                 new = input_grads[i]
                 if new is None:  # no gradient for this input with these gradient types: zeros, as autograd

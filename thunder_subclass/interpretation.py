@@ -44,6 +44,7 @@ from thunder_subclass._thunder_internals import is_called_from_user_code, source
 from thunder_subclass.aten_symbols import record_aten_call
 from thunder_subclass.errors import (
     SubclassDispatchError,
+    SubclassProtocolError,
     TensorSubclassError,
     UnsupportedSubclassOperationError,
     format_location,
@@ -216,7 +217,11 @@ def _run_on_fakes(fn: Callable, args, kwargs, what: str, subclasses: str, *, env
     """Run ``fn`` on fakes of ``args``/``kwargs`` under the recorder. With ``wants_grad``, the top-level tensor
     arguments it selects require grad and ``fn`` runs with grad enabled (for differentiating it afterwards)."""
     env = env if env is not None else FakeEnv()
-    fargs, fkwargs = tree_map(env.to_fake, (args, kwargs))
+    try:
+        fargs, fkwargs = tree_map(env.to_fake, (args, kwargs))
+    except SubclassProtocolError as e:  # e.g. __tensor_unflatten__ rebuilding the wrong thing
+        filename, lineno = source_location()
+        raise SubclassProtocolError(f"{e} (while tracing {what} at {format_location(filename, lineno)})") from e
     if wants_grad is not None:
         for a in tree_flatten((args, kwargs))[0]:
             if isinstance(a, TensorProxy):
@@ -271,6 +276,15 @@ def _missing_fake_impl(e: Exception) -> str | None:
 
 def dispatch_error(what: str, subclasses: str, e: Exception) -> TensorSubclassError:
     filename, lineno = source_location()
+    from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+
+    if isinstance(e, (DataDependentOutputException, DynamicOutputShapeException)):
+        return UnsupportedSubclassOperationError(
+            f"{what} on {subclasses} at {format_location(filename, lineno)} makes a data-dependent computation "
+            f"inside dispatch ({e}: a Python number from .item(), or a shape from nonzero / boolean masking): "
+            "its result depends on tensor values, which thunder_subclass does not know while tracing. Compute it "
+            "outside the compiled function, or keep it on tensors (torch.where instead of masking)."
+        )
     custom_op = _missing_fake_impl(e)
     if custom_op is not None:
         return UnsupportedSubclassOperationError(

@@ -1,0 +1,252 @@
+"""Reliability (issue 9): every guard scenario recompiles with correct results; bad input gives typed errors that
+name the subclass, the op and the user's line; the plugin leaves thunder as it was."""
+
+import re
+
+import pytest
+import thunder
+import torch
+from torch.utils._pytree import tree_map
+
+import thunder_subclass
+from thunder_subclass import (
+    SubclassDispatchError,
+    SubclassProtocolError,
+    TensorSubclassError,
+    UnsupportedSubclassOperationError,
+)
+from subclasses import ScaledTensor, TwoTensor, nested_two_tensor
+from test_protocol import Mesh, MeshTensor
+from test_training import assert_same
+
+aten = torch.ops.aten
+
+
+def _f(t):
+    return (t * 2 + 1).sin()
+
+
+class MaybeScaled(torch.Tensor):
+    """Flattens to ["data_"] or, with a scale, ["data_", "scale"]: the attribute names depend on the instance."""
+
+    @staticmethod
+    def __new__(cls, data, scale=None):
+        return torch.Tensor._make_wrapper_subclass(cls, data.shape, dtype=data.dtype, device=data.device)
+
+    def __init__(self, data, scale=None):
+        self.data_, self.scale = data, scale
+
+    def __tensor_flatten__(self):
+        return (["data_", "scale"] if self.scale is not None else ["data_"]), None
+
+    @staticmethod
+    def __tensor_unflatten__(inner, ctx, outer_size, outer_stride):
+        return MaybeScaled(inner["data_"], inner.get("scale"))
+
+    def value(self):
+        return self.data_ * self.scale if self.scale is not None else self.data_
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        args, kwargs = tree_map(lambda a: a.value() if isinstance(a, MaybeScaled) else a, (args, kwargs or {}))
+        return func(*args, **kwargs)
+
+
+def _two(*shape, **kw):
+    return TwoTensor(torch.randn(*shape, **kw), torch.randn(*shape, **kw))
+
+
+def _detach_all(t):
+    """Detached, inner tensors too (an inner tensor that requires grad makes inner results require grad)."""
+    if type(t) is torch.Tensor:
+        return t.detach()
+    attrs, ctx = t.__tensor_flatten__()
+    inner = {a: _detach_all(getattr(t, a)) if isinstance(getattr(t, a), torch.Tensor) else getattr(t, a) for a in attrs}
+    return type(t).__tensor_unflatten__(inner, ctx, t.shape, t.stride())
+
+
+# each scenario: (first input, second input that must not reuse the first trace)
+SCENARIOS = {
+    "subclass type": lambda: (_two(3, 3), ScaledTensor(torch.randn(3, 3), 0.5)),
+    "flatten context": lambda: (ScaledTensor(torch.randn(3, 3), 0.5), ScaledTensor(torch.randn(3, 3), 2.0)),
+    "attribute names": lambda: (MaybeScaled(torch.randn(3, 3)), MaybeScaled(torch.randn(3, 3), torch.randn(3, 3))),
+    "inner dtype": lambda: (_two(3, 3), _two(3, 3, dtype=torch.float64)),
+    "shape": lambda: (_two(3, 3), _two(2, 3)),
+    "device": lambda: (_two(3, 3), _two(3, 3, device="meta")),
+    "requires_grad": lambda: (_two(3, 3), _two(3, 3).requires_grad_()),
+    "inner requires_grad": lambda: (
+        MaybeScaled(torch.randn(3, 3), torch.randn(3, 3)),
+        MaybeScaled(torch.randn(3, 3), torch.randn(3, 3).requires_grad_()),
+    ),
+    "opaque guard_fn value": lambda: (MeshTensor(torch.randn(3, 3), Mesh(2)), MeshTensor(torch.randn(3, 3), Mesh(3))),
+    "nesting structure": lambda: (_two(3, 3), nested_two_tensor(*(torch.randn(3, 3) for _ in range(4)))),
+}
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_guard_scenario_recompiles_with_correct_result(scenario):
+    first, second = SCENARIOS[scenario]()
+    f = (lambda t: t * 2) if scenario in ("attribute names", "inner requires_grad", "opaque guard_fn value") else _f
+    jf = thunder_subclass.jit(f)
+    assert_same(jf(first).detach(), f(first).detach())
+    out = jf(second)
+    assert thunder.cache_misses(jf) == 2, f"{scenario}: the first trace was reused"
+    expected = f(second)
+    if scenario == "device":  # meta tensors have no values: compare type and metadata
+        assert type(out) is type(expected) and out.device == expected.device and out.shape == expected.shape
+    else:
+        assert_same(_detach_all(out), _detach_all(expected))
+    jf(first)  # and the first input still hits its own trace
+    assert thunder.cache_hits(jf) == 1
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Bad input
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class NoFlatten(torch.Tensor):
+    @staticmethod
+    def __new__(cls, elem):
+        return torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=elem.dtype, device=elem.device)
+
+    def __init__(self, elem):
+        self.elem = elem
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        args, kwargs = tree_map(lambda a: a.elem if isinstance(a, NoFlatten) else a, (args, kwargs or {}))
+        return func(*args, **kwargs)
+
+
+class Wrap(torch.Tensor):
+    """A one-tensor wrapper; ``mode`` selects a bug: wrong unflatten shape/type, raising dispatch, wrong number
+    of dispatch outputs, data-dependent ops inside dispatch."""
+
+    @staticmethod
+    def __new__(cls, elem, mode="ok"):
+        return torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=elem.dtype, device=elem.device)
+
+    def __init__(self, elem, mode="ok"):
+        self.elem, self.mode = elem, mode
+
+    def __repr__(self):
+        return f"Wrap({self.mode})"
+
+    def __tensor_flatten__(self):
+        return ["elem"], self.mode
+
+    @staticmethod
+    def __tensor_unflatten__(inner, mode, outer_size, outer_stride):
+        if mode == "unflatten-shape":
+            return Wrap(inner["elem"].reshape(-1), mode)
+        if mode == "unflatten-type":
+            return inner["elem"]
+        return Wrap(inner["elem"], mode)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        mode = next(a.mode for a in args if isinstance(a, Wrap))
+        uargs, ukwargs = tree_map(lambda a: a.elem if isinstance(a, Wrap) else a, (args, kwargs or {}))
+        if mode == "raise" and func is aten.mul.Tensor:
+            raise ValueError("Wrap cannot multiply")
+        if mode == "outputs" and func is aten.mul.Tensor:
+            return Wrap(func(*uargs, **ukwargs), mode), Wrap(func(*uargs, **ukwargs), mode)
+        if mode == "item" and func is aten.mul.Tensor:
+            scale = uargs[0].abs().max().item()  # data-dependent
+            return Wrap(uargs[0] * scale, mode)
+        if mode == "nonzero" and func is aten.mul.Tensor:
+            idx = uargs[0].nonzero()
+            return Wrap(uargs[0] * idx.shape[0], mode)
+        out = func(*uargs, **ukwargs)
+        return tree_map(lambda o: Wrap(o, mode) if isinstance(o, torch.Tensor) else o, out)
+
+
+def _line_of(fragment):
+    src = open(__file__).read().splitlines()
+    return next(i + 1 for i, line in enumerate(src) if fragment in line)
+
+
+def test_class_without_tensor_flatten():
+    with pytest.raises(SubclassProtocolError, match=r"NoFlatten overrides __torch_dispatch__ but does not define "
+                       r"__tensor_flatten__ and __tensor_unflatten__"):
+        thunder_subclass.jit(lambda t: t * 2)(NoFlatten(torch.randn(3)))
+
+
+def test_unflatten_returning_wrong_shape():
+    x = Wrap(torch.randn(2, 3), "unflatten-shape")
+    line = _line_of("# JIT-" + "LINE-SHAPE")
+    with pytest.raises(SubclassProtocolError, match=r"Wrap.__tensor_unflatten__ returned .*shape \(6,\).* expected "
+                       rf"\(2, 3\).*while tracing torch.Tensor.mul at .*test_reliability.py:{line}"):
+        thunder_subclass.jit(lambda t: t * 2)(x)  # JIT-LINE-SHAPE
+
+
+def test_unflatten_returning_wrong_type():
+    x = Wrap(torch.randn(2, 3), "unflatten-type")
+    line = _line_of("# JIT-" + "LINE-TYPE")
+    with pytest.raises(SubclassProtocolError, match=r"Wrap.__tensor_unflatten__ returned a Tensor, not a Wrap.*"
+                       rf"while tracing torch.Tensor.mul at .*test_reliability.py:{line}"):
+        thunder_subclass.jit(lambda t: t * 2)(x)  # JIT-LINE-TYPE
+
+
+def test_dispatch_raising_names_subclass_op_and_line():
+    x = Wrap(torch.randn(3), "raise")
+    line = _line_of("# JIT-" + "LINE-RAISE")
+    with pytest.raises(SubclassDispatchError, match=rf"torch.Tensor.mul on Wrap failed while tracing at "
+                       rf".*test_reliability.py:{line}: ValueError: Wrap cannot multiply"):
+        thunder_subclass.jit(lambda t: t * 2)(x)  # JIT-LINE-RAISE
+
+
+def test_dispatch_returning_wrong_number_of_outputs():
+    x = Wrap(torch.randn(3), "outputs")  # returns two tensors for mul (eager: a TypeError from the operator)
+    line = _line_of("# JIT-" + "LINE-OUTPUTS")
+    with pytest.raises(TensorSubclassError, match=rf"torch.Tensor.mul on Wrap .*test_reliability.py:{line}"):
+        thunder_subclass.jit(lambda t: t * 2)(x)  # JIT-LINE-OUTPUTS
+
+
+@pytest.mark.parametrize("mode", ["item", "nonzero"])
+def test_data_dependent_op_inside_dispatch(mode):
+    x = Wrap(torch.randn(3), mode)
+    line = _line_of("# JIT-" + "LINE-DATA")
+    with pytest.raises(UnsupportedSubclassOperationError, match=rf"torch.Tensor.mul on Wrap at "
+                       rf".*test_reliability.py:{line} makes a data-dependent computation inside dispatch"):
+        thunder_subclass.jit(lambda t: t * 2)(x)  # JIT-LINE-DATA
+
+
+def test_aten_op_without_thunder_mapping_runs_through_fallback():
+    x = _two(3, 4)
+    f = lambda t: torch.special.erfcx(t.abs())  # noqa: E731
+    jf = thunder_subclass.jit(f)
+    assert_same(jf(x), f(x))
+    assert "aten_special_erfcx_default" in [b.sym.name for b in thunder.last_traces(jf)[-1].bound_symbols]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The plugin leaves thunder as it was
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _plain_trace_text():
+    jf = thunder.jit(lambda a, b: (a * b).sin().sum(0))
+    jf(torch.randn(3, 3), torch.randn(3, 3))
+    text = "\n".join(str(t) for t in thunder.last_traces(jf)) + str(thunder.last_prologue_traces(jf)[-1])
+    return re.sub(r"took \d+ milliseconds", "", text)
+
+
+def test_plain_thunder_is_unchanged_after_using_and_removing_the_plugin():
+    import subprocess
+    import sys
+
+    # never enabled: a fresh interpreter that imports thunder_subclass (for the torch 2.13 shim) but never jits
+    code = (
+        "import sys; sys.path.insert(0, %r); import thunder_subclass; import test_reliability as t; "
+        "print(t._plain_trace_text())" % __file__.rsplit("/", 1)[0]
+    )
+    never = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    thunder_subclass.jit(_f)(_two(3, 3))  # used in this process
+    assert _plain_trace_text() == never  # hooks installed but inactive for plain jits
+    thunder_subclass.uninstall_hooks()
+    try:
+        assert _plain_trace_text() == never
+    finally:
+        thunder_subclass.install_hooks()
