@@ -25,6 +25,12 @@ Hooks (thunder 0.2.6 paths, relative to the installed ``thunder/``):
   kind than the compiled backward expects (a plain tensor for a ``TwoTensor`` output), a backward made for those
   gradients runs instead (``thunder_subclass.tangents``); otherwise thunder's own backward runs unchanged.
 
+Accessors for private state (also only here): thunder's torch-callable -> symbol table
+(``thunder.torch._torch_to_thunder_function_map``, :func:`torch_to_thunder_symbols`), the current compile data
+(``thunder.core.compile_data._compile_data``), a trace's signature (``TraceCtx._siginfo``, :func:`new_trace`),
+``ctx.maybe_clear_saved_tensors`` in the backward hook, and torch 2.13's opaque-object registry
+(``torch._library.opaque_object``: :func:`is_opaque_reference_object`, :func:`opaque_guard_fn`).
+
 Compatibility shim (:func:`ensure_thunder_importable`): thunder 0.2.6's ``thunder/torch/default_torch_ops.py`` lists
 named-tensor methods that torch 2.13 removed (``torch.Tensor.align_as``, ``align_to``, ``has_names``,
 ``refine_names``, ``rename``), so ``import thunder`` fails. Inert placeholders for exactly those names, which raise if
@@ -115,6 +121,43 @@ def compile_data_context(cd, cs):
     from thunder.core.compile_data import compile_data_and_stats
 
     return compile_data_and_stats(cd, cs)
+
+
+@functools.cache
+def torch_to_thunder_symbols() -> dict:
+    """thunder's table from torch callables to the thunder torch symbols they are traced as
+    (``thunder.torch._torch_to_thunder_function_map``), with the plain symbol in place of thunder 0.2.6's DTensor
+    dispatch closures (taken from their ``single_device_symbol`` nonlocal). Entries without a symbol are left out."""
+    import inspect
+
+    import thunder.torch as ltorch
+    from thunder.core.symbol import Symbol
+
+    table = {}
+    for torch_fn, sym in ltorch._torch_to_thunder_function_map.items():
+        if not isinstance(sym, Symbol):
+            sym = inspect.getclosurevars(sym).nonlocals.get("single_device_symbol") if callable(sym) else None
+        if isinstance(sym, Symbol):
+            table[torch_fn] = sym
+    return table
+
+
+def is_opaque_reference_object(v: Any) -> bool:
+    """An object of a type registered with torch 2.13's ``torch._library.opaque_object.register_opaque_type(...,
+    typ="reference")`` (DeviceMesh is one)."""
+    from torch._library.opaque_object import is_opaque_reference_type
+
+    try:
+        return bool(is_opaque_reference_type(type(v)))
+    except Exception:
+        return False
+
+
+def opaque_guard_fn(typ: type):
+    """The ``guard_fn`` registered for opaque type ``typ`` (``torch._library.opaque_object``), or None."""
+    from torch._library.opaque_object import get_opaque_obj_info
+
+    return getattr(get_opaque_obj_info(typ), "guard_fn", None)
 
 
 def new_trace(name: str, args: list, *, names) -> Any:

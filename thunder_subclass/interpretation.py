@@ -88,16 +88,11 @@ class RecordingMode(TorchDispatchMode):
 
 @functools.cache
 def _torch_callables_by_symbol_id() -> dict[Any, list[Callable]]:
-    import thunder.torch as ltorch
+    from thunder_subclass._thunder_internals import torch_to_thunder_symbols
 
     table = defaultdict(list)
-    for torch_fn, sym in ltorch._torch_to_thunder_function_map.items():
-        if not isinstance(sym, Symbol):
-            # thunder 0.2.6 wraps some symbols in a DTensor dispatcher closing over the plain symbol
-            sym = inspect.getclosurevars(sym).nonlocals.get("single_device_symbol") if callable(sym) else None
-        sym_id = getattr(sym, "id", None)
-        if sym_id is not None:
-            table[sym_id].append(torch_fn)
+    for torch_fn, sym in torch_to_thunder_symbols().items():
+        table[sym.id].append(torch_fn)
     return table
 
 

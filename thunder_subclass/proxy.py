@@ -228,20 +228,16 @@ def is_opaque_object(v: Any) -> bool:
     ``__tensor_flatten__`` may list next to tensors (DeviceMesh works this way)."""
     if v is None or isinstance(v, (torch.Tensor, int, float, bool, str)):
         return False
-    from torch._library.opaque_object import is_opaque_reference_type
+    from thunder_subclass._thunder_internals import is_opaque_reference_object
 
-    try:
-        return bool(is_opaque_reference_type(type(v)))
-    except Exception:
-        return False
+    return is_opaque_reference_object(v)
 
 
 def opaque_guard_values(v: Any) -> Any:
     """What the cache guards on for opaque object ``v``: its type's registered ``guard_fn(v)`` (None without one)."""
-    from torch._library.opaque_object import get_opaque_obj_info
+    from thunder_subclass._thunder_internals import opaque_guard_fn
 
-    info = get_opaque_obj_info(type(v))
-    guard_fn = getattr(info, "guard_fn", None)
+    guard_fn = opaque_guard_fn(type(v))
     return None if guard_fn is None else guard_fn(v)
 
 

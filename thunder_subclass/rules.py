@@ -38,7 +38,6 @@ Example::
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -97,12 +96,9 @@ def resolve_symbol(op: Any) -> Symbol:
     """The thunder torch symbol that ``op`` (a torch callable or a thunder symbol) is traced as."""
     if isinstance(op, Symbol):
         return op
-    import thunder.torch as ltorch
+    from thunder_subclass._thunder_internals import torch_to_thunder_symbols
 
-    sym = ltorch._torch_to_thunder_function_map.get(op) if _hashable(op) else None
-    if sym is not None and not isinstance(sym, Symbol):
-        # thunder 0.2.6 wraps some symbols in a DTensor dispatcher closing over the plain symbol
-        sym = inspect.getclosurevars(sym).nonlocals.get("single_device_symbol")
+    sym = torch_to_thunder_symbols().get(op) if _hashable(op) else None
     if not isinstance(sym, Symbol):
         raise TypeError(
             f"{getattr(op, '__qualname__', op)!r} is not a torch operation thunder traces as a symbol; pass a torch "
