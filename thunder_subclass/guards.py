@@ -43,7 +43,7 @@ class SubclassSpec:
     call per input. (Not a dataclass: thunder prints dataclass arguments field by field, and a type or an arbitrary
     context object cannot be printed.)"""
 
-    __slots__ = ("subclass_type", "attr_names", "flatten_ctx", "opaque", "meta", "inner")
+    __slots__ = ("subclass_type", "attr_names", "flatten_ctx", "opaque", "meta", "inner", "_inner_items", "_metadata_guard")
 
     def __init__(self, subclass_type: type, attr_names: tuple[str, ...], flatten_ctx: Any, opaque=None,
                  meta: tuple | None = None, inner: dict | None = None):
@@ -56,6 +56,9 @@ class SubclassSpec:
         # nested subclass, its SubclassSpec
         self.meta = meta
         self.inner: dict[str, Any] = dict(inner or {})
+        # checked every call: precomputed
+        self._inner_items = tuple((a, e, isinstance(e, SubclassSpec)) for a, e in self.inner.items())
+        self._metadata_guard = getattr(subclass_type, "__metadata_guard__", None)
 
     @classmethod
     def of(cls, p: SubclassTensorProxy) -> SubclassSpec:
@@ -80,9 +83,9 @@ class SubclassSpec:
         attrs, ctx = t.__tensor_flatten__()
         if tuple(attrs) != self.attr_names:
             return False
-        for attr, expected in self.inner.items():
+        for attr, expected, nested in self._inner_items:
             x = getattr(t, attr)
-            if isinstance(expected, SubclassSpec):
+            if nested:
                 if not expected.matches(x):
                     return False
             elif type(x) not in PLAIN_TENSOR_TYPES or (x.shape, x.dtype, x.device, x.requires_grad) != expected:
@@ -91,9 +94,8 @@ class SubclassSpec:
             obj = getattr(t, attr)
             if type(obj) is not typ or opaque_guard_values(obj) != values:
                 return False
-        metadata_guard = getattr(self.subclass_type, "__metadata_guard__", None)
-        if metadata_guard is not None:
-            return bool(metadata_guard(self.flatten_ctx, ctx))
+        if self._metadata_guard is not None:
+            return bool(self._metadata_guard(self.flatten_ctx, ctx))
         return bool(ctx == self.flatten_ctx)
 
 

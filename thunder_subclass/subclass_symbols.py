@@ -10,6 +10,7 @@ a subclass leaves the compiled function.
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 from thunder.core.symbol import Symbol
@@ -66,8 +67,15 @@ def flatten_symbol(cls: type) -> Symbol:
         def meta(x: SubclassTensorProxy, attrs: tuple[str, ...]):
             return tuple(x.inner[a] for a in attrs)
 
-        def impl(x, attrs):
-            return tuple(getattr(x, a) for a in attrs)
+        getters: dict = {}
+
+        def impl(x, attrs):  # runs every call: one attrgetter per attribute tuple
+            getter = getters.get(attrs)
+            if getter is None:
+                getter = getters[attrs] = operator.attrgetter(*attrs) if len(attrs) > 1 else (
+                    lambda t, a=attrs[0]: (getattr(t, a),)
+                )
+            return getter(x)
 
         sym = subclass_executor.register_operator(unique_operator_name(f"flatten_{cls.__name__}"), meta=meta, fn=impl)
         register_constant_symbol(sym)
