@@ -8,7 +8,9 @@ from torch.utils._pytree import tree_map
 
 aten = torch.ops.aten
 
-__all__ = ["TwoTensor", "QuantizedWeight", "ScaledTensor", "NoFlattenTensor", "nested_two_tensor", "quantize"]
+__all__ = [
+    "TwoTensor", "QuantizedWeight", "ScaledTensor", "NoFlattenTensor", "ElemTensor", "nested_two_tensor", "quantize"
+]
 
 
 class QuantizedWeight(torch.Tensor):
@@ -119,6 +121,35 @@ class NoFlattenTensor(torch.Tensor):
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         args, kwargs = tree_map(lambda a: a.elem if isinstance(a, NoFlattenTensor) else a, (args, kwargs or {}))
         return func(*args, **kwargs)
+
+
+class ElemTensor(torch.Tensor):
+    """A wrapper around one tensor ``elem``: every op runs on ``elem`` and tensor results are wrapped again in the
+    same class. Test subclasses derive from it to vary one behaviour."""
+
+    @staticmethod
+    def __new__(cls, elem):
+        return torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=elem.dtype, device=elem.device)
+
+    def __init__(self, elem):
+        self.elem = elem
+
+    def __tensor_flatten__(self):
+        return ["elem"], None
+
+    @classmethod
+    def __tensor_unflatten__(cls, inner, ctx, outer_size, outer_stride):
+        return cls(inner["elem"])
+
+    @staticmethod
+    def unwrap(args, kwargs):
+        return tree_map(lambda a: a.elem if isinstance(a, ElemTensor) else a, (args, kwargs or {}))
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        args, kwargs = cls.unwrap(args, kwargs)
+        out = func(*args, **kwargs)
+        return tree_map(lambda o: cls(o) if isinstance(o, torch.Tensor) else o, out)
 
 
 def nested_two_tensor(*tensors: torch.Tensor) -> TwoTensor:

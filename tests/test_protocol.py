@@ -7,7 +7,7 @@ from torch.utils._pytree import tree_map
 
 import thunder_subclass
 from thunder_subclass import UnsupportedSubclassOperationError
-from subclasses import TwoTensor
+from subclasses import ElemTensor, TwoTensor
 from test_training import _clone_leaf, assert_same, check_training
 
 aten = torch.ops.aten
@@ -28,22 +28,8 @@ def no_fake(x: torch.Tensor) -> torch.Tensor:
     return x * 2
 
 
-class CustomOpTensor(torch.Tensor):
+class CustomOpTensor(ElemTensor):
     """Wraps one tensor; ``add`` runs the custom op ``scale_add``, ``mul`` the custom op without a fake impl."""
-
-    @staticmethod
-    def __new__(cls, elem):
-        return torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=elem.dtype, device=elem.device)
-
-    def __init__(self, elem):
-        self.elem = elem
-
-    def __tensor_flatten__(self):
-        return ["elem"], None
-
-    @staticmethod
-    def __tensor_unflatten__(inner, ctx, outer_size, outer_stride):
-        return CustomOpTensor(inner["elem"])
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
@@ -53,9 +39,7 @@ class CustomOpTensor(torch.Tensor):
             return CustomOpTensor(torch.ops.thunder_subclass_tests.scale_add(x, y, float(kwargs.get("alpha", 1))))
         if func is aten.mul.Tensor:
             return CustomOpTensor(torch.ops.thunder_subclass_tests.no_fake(args[0].elem))
-        args, kwargs = tree_map(lambda a: a.elem if isinstance(a, CustomOpTensor) else a, (args, kwargs))
-        out = func(*args, **kwargs)
-        return tree_map(lambda o: CustomOpTensor(o) if isinstance(o, torch.Tensor) else o, out)
+        return super().__torch_dispatch__(func, types, args, kwargs)
 
 
 def test_custom_op_inside_dispatch_is_its_own_symbol():
@@ -208,22 +192,8 @@ def test_view_then_in_place_updates_base_as_eager():
     assert_same(x, ex)
 
 
-class FunctionOverride(torch.Tensor):
+class FunctionOverride(ElemTensor):
     """Overrides __torch_function__ (instead of disabling it): ``sin`` computes ``cos``."""
-
-    @staticmethod
-    def __new__(cls, elem):
-        return torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=elem.dtype, device=elem.device)
-
-    def __init__(self, elem):
-        self.elem = elem
-
-    def __tensor_flatten__(self):
-        return ["elem"], None
-
-    @staticmethod
-    def __tensor_unflatten__(inner, ctx, outer_size, outer_stride):
-        return FunctionOverride(inner["elem"])
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
@@ -231,12 +201,6 @@ class FunctionOverride(torch.Tensor):
             func = torch.Tensor.cos
         with torch._C.DisableTorchFunctionSubclass():
             return func(*args, **(kwargs or {}))
-
-    @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        args, kwargs = tree_map(lambda a: a.elem if isinstance(a, FunctionOverride) else a, (args, kwargs or {}))
-        out = func(*args, **kwargs)
-        return tree_map(lambda o: FunctionOverride(o) if isinstance(o, torch.Tensor) else o, out)
 
 
 def test_torch_function_override_is_respected():

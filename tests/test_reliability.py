@@ -15,7 +15,7 @@ from thunder_subclass import (
     TensorSubclassError,
     UnsupportedSubclassOperationError,
 )
-from subclasses import ScaledTensor, TwoTensor, nested_two_tensor
+from subclasses import NoFlattenTensor, ScaledTensor, TwoTensor, nested_two_tensor
 from test_protocol import Mesh, MeshTensor
 from test_training import assert_same
 
@@ -105,20 +105,6 @@ def test_guard_scenario_recompiles_with_correct_result(scenario):
 # ---------------------------------------------------------------------------------------------------------------
 
 
-class NoFlatten(torch.Tensor):
-    @staticmethod
-    def __new__(cls, elem):
-        return torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=elem.dtype, device=elem.device)
-
-    def __init__(self, elem):
-        self.elem = elem
-
-    @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        args, kwargs = tree_map(lambda a: a.elem if isinstance(a, NoFlatten) else a, (args, kwargs or {}))
-        return func(*args, **kwargs)
-
-
 class Wrap(torch.Tensor):
     """A one-tensor wrapper; ``mode`` selects a bug: wrong unflatten shape/type, raising dispatch, wrong number
     of dispatch outputs, data-dependent ops inside dispatch."""
@@ -168,9 +154,9 @@ def _line_of(fragment):
 
 
 def test_class_without_tensor_flatten():
-    with pytest.raises(SubclassProtocolError, match=r"NoFlatten overrides __torch_dispatch__ but does not define "
-                       r"__tensor_flatten__ and __tensor_unflatten__"):
-        thunder_subclass.jit(lambda t: t * 2)(NoFlatten(torch.randn(3)))
+    with pytest.raises(SubclassProtocolError, match=r"NoFlattenTensor overrides __torch_dispatch__ but does not "
+                       r"define __tensor_flatten__ and __tensor_unflatten__"):
+        thunder_subclass.jit(lambda t: t * 2)(NoFlattenTensor(torch.randn(3)))
 
 
 def test_unflatten_returning_wrong_shape():

@@ -40,6 +40,7 @@ called, are defined on ``torch.Tensor`` before thunder is imported. They stay (t
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Callable
 from importlib import metadata
 from typing import Any
@@ -292,15 +293,10 @@ def _hook_operator_executor_execution(original):
     return _transform_for_operator_executor_execution
 
 
-_variants_cache = None
+_variants_cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # compiled backward -> BackwardVariants
 
 
 def _variants_of(compiled_backward):
-    global _variants_cache
-    import weakref
-
-    if _variants_cache is None:
-        _variants_cache = weakref.WeakKeyDictionary()
     try:
         return _variants_cache[compiled_backward]
     except KeyError:

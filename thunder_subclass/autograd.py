@@ -37,7 +37,7 @@ from thunder.core.trace import get_tracectx
 
 from thunder_subclass.executor import subclass_executor, unique_operator_name
 from thunder_subclass.fake import FakeEnv, fake_execution
-from thunder_subclass.proxy import SubclassTensorProxy
+from thunder_subclass.proxy import SubclassTensorProxy, has_subclass_proxy
 
 __all__ = ["GradRecipe", "ensure_grad_rule", "is_grad_bsym", "proxy_kind", "record_backward", "differentiate_call"]
 
@@ -132,8 +132,8 @@ def _constant_for_autodiff(sym: Symbol) -> None:
     register_grad(sym, forward_only)
 
 
-def _has_subclass_arg(*args, **kwargs) -> bool:
-    return any(isinstance(a, SubclassTensorProxy) for a in tree_flatten((args, kwargs))[0])
+def _has_subclass_arg(*args, **kwargs) -> bool:  # the executor checker signature
+    return has_subclass_proxy(args, kwargs)
 
 
 def ensure_grad_rule(sym: Symbol) -> None:

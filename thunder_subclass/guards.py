@@ -27,15 +27,9 @@ __all__ = ["SubclassSpec", "add_subclass_guards", "check_subclass"]
 
 
 def _tensor_meta(p) -> tuple:
-    import thunder.core.devices as devices
-    import thunder.core.dtypes as dtypes
+    from thunder_subclass.fake import torch_device, torch_dtype
 
-    return (
-        torch.Size([int(d) for d in p._shape]),
-        dtypes.to_torch_dtype(p.dtype),
-        devices.to_torch_device(p.device),
-        bool(p.requires_grad),
-    )
+    return (torch.Size([int(d) for d in p._shape]), torch_dtype(p), torch_device(p), bool(p.requires_grad))
 
 
 class SubclassSpec:

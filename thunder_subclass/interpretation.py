@@ -394,11 +394,9 @@ def emit_calls(env: FakeEnv, calls: list, out: Any, scope: list, what: str, subc
 def _mark_detached_if_grad_disabled(bsyms) -> None:
     # What Symbol.__call__ does for the symbols it records: outputs made under torch.no_grad are constants for
     # thunder's autodiff (ProxyTag.DETACHED_AUTOGRAD_GRAPH).
-    from thunder.core.compile_data import get_compile_data
     from thunder.core.proxies import ProxyTag
 
-    cd = get_compile_data()
-    if cd is None or cd.is_grad_enabled:
+    if _traced_grad_mode():
         return
     for bsym in bsyms:
         for o in bsym.flat_proxy_outs:
