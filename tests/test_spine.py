@@ -224,3 +224,39 @@ def test_same_object_returned_for_noop():
     jf = thunder_subclass.jit(f)
     out = jf(x)
     _assert_two_tensor_close(out, f(x))
+
+
+def test_common_aten_ops_become_thunder_symbols_that_fusion_executors_can_claim():
+    # issue 7: dispatch-level ops with an exact thunder equivalent are recorded as that thunder symbol, so the
+    # flattened program has no plugin-only symbols left for torch_compile / nvFuser to cut their regions around
+    x = TwoTensor(torch.randn(4, 6), torch.randn(4, 6))
+
+    def f(t):
+        s = t.sum(dim=1, keepdim=True) + t.sum()
+        u = torch.cat([t.clamp(-0.5, 0.5), t.abs().reciprocal()], 0).amax(dim=0)
+        v = t.to(torch.float64).unsqueeze(0).expand(2, 4, 6).permute(0, 2, 1).sum(-1)
+        return s * 2, u, v, torch.where(t > 0, t, -t).view(24)
+
+    jf = thunder_subclass.jit(f)
+    for actual, expected in zip(jf(x), f(x)):
+        _assert_two_tensor_close(actual, expected)
+    names = _sym_names(_final_trace_is_flat(jf))
+    assert not [n for n in names if n.startswith("aten_")], names
+    for thunder_name in ("sum", "clamp", "cat", "amax", "reciprocal", "to", "unsqueeze", "expand", "permute", "gt", "where", "view"):
+        assert thunder_name in names
+
+
+def test_copy_that_thunder_would_alias_keeps_the_aten_op():
+    # aten._to_copy copies even when the dtype does not change; thunder's `to` would return its input. The generic
+    # symbol is kept then, so an in-place op on the copy leaves the input alone, as in eager.
+    def f(t):
+        y = t.to(torch.float32, copy=True)
+        y.add_(1)
+        return t, y
+
+    x, ex = (TwoTensor(torch.zeros(3), torch.zeros(3)) for _ in range(2))
+    jf = thunder_subclass.jit(f)
+    for actual, expected in zip(jf(x), f(ex)):
+        _assert_two_tensor_close(actual, expected)
+    torch.testing.assert_close(x.a, torch.zeros(3))
+    assert "aten__to_copy_default" in _sym_names(thunder.last_traces(jf)[-1])

@@ -35,7 +35,10 @@ __all__ = ["aten_symbol", "record_aten_call", "register_aten_symbol", "THUNDER_E
 
 aten = torch.ops.aten
 
-# op -> function of the op's (args, kwargs) calling thunder torch symbols. Exact equivalents only.
+# op -> function of the op's (args, kwargs) calling thunder torch symbols. Exact equivalents only: same values, and
+# the same aliasing (a view for a view, a new tensor for an op that makes one); a function may return None to keep
+# the generic symbol for arguments where it is not exact. Copies (clone, _to_copy to the same dtype) stay generic:
+# thunder's clone/to may be elided or alias, and an in-place op on the copy must not reach the original.
 THUNDER_EQUIVALENTS: dict[OpOverload, Callable[..., Any]] = {
     aten.add.Tensor: lambda a, b, alpha=1: ltorch.add(a, b, alpha=alpha),
     aten.sub.Tensor: lambda a, b, alpha=1: ltorch.sub(a, b, alpha=alpha),
@@ -48,9 +51,51 @@ THUNDER_EQUIVALENTS: dict[OpOverload, Callable[..., Any]] = {
     aten.tanh.default: lambda a: ltorch.tanh(a),
     aten.relu.default: lambda a: ltorch.relu(a),
     aten.mm.default: lambda a, b: ltorch.matmul(a, b),
+    aten.abs.default: lambda a: ltorch.abs(a),
+    aten.reciprocal.default: lambda a: ltorch.reciprocal(a),
+    aten.round.default: lambda a: ltorch.round(a),
+    aten.sigmoid.default: lambda a: ltorch.sigmoid(a),
+    aten.sqrt.default: lambda a: ltorch.sqrt(a),
+    aten.rsqrt.default: lambda a: ltorch.rsqrt(a),
+    aten.log.default: lambda a: ltorch.log(a),
+    aten.clamp.default: lambda a, min=None, max=None: ltorch.clamp(a, min, max),
+    aten.maximum.default: lambda a, b: ltorch.maximum(a, b),
+    aten.minimum.default: lambda a, b: ltorch.minimum(a, b),
+    aten.where.self: lambda c, a, b: ltorch.where(c, a, b),
+    **{getattr(aten, name).Scalar: getattr(ltorch, name) for name in ("eq", "ne", "lt", "le", "gt", "ge")},
+    **{getattr(aten, name).Tensor: getattr(ltorch, name) for name in ("eq", "ne", "lt", "le", "gt", "ge")},
+    aten.sum.default: lambda a, dtype=None: ltorch.sum(a, dtype=dtype),
+    aten.sum.dim_IntList: lambda a, dim, keepdim=False, dtype=None: ltorch.sum(a, dim if dim else None, keepdim, dtype=dtype),
+    aten.amax.default: lambda a, dim=(), keepdim=False: ltorch.amax(a, dim if dim else None, keepdim),
+    aten.amin.default: lambda a, dim=(), keepdim=False: ltorch.amin(a, dim if dim else None, keepdim),
+    aten.cat.default: lambda tensors, dim=0: ltorch.cat(list(tensors), dim),
+    aten._to_copy.default: lambda a, **kw: _to_copy(a, **kw),
+    aten.to.dtype: lambda a, dtype, non_blocking=False, copy=False, memory_format=None: (
+        ltorch.to(a, dtype=dtype, copy=copy) if not non_blocking and memory_format is None else None
+    ),
+    # views: thunder's own view symbols, which the torch executor runs as the same torch views
     aten.t.default: lambda a: ltorch.t(a),
     aten.transpose.int: lambda a, d0, d1: ltorch.transpose(a, d0, d1),
+    aten.permute.default: lambda a, dims: ltorch.permute(a, *dims),
+    aten.unsqueeze.default: lambda a, dim: ltorch.unsqueeze(a, dim),
+    aten.expand.default: lambda a, size, implicit=False: ltorch.expand(a, *size) if not implicit else None,
+    aten.view.default: lambda a, size: ltorch.view(a, *size),
+    aten._unsafe_view.default: lambda a, size: ltorch.reshape(a, *size),
 }
+
+
+def _to_copy(a, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
+    # aten._to_copy always copies; thunder's ``to`` copies only when the dtype changes: equivalent just then
+    # (returning None keeps the generic symbol)
+    from thunder_subclass.fake import torch_device, torch_dtype
+
+    if dtype is None or dtype == torch_dtype(a) or layout not in (None, torch.strided) or pin_memory:
+        return None
+    if non_blocking or memory_format not in (None, torch.preserve_format):
+        return None
+    if device is not None and torch.device(device) != torch_device(a):
+        return None
+    return ltorch.to(a, dtype=dtype)
 
 _symbols: dict[OpOverload, Symbol] = {}
 _registered: dict[OpOverload, Symbol] = {}
