@@ -295,6 +295,22 @@ def test_torch_compile_executor_claims_flattened_region():
         assert not any(isinstance(p, SubclassTensorProxy) for p in (*b.flat_proxy_args, *b.flat_proxy_outs))
 
 
+def test_torch_compile_executor_fuses_a_subclass_mlp_into_one_region_per_direction():
+    # issue 7: parameters are flattened at the top, gradients unflattened at the return, and the aten ops of the
+    # dispatch (relu's detach and threshold_backward included) are thunder symbols: nothing cuts the region
+    from thunder.executors.torch_compile import torch_compile_ex
+
+    def mlp(x, w1, w2):
+        return torch.relu(torch.relu(x @ w1) @ w2).sum()
+
+    jf = check_training(mlp, _two(3, 4), _two(4, 4), _two(4, 4), executors=[torch_compile_ex])
+    fw, bw = thunder.last_traces(jf)[-1], thunder.last_backward_traces(jf)[-1]
+    for trace in (fw, bw):
+        names = [b.sym.name for b in trace.bound_symbols]
+        assert sum(n.startswith("TorchCompile") for n in names) == 1, names
+        assert not [n for n in names if n.startswith("aten_")], names
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_nvfuser_claims_flattened_region_on_cuda():

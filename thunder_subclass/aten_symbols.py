@@ -62,6 +62,8 @@ THUNDER_EQUIVALENTS: dict[OpOverload, Callable[..., Any]] = {
     aten.maximum.default: lambda a, b: ltorch.maximum(a, b),
     aten.minimum.default: lambda a, b: ltorch.minimum(a, b),
     aten.where.self: lambda c, a, b: ltorch.where(c, a, b),
+    # relu's derivative (ATen: self <= threshold ? 0 : grad)
+    aten.threshold_backward.default: lambda g, a, threshold: ltorch.where(ltorch.le(a, threshold), 0, g),
     **{getattr(aten, name).Scalar: getattr(ltorch, name) for name in ("eq", "ne", "lt", "le", "gt", "ge")},
     **{getattr(aten, name).Tensor: getattr(ltorch, name) for name in ("eq", "ne", "lt", "le", "gt", "ge")},
     aten.sum.default: lambda a, dtype=None: ltorch.sum(a, dtype=dtype),
@@ -74,6 +76,7 @@ THUNDER_EQUIVALENTS: dict[OpOverload, Callable[..., Any]] = {
         ltorch.to(a, dtype=dtype, copy=copy) if not non_blocking and memory_format is None else None
     ),
     # views: thunder's own view symbols, which the torch executor runs as the same torch views
+    aten.detach.default: lambda a: ltorch.detach(a),
     aten.t.default: lambda a: ltorch.t(a),
     aten.transpose.int: lambda a, d0, d1: ltorch.transpose(a, d0, d1),
     aten.permute.default: lambda a, dims: ltorch.permute(a, *dims),

@@ -232,6 +232,65 @@ def flatten_subclasses(trace):
         coerce_tangents(f, variants)
     for bsym in trace.bound_symbols:
         f.visit(bsym)
-    f.trace.bound_symbols = f.bsyms
+    f.trace.bound_symbols = _sink_unflattens(_hoist_flattens(f.bsyms))
     f.trace.set_provenance(TraceProvenance("Flatten tensor subclasses (thunder_subclass)"))
     return f.trace
+
+
+def _hoist_flattens(bsyms: list) -> list:
+    """Move every ``flatten_<Cls>`` (attribute reads, no side effects) to just after the symbol that produces its
+    argument, e.g. parameters' flattens to the top. Otherwise each one sits where its subclass was first used and
+    cuts the fusion regions of torch_compile / nvFuser in pieces (one region per layer instead of one)."""
+    out: list = []
+    produced_at: dict[str, int] = {}  # proxy name -> index in `out` of the symbol after which it exists
+    inserts: dict[int, list] = {}
+    for b in bsyms:
+        if is_flatten_bsym(b):
+            names = [p.name for p in b.flat_proxy_args]
+            at = max((produced_at.get(n, -1) for n in names), default=-1)
+            inserts.setdefault(at, []).append(b)
+            for o in b.flat_proxy_outs:
+                produced_at[o.name] = at
+            continue
+        out.append(b)
+        for o in b.flat_proxy_outs:
+            produced_at[o.name] = len(out) - 1
+    if not inserts:
+        return bsyms
+    result = list(inserts.get(-1, ()))
+    for i, b in enumerate(out):
+        result.append(b)
+        result.extend(inserts.get(i, ()))
+    return result
+
+
+def _sink_unflattens(bsyms: list) -> list:
+    """Move every ``unflatten_<Cls>`` (builds an object, no side effects) to just before the first symbol that uses
+    its result, e.g. gradients' unflattens to the return: the counterpart of :func:`_hoist_flattens`."""
+    pending: dict[str, list] = {}  # output name -> its unflatten, not placed yet
+    out: list = []
+
+    def place_for(b) -> None:
+        for p in b.flat_proxy_args:
+            u = pending.pop(p.name, None)
+            if u is not None:
+                for o in u.flat_proxy_outs:
+                    pending.pop(o.name, None)
+                place_for(u)  # its own arguments may be pending unflattens (nested subclasses)
+                out.append(u)
+
+    for b in bsyms:
+        if is_unflatten_bsym(b) and b.flat_proxy_outs:
+            for o in b.flat_proxy_outs:
+                pending[o.name] = b
+            continue
+        place_for(b)
+        out.append(b)
+    tail = [out.pop()] if out and out[-1].sym.id == prims.PrimIDs.RETURN else []
+    for u in list(pending.values()):  # unused results: kept (in their original order) before the return, for DCE
+        if any(pending.get(o.name) is u for o in u.flat_proxy_outs):
+            for o in u.flat_proxy_outs:
+                pending.pop(o.name, None)
+            place_for(u)
+            out.append(u)
+    return out + tail
