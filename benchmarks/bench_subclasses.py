@@ -11,7 +11,15 @@ first-call time (trace + transforms + first run; a fresh compile each time, medi
 * ``aot_eager``        ``torch.compile(backend="aot_eager")``;
 * ``inductor``         ``torch.compile(backend="inductor")``;
 * ``flat-thunder``     the same computation written by hand on plain tensors under plain ``thunder.jit`` (the limit:
-                       subclasses cost nothing at run time). Not available for torchao float8.
+                       subclasses cost nothing at run time). Not available for torchao float8;
+* ``flat-thunder+tc``  the same with thunder's torch_compile executor (what ``ts+torch_compile`` compares with);
+* ``limit``            ``flat-thunder`` plus the Python work PyTorch's autograd engine does with subclass gradients
+                       (``ones_like`` of a subclass loss, ``.grad += grad`` through ``__torch_dispatch__`` per
+                       parameter), measured on its own in the same rounds: no compiler can remove that while the
+                       gradients are subclass objects (as eager's are). Equal to ``flat-thunder`` for inference.
+
+Then, per-call time against the number of subclass parameters: n ``TwoTensor`` parameters under ``ts`` against
+the hand-flattened module with the 2n inner tensors as plain parameters.
 
 Models (two sizes: ``small`` is overhead-bound, ``large`` compute-bound): a 4-layer ``TwoTensor`` MLP (forward +
 backward), an int8 weight-only linear stack (inference), a torchao float8-training MLP (forward + backward).
@@ -97,7 +105,17 @@ def two_tensor_case(size):
             return a
         return step
 
-    return dict(model=model, run=run_subclass, flat=flat, run_flat=run_flat, train=True)
+    def grad_dispatch():
+        # what PyTorch's autograd engine does in Python for a model whose gradients are TwoTensors, whichever
+        # compiler produced them: ones_like(loss) for .backward(), and .grad += grad (TwoTensor.add_) per parameter
+        torch.ones_like(loss)
+        for acc, g in zip(accumulated, grads):
+            acc.add_(g)
+
+    loss = TwoTensor(torch.randn(()), torch.randn(()))
+    grads = [TwoTensor(torch.randn(width, width), torch.randn(width, width)) for _ in model.weights]
+    accumulated = [g.clone() for g in grads]
+    return dict(model=model, run=run_subclass, flat=flat, run_flat=run_flat, train=True, grad_dispatch=grad_dispatch)
 
 
 class Int8Weight(torch.Tensor):
@@ -220,11 +238,16 @@ def measure(case_name, size, quick):
         for name, compile_fn in compilers().items()
     }
     if case["flat"] is not None:
+        from thunder.executors.torch_compile import torch_compile_ex
+
         makers["flat-thunder"] = lambda: case["run_flat"](thunder.jit(case["flat"]))
+        makers["flat-thunder+tc"] = lambda: case["run_flat"](thunder.jit(case["flat"], executors=[torch_compile_ex]))
+    if case.get("grad_dispatch") is not None:
+        makers["grad-dispatch"] = lambda: case["grad_dispatch"]
     firsts, steps = {}, {}
     for name, make_step in makers.items():
         try:
-            firsts[name] = first_call(make_step, first_repeats) if name != "eager" else float("nan")
+            firsts[name] = first_call(make_step, first_repeats) if name not in ("eager", "grad-dispatch") else float("nan")
             steps[name] = make_step()
             for _ in range(3):
                 steps[name]()  # warm-up
@@ -246,27 +269,95 @@ def measure(case_name, size, quick):
     ]
 
 
-def report(rows, out_dir):
+STEADY = ["eager", "ts", "ts+torch_compile", "aot_eager", "inductor", "flat-thunder", "flat-thunder+tc", "limit"]
+FIRST = ["ts", "ts+torch_compile", "aot_eager", "inductor", "flat-thunder", "flat-thunder+tc"]
+
+
+class AddParams(torch.nn.Module):
+    """x + p for each parameter p: almost no compute, so the per-call cost of the parameters shows."""
+
+    def __init__(self, params):
+        super().__init__()
+        self.ps = torch.nn.ParameterList([torch.nn.Parameter(p, requires_grad=False) for p in params])
+
+    def forward(self, x):
+        for p in self.ps:
+            x = x + p
+        return x
+
+
+def measure_scaling(quick, counts=(1, 8, 32, 128)):
+    """Per-call time of n TwoTensor parameters under ts vs their 2n inner tensors as plain parameters under plain
+    thunder.jit: does a subclass parameter cost more per call than the tensors it holds?"""
+    rows = []
+    repeats, inner = (5, 20) if quick else (15, 50)
+    for n in counts:
+        inner_tensors = [torch.randn(4) for _ in range(2 * n)]
+        sub = AddParams([TwoTensor(a, b) for a, b in zip(inner_tensors[0::2], inner_tensors[1::2])])
+        x, xs = torch.randn(4), TwoTensor(torch.randn(4), torch.randn(4))
+        fns = {"ts": (thunder_subclass.jit(sub), xs), "flat-thunder": (thunder.jit(AddParams(inner_tensors)), x)}
+        for fn, arg in fns.values():
+            for _ in range(10):
+                fn(arg)
+        samples = {k: [] for k in fns}
+        for _ in range(repeats):
+            for k, (fn, arg) in fns.items():
+                t0 = time.perf_counter()
+                for _ in range(inner):
+                    fn(arg)
+                samples[k].append((time.perf_counter() - t0) / inner)
+        rows += [dict(model="param_scaling", size=str(n), compiler=k, steady_s=statistics.median(v),
+                      first_call_s=float("nan")) for k, v in samples.items()]
+    return rows
+
+
+def _steady(g, name):
+    if name == "limit":  # the hand-flattened program + what eager autograd must do in Python with subclass grads
+        if "flat-thunder" not in g:
+            return float("nan")
+        extra = g["grad-dispatch"]["steady_s"] if "grad-dispatch" in g else 0.0
+        return g["flat-thunder"]["steady_s"] + extra
+    return g[name]["steady_s"] if name in g else float("nan")
+
+
+def report(rows, out_dir, scaling=()):
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "results.csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
-        w.writerows(rows)
-    names = ["eager", "ts", "ts+torch_compile", "aot_eager", "inductor", "flat-thunder"]
+        w.writerows(list(rows) + list(scaling))
+    names = STEADY
     print("\nsteady state: time per call / thunder_subclass (ts) time per call; lower is faster than ts")
-    print(f"{'model':22} {'size':6} {'ts ms':>8} " + " ".join(f"{n:>16}" for n in names))
+    print(f"{'model':20} {'size':6} {'ts ms':>8} " + " ".join(f"{n:>15}" for n in names))
     groups = {}
     for r in rows:
         groups.setdefault((r["model"], r["size"]), {})[r["compiler"]] = r
     for (model, size), g in groups.items():
         ts = g["ts"]["steady_s"]
-        cells = [f"{g[n]['steady_s'] / ts:16.2f}" if n in g else f"{'-':>16}" for n in names]
-        print(f"{model:22} {size:6} {ts * 1e3:8.3f} " + " ".join(cells))
-    print("\nfirst call (trace + compile + run), seconds")
-    print(f"{'model':22} {'size':6} " + " ".join(f"{n:>16}" for n in names[1:]))
+        cells = [f"{_steady(g, n) / ts:15.2f}" for n in names]
+        print(f"{model:20} {size:6} {ts * 1e3:8.3f} " + " ".join(cells))
+    print("\ntargets (issue 7): ts/limit <= 1.05, ts/aot_eager <= 1 and eager/ts >= 3 on small sizes, "
+          "first call ts/flat-thunder <= 1.5")
+    print(f"{'model':20} {'size':6} {'ts/limit':>10} {'ts/aot_eager':>13} {'eager/ts':>9} {'first ts/flat':>14}")
     for (model, size), g in groups.items():
-        cells = [f"{g[n]['first_call_s']:16.2f}" if n in g else f"{'-':>16}" for n in names[1:]]
-        print(f"{model:22} {size:6} " + " ".join(cells))
+        ts = g["ts"]["steady_s"]
+        first_flat = g["flat-thunder"]["first_call_s"] if "flat-thunder" in g else float("nan")
+        print(f"{model:20} {size:6} {ts / _steady(g, 'limit'):10.2f} {ts / _steady(g, 'aot_eager'):13.2f} "
+              f"{_steady(g, 'eager') / ts:9.2f} {g['ts']['first_call_s'] / first_flat:14.2f}")
+    print("\nfirst call (trace + compile + run), seconds")
+    print(f"{'model':20} {'size':6} " + " ".join(f"{n:>15}" for n in FIRST))
+    for (model, size), g in groups.items():
+        cells = [f"{g[n]['first_call_s']:15.2f}" if n in g else f"{'-':>15}" for n in FIRST]
+        print(f"{model:20} {size:6} " + " ".join(cells))
+    if scaling:
+        print("\nper-call cost vs number of subclass parameters (inference, x + p for each parameter p): n TwoTensor "
+              "parameters under ts vs the hand-flattened module (2n plain parameters) under plain thunder.jit")
+        print(f"{'n':>5} {'ts us':>9} {'flat us':>9} {'ts/flat':>8}")
+        by_n = {}
+        for r in scaling:
+            by_n.setdefault(r["size"], {})[r["compiler"]] = r["steady_s"]
+        for n, g in by_n.items():
+            print(f"{n:>5} {g['ts'] * 1e6:9.1f} {g['flat-thunder'] * 1e6:9.1f} {g['ts'] / g['flat-thunder']:8.2f}")
     try:
         import matplotlib
 
@@ -277,9 +368,11 @@ def report(rows, out_dir):
         return
     fig, ax = plt.subplots(figsize=(11, 4.5))
     labels = [f"{m}\n{s}" for (m, s) in groups]
+    names = [n for n in names if n != "flat-thunder+tc"]
     width = 0.8 / len(names)
     for i, n in enumerate(names):
-        vals = [g[n]["steady_s"] / g["ts"]["steady_s"] if n in g else 0 for g in groups.values()]
+        vals = [_steady(g, n) / g["ts"]["steady_s"] if n in g or n == "limit" else 0 for g in groups.values()]
+        vals = [0 if v != v else v for v in vals]
         ax.bar([j + i * width for j in range(len(groups))], vals, width, label=n)
     ax.axhline(1.0, color="k", linewidth=0.8)
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(groups))], labels, fontsize=8)
@@ -305,7 +398,8 @@ def main(argv=None):
         for size in args.sizes.split(","):
             print(f"measuring {model} / {size} ...", file=sys.stderr)
             rows.extend(measure(model, size, args.quick))
-    report(rows, args.out)
+    print("measuring parameter scaling ...", file=sys.stderr)
+    report(rows, args.out, measure_scaling(args.quick))
 
 
 if __name__ == "__main__":

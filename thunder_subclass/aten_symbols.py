@@ -70,6 +70,8 @@ THUNDER_EQUIVALENTS: dict[OpOverload, Callable[..., Any]] = {
     aten.sum.dim_IntList: lambda a, dim, keepdim=False, dtype=None: ltorch.sum(a, dim if dim else None, keepdim, dtype=dtype),
     aten.amax.default: lambda a, dim=(), keepdim=False: ltorch.amax(a, dim if dim else None, keepdim),
     aten.amin.default: lambda a, dim=(), keepdim=False: ltorch.amin(a, dim if dim else None, keepdim),
+    aten.max.default: lambda a: ltorch.amax(a, None),
+    aten.min.default: lambda a: ltorch.amin(a, None),
     aten.cat.default: lambda tensors, dim=0: ltorch.cat(list(tensors), dim),
     aten._to_copy.default: lambda a, **kw: _to_copy(a, **kw),
     aten.to.dtype: lambda a, dtype, non_blocking=False, copy=False, memory_format=None: (
@@ -83,6 +85,10 @@ THUNDER_EQUIVALENTS: dict[OpOverload, Callable[..., Any]] = {
     aten.unsqueeze.default: lambda a, dim: ltorch.unsqueeze(a, dim),
     aten.expand.default: lambda a, size, implicit=False: ltorch.expand(a, *size) if not implicit else None,
     aten.view.default: lambda a, size: ltorch.view(a, *size),
+    # the input itself when already contiguous, else a contiguous copy: the same in thunder
+    aten.contiguous.default: lambda a, memory_format=torch.contiguous_format: (
+        ltorch.contiguous(a) if memory_format == torch.contiguous_format else None
+    ),
     aten._unsafe_view.default: lambda a, size: ltorch.reshape(a, *size),
 }
 
