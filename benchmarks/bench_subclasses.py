@@ -10,8 +10,9 @@ first-call time (trace + transforms + first run; a fresh compile each time, medi
 * ``ts+torch_compile`` ``thunder_subclass.jit`` with thunder's torch_compile executor first;
 * ``aot_eager``        ``torch.compile(backend="aot_eager")``;
 * ``inductor``         ``torch.compile(backend="inductor")``;
-* ``flat-thunder``     the same computation written by hand on plain tensors under plain ``thunder.jit`` (the limit:
-                       subclasses cost nothing at run time). Not available for torchao float8;
+* ``flat-thunder``     the same model hand-flattened (each subclass parameter replaced by its inner tensors as
+                       plain parameters, the same modules and computation) under plain ``thunder.jit``: subclasses
+                       cost nothing at run time. Not available for torchao float8;
 * ``flat-thunder+tc``  the same with thunder's torch_compile executor (what ``ts+torch_compile`` compares with);
 * ``limit``            ``flat-thunder`` plus the Python work PyTorch's autograd engine does with subclass gradients
                        (``ones_like`` of a subclass loss, ``.grad += grad`` through ``__torch_dispatch__`` per
@@ -78,16 +79,25 @@ class TwoTensorMLP(torch.nn.Module):
         return x.sum()
 
 
+class FlatTwoTensorMLP(torch.nn.Module):
+    """TwoTensorMLP hand-flattened: the inner tensors of each TwoTensor parameter as plain parameters."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.a = torch.nn.ParameterList([torch.nn.Parameter(w.a.detach().clone()) for w in model.weights])
+        self.b = torch.nn.ParameterList([torch.nn.Parameter(w.b.detach().clone()) for w in model.weights])
+
+    def forward(self, xa, xb):
+        for wa, wb in zip(self.a, self.b):
+            xa, xb = torch.relu(xa @ wa), torch.relu(xb @ wb)
+        return xa.sum(), xb.sum()
+
+
 def two_tensor_case(size):
     width, batch = SIZES[size]["width"], SIZES[size]["batch"]
     model = TwoTensorMLP(width)
     x = TwoTensor(torch.randn(batch, width), torch.randn(batch, width))
-    inner = [(w.a.detach().clone().requires_grad_(), w.b.detach().clone().requires_grad_()) for w in model.weights]
-
-    def flat(xa, xb, *ws):  # the same computation on the inner tensors, by hand
-        for wa, wb in zip(ws[0::2], ws[1::2]):
-            xa, xb = torch.relu(xa @ wa), torch.relu(xb @ wb)
-        return xa.sum(), xb.sum()
+    flat = FlatTwoTensorMLP(model)  # the same model with each TwoTensor parameter as two plain parameters
 
     def run_subclass(fn):
         def step():
@@ -97,10 +107,8 @@ def two_tensor_case(size):
         return step
 
     def run_flat(fn):
-        ws = [t for pair in inner for t in pair]
-
         def step():
-            a, b = fn(x.a, x.b, *ws)
+            a, b = fn(x.a, x.b)
             (a + b).backward()
             return a
         return step
@@ -148,6 +156,20 @@ class Int8Weight(torch.Tensor):
         return func(*args, **kwargs)
 
 
+class FlatInt8Linear(torch.nn.Linear):
+    """An int8 weight-only Linear hand-flattened: int8 data and scale as plain buffers, dequantized in forward
+    (a Linear, so that thunder guards the same module attributes as for the model with Int8Weight weights)."""
+
+    def __init__(self, lin, data, scale):
+        super().__init__(lin.in_features, lin.out_features, bias=False)
+        del self.weight
+        self.register_buffer("data_int8", data)
+        self.register_buffer("scale", scale)
+
+    def forward(self, x):
+        return torch.nn.functional.linear(x, self.data_int8.to(torch.float32) * self.scale[:, None])
+
+
 def int8_case(size):
     width, batch = SIZES[size]["width"], SIZES[size]["batch"]
     model = torch.nn.Sequential(*[torch.nn.Linear(width, width, bias=False) for _ in range(4)]).requires_grad_(False)
@@ -160,10 +182,7 @@ def int8_case(size):
         raw.append((data, scale))
     x = torch.randn(batch, width)
 
-    def flat(x, *ws):
-        for data, scale in zip(ws[0::2], ws[1::2]):
-            x = x @ (data.to(torch.float32) * scale[:, None]).t()
-        return x
+    flat = torch.nn.Sequential(*[FlatInt8Linear(lin, data, scale) for lin, (data, scale) in zip(model, raw)])
 
     def run_subclass(fn):
         def step():
@@ -172,11 +191,9 @@ def int8_case(size):
         return step
 
     def run_flat(fn):
-        ws = [t for pair in raw for t in pair]
-
         def step():
             with torch.no_grad():
-                return fn(x, *ws)
+                return fn(x)
         return step
 
     return dict(model=model, run=run_subclass, flat=flat, run_flat=run_flat, train=False)
@@ -240,8 +257,10 @@ def measure(case_name, size, quick):
     if case["flat"] is not None:
         from thunder.executors.torch_compile import torch_compile_ex
 
-        makers["flat-thunder"] = lambda: case["run_flat"](thunder.jit(case["flat"]))
-        makers["flat-thunder+tc"] = lambda: case["run_flat"](thunder.jit(case["flat"], executors=[torch_compile_ex]))
+        makers["flat-thunder"] = lambda: case["run_flat"](thunder.jit(copy.deepcopy(case["flat"])))
+        makers["flat-thunder+tc"] = lambda: case["run_flat"](
+            thunder.jit(copy.deepcopy(case["flat"]), executors=[torch_compile_ex])
+        )
     if case.get("grad_dispatch") is not None:
         makers["grad-dispatch"] = lambda: case["grad_dispatch"]
     firsts, steps = {}, {}
