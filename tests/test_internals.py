@@ -47,3 +47,31 @@ def test_plain_thunder_jit_is_unchanged_while_hooks_are_installed():
     torch.testing.assert_close(jf_after(x), f(x))
     assert str(thunder.last_traces(jf_after)[-1]) == before
     assert "check_plain_tensor" not in str(thunder.last_prologue_traces(jf_after)[-1])
+
+
+def test_torch_compile_fusion_of_aten_symbols_is_registered_only_while_installed():
+    # a pointwise aten op without a thunder equivalent joins thunder's torch_compile regions (issue 7); the
+    # registration in thunder's shared torch_compile executor is undone by uninstall and redone by install
+    from thunder.executors.torch_compile import torch_compile_ex
+
+    def f(t):
+        return torch.special.erfcx(t.abs() * 2).sin() + 1
+
+    x = TwoTensor(torch.randn(3, 4), torch.randn(3, 4))
+    jf = thunder_subclass.jit(f, executors=[torch_compile_ex])
+    out, expected = jf(x), f(x)
+    assert type(out) is TwoTensor
+    torch.testing.assert_close(out.a, expected.a)
+    torch.testing.assert_close(out.b, expected.b)
+    names = [b.sym.name for b in thunder.last_traces(jf)[-1].bound_symbols]
+    assert sum(n.startswith("TorchCompile") for n in names) == 1 and "aten_special_erfcx_default" not in names, names
+    sym = thunder_subclass.aten_symbols.aten_symbol(torch.ops.aten.special_erfcx.default)
+    assert sym.id in torch_compile_ex.implmap
+    _thunder_internals.uninstall()
+    try:
+        assert sym.id not in torch_compile_ex.implmap
+    finally:
+        _thunder_internals.install()
+    assert sym.id in torch_compile_ex.implmap
+    # not pointwise (inductor's lowering wants layouts a region does not keep): stays outside the regions
+    assert thunder_subclass.aten_symbols.aten_symbol(torch.ops.aten._scaled_mm.default).id not in torch_compile_ex.implmap

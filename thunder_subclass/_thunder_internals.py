@@ -21,6 +21,9 @@ Hooks (thunder 0.2.6 paths, relative to the installed ``thunder/``):
   subclass-level bound symbols are replaced by their flat subsymbols (``thunder_subclass.flatten``). In thunder 0.2.6
   ``grad_transform_on_trace`` builds one joint forward+backward trace before this point, so the pass sees (and
   flattens) forward and backward together, before ``split_into_forward_and_backward``.
+* ``executors/torch_compile.py`` ``torch_compile_ex`` (registration, not a hook) — the plugin's generic aten-level
+  symbols are declared supported by thunder's torch_compile executor while the hooks are installed
+  (:func:`allow_torch_compile_fusion`), so its fusion regions are not cut at ops without a thunder equivalent.
 * ``executors/torch_autograd.py`` ``ThunderFunction.backward`` — when ``.backward(grad)`` passes gradients of another
   kind than the compiled backward expects (a plain tensor for a ``TwoTensor`` output), a backward made for those
   gradients runs instead (``thunder_subclass.tangents``); otherwise thunder's own backward runs unchanged.
@@ -375,6 +378,7 @@ def install() -> None:
         hook = make_hook(original)
         hook._thunder_subclass_hook = True
         setattr(owner, name, hook)
+    _register_torch_compile_fusible()
 
 
 def uninstall() -> None:
@@ -383,3 +387,48 @@ def uninstall() -> None:
     for owner, name, original in _originals.values():
         setattr(owner, name, original)
     _originals.clear()
+    _unregister_torch_compile_fusible()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# thunder's torch_compile executor and the plugin's aten-level symbols
+# ---------------------------------------------------------------------------------------------------------------
+
+_torch_compile_fusible: dict[Any, Any] = {}  # symbol id -> symbol: may be put in torch_compile fusion regions
+
+
+def allow_torch_compile_fusion(sym) -> None:
+    """Let thunder's torch_compile executor put ``sym`` in its fusion regions. For the plugin's generic aten-level
+    symbols (``aten__scaled_mm_default``: run by their ``OpOverload``, which ``torch.compile`` traces), so that an op
+    without a thunder equivalent does not cut a region in two. It changes a shared thunder object (the
+    ``torch_compile_ex`` executor, through its public ``FusionExecutor.register_supported``): done only while the
+    hooks are installed, and undone by :func:`uninstall`. Other jits are unaffected: the symbols occur only in
+    traces made by the plugin."""
+    _torch_compile_fusible[sym.id] = sym
+    if _originals:
+        _register_torch_compile_fusible()
+
+
+def _torch_compile_executor():
+    try:
+        from thunder.executors.torch_compile import torch_compile_ex
+    except Exception:  # torch_compile executor unavailable: nothing to register
+        return None
+    return torch_compile_ex
+
+
+def _register_torch_compile_fusible() -> None:
+    ex = _torch_compile_executor()
+    if ex is None:
+        return
+    for sym_id, sym in _torch_compile_fusible.items():
+        if sym_id not in ex.implmap:
+            ex.register_supported(sym)
+
+
+def _unregister_torch_compile_fusible() -> None:
+    ex = _torch_compile_executor()
+    if ex is None:
+        return
+    for sym_id in _torch_compile_fusible:
+        ex.implmap.pop(sym_id, None)

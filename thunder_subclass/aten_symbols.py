@@ -27,6 +27,7 @@ from thunder.core.proxies import TensorProxy
 from thunder.core.pytree import tree_flatten, tree_map
 from thunder.core.symbol import Symbol
 
+from thunder_subclass._thunder_internals import allow_torch_compile_fusion
 from thunder_subclass.autograd import register_constant_symbol
 from thunder_subclass.executor import subclass_executor, unique_operator_name
 from thunder_subclass.fake import FakeEnv, fake_execution, remember_stride
@@ -163,6 +164,11 @@ def aten_symbol(op: OpOverload) -> Symbol:
         tags = [prims.OpTags.DONT_DCE, prims.OpTags.IN_PLACE] if op._schema.is_mutable else None
         sym = subclass_executor.register_operator(name, meta=_fake_meta(op), fn=op, tags=tags)
         register_constant_symbol(sym)
+        if namespace == "aten" and torch.Tag.pointwise in op.tags and not op._schema.is_mutable:
+            # torch.compile traces and fuses pointwise aten ops: thunder's torch_compile executor may put this one in
+            # its regions. Not others: inductor's lowerings of e.g. _scaled_mm demand input layouts a fused region
+            # does not keep ("mat_b must be col_major"); in-place and custom ops (side effects) stay outside too.
+            allow_torch_compile_fusion(sym)
         _symbols[op] = sym
     return sym
 

@@ -3,7 +3,9 @@
 Stage: used by all stages. Holds (a) the aten-level symbols made from ``torch._ops.OpOverload`` (run by the op itself,
 i.e. eagerly by torch), (b) the per-subclass ``flatten_<Cls>`` / ``unflatten_<Cls>`` symbols that cross between a
 subclass object and its inner tensors, (c) the prologue guard ``check_subclass``. Symbols are registered lazily, the
-first time a trace needs them, into this executor only (thunder's shared executors are never changed).
+first time a trace needs them, into this executor. One exception, made while the hooks are installed and undone by
+``uninstall``: generic aten-level symbols are also declared fusible to thunder's torch_compile executor
+(``_thunder_internals.allow_torch_compile_fusion``).
 
 Its presence in a jit's executor list is also what switches thunder_subclass's hooks on for that jit.
 """
