@@ -51,6 +51,13 @@ UNARY = [
     ("unbind-stack", _unbind_stack),
     ("sum-keepdim", lambda a: a - a.sum(dim=1, keepdim=True) / 4),
     ("mean-broadcast", lambda a: a * a.mean(dim=0)),
+    # ops recorded as thunder equivalents of aten ops (issue 7): clamp, abs, reciprocal, amax, where/comparisons,
+    # dtype round trips, unsqueeze/expand/permute views
+    ("clamp-abs", lambda a: a.clamp(-0.5, 0.5) + a.abs() * 0.1),
+    ("amax-norm", lambda a: a / (1 + a.abs().amax(dim=1, keepdim=True))),
+    ("where-gt", lambda a: torch.where(a > 0, a, a * 0.1)),
+    ("dtype-roundtrip", lambda a: a.to(torch.float64).sin().to(torch.float32)),
+    ("expand-sum", lambda a: a.unsqueeze(0).expand(2, 4, 4).permute(0, 2, 1).sum(0) * 0.5),
 ]
 BINARY = [
     ("add", lambda a, b: a + b),

@@ -6,8 +6,12 @@ Out: bound symbols in the current trace scope.
 * Where thunder has a torch-level symbol that computes exactly the same thing, :data:`THUNDER_EQUIVALENTS` maps the
   op to it, so that fusion executors (torch_compile on CPU, nvFuser on GPU) can claim the flattened program. The
   equivalent is used only when its result metadata equals the recorded one.
-* Every other op becomes a symbol of the plugin's executor named after it (``aten_mul_Tensor``), whose meta runs
-  the op on fake tensors and whose implementation is the op itself (run by torch). No op is refused.
+  The table covers what common subclasses' dispatch does (pointwise math, comparisons, reductions, dtype
+  conversions, views, relu's ``threshold_backward``, ``detach``); copies stay generic (see the table's comment).
+* Every other op becomes a symbol of the plugin's executor named after it (``aten_special_erfcx_default``), whose
+  meta runs the op on fake tensors and whose implementation is the op itself (run by torch). No op is refused.
+  Pointwise ones are also declared fusible to thunder's torch_compile executor (torch.compile traces them), so they
+  do not cut its regions.
 """
 
 from __future__ import annotations
