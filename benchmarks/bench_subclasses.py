@@ -25,16 +25,18 @@ the hand-flattened module with the 2n inner tensors as plain parameters.
 Models (two sizes: ``small`` is overhead-bound, ``large`` compute-bound): a 4-layer ``TwoTensor`` MLP (forward +
 backward), an int8 weight-only linear stack (inference), a torchao float8-training MLP (forward + backward).
 
-Prints a table of ratios (time / ts), writes ``results.csv`` and ``results.png`` under ``--out``. Steady-state times
-are medians over rounds in which every configuration is timed in turn (machine noise hits all alike); timings are
-wall clock on a shared machine: compare ratios from one run, not absolute numbers across runs.
+Prints a table of ratios (time / ts), writes ``results.csv``, ``results.png`` and ``table.txt`` under ``--out``.
+Steady-state times are medians over rounds in which every configuration is timed in turn (machine noise hits all
+alike); timings are wall clock on a shared machine: compare ratios from one run, not absolute numbers across runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import csv
+import io
 import os
 import statistics
 import sys
@@ -418,7 +420,13 @@ def main(argv=None):
             print(f"measuring {model} / {size} ...", file=sys.stderr)
             rows.extend(measure(model, size, args.quick))
     print("measuring parameter scaling ...", file=sys.stderr)
-    report(rows, args.out, measure_scaling(args.quick))
+    scaling = measure_scaling(args.quick)
+    text = io.StringIO()
+    with contextlib.redirect_stdout(text):
+        report(rows, args.out, scaling)
+    print(text.getvalue(), end="")
+    with open(os.path.join(args.out, "table.txt"), "w") as f:  # the tables as printed, for README
+        f.write(text.getvalue().split("\nwrote ")[0].lstrip("\n") + "\n")
 
 
 if __name__ == "__main__":
