@@ -171,7 +171,8 @@ def aten_symbol(op: OpOverload) -> Symbol:
         if namespace == "aten" and torch.Tag.pointwise in op.tags and not op._schema.is_mutable:
             # torch.compile traces and fuses pointwise aten ops: thunder's torch_compile executor may put this one in
             # its regions. Not others: inductor's lowerings of e.g. _scaled_mm demand input layouts a fused region
-            # does not keep ("mat_b must be col_major"); in-place and custom ops (side effects) stay outside too.
+            # does not keep ("mat_b must be col_major" on CPU, pytorch#191138); in-place and custom ops (side
+            # effects) stay outside too.
             allow_torch_compile_fusion(sym)
         _symbols[op] = sym
     return sym
