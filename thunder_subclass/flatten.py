@@ -24,6 +24,8 @@ joint trace at that point in thunder 0.2.6).
 
 from __future__ import annotations
 
+from typing import Any
+
 import thunder.core.prims as prims
 from thunder.core.proxies import TensorProxy, variableify
 from thunder.core.pytree import tree_flatten
@@ -267,7 +269,7 @@ def _hoist_flattens(bsyms: list) -> list:
 def _sink_unflattens(bsyms: list) -> list:
     """Move every ``unflatten_<Cls>`` (builds an object, no side effects) to just before the first symbol that uses
     its result, e.g. gradients' unflattens to the return: the counterpart of :func:`_hoist_flattens`."""
-    pending: dict[str, list] = {}  # output name -> its unflatten, not placed yet
+    pending: dict[str, Any] = {}  # output name -> its unflatten (a bound symbol), not placed yet
     out: list = []
 
     def place_for(b) -> None:
