@@ -73,5 +73,9 @@ def test_torch_compile_fusion_of_aten_symbols_is_registered_only_while_installed
     finally:
         _thunder_internals.install()
     assert sym.id in torch_compile_ex.implmap
-    # not pointwise (inductor's lowering wants layouts a region does not keep): stays outside the regions
-    assert thunder_subclass.aten_symbols.aten_symbol(torch.ops.aten._scaled_mm.default).id not in torch_compile_ex.implmap
+    # not pointwise: joins regions through an opaque custom-op wrapper that keeps eager input layouts
+    scaled_mm = thunder_subclass.aten_symbols.aten_symbol(torch.ops.aten._scaled_mm.default)
+    assert torch_compile_ex.implmap[scaled_mm.id].execution_transform is not None
+    assert torch.ops.thunder_subclass_opaque.aten__scaled_mm_default.default._schema.arguments[1].name == "mat2"
+    # in-place ops stay outside
+    assert thunder_subclass.aten_symbols.aten_symbol(torch.ops.aten.add_.Tensor).id not in torch_compile_ex.implmap

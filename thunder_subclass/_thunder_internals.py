@@ -394,17 +394,19 @@ def uninstall() -> None:
 # thunder's torch_compile executor and the plugin's aten-level symbols
 # ---------------------------------------------------------------------------------------------------------------
 
-_torch_compile_fusible: dict[Any, Any] = {}  # symbol id -> symbol: may be put in torch_compile fusion regions
+# symbol id -> (symbol, execution transform or None): may be put in torch_compile fusion regions
+_torch_compile_fusible: dict[Any, tuple[Any, Any]] = {}
 
 
-def allow_torch_compile_fusion(sym) -> None:
+def allow_torch_compile_fusion(sym, execution_transform=None) -> None:
     """Let thunder's torch_compile executor put ``sym`` in its fusion regions. For the plugin's generic aten-level
     symbols (``aten__scaled_mm_default``: run by their ``OpOverload``, which ``torch.compile`` traces), so that an op
     without a thunder equivalent does not cut a region in two. It changes a shared thunder object (the
     ``torch_compile_ex`` executor, through its public ``FusionExecutor.register_supported``): done only while the
     hooks are installed, and undone by :func:`uninstall`. Other jits are unaffected: the symbols occur only in
-    traces made by the plugin."""
-    _torch_compile_fusible[sym.id] = sym
+    traces made by the plugin. With ``execution_transform``, the executor records that instead of ``sym`` (e.g.
+    a call of an opaque custom-op wrapper, for ops whose inductor lowering would not keep their input layouts)."""
+    _torch_compile_fusible[sym.id] = (sym, execution_transform)
     if _originals:
         _register_torch_compile_fusible()
 
@@ -421,9 +423,9 @@ def _register_torch_compile_fusible() -> None:
     ex = _torch_compile_executor()
     if ex is None:
         return
-    for sym_id, sym in _torch_compile_fusible.items():
+    for sym_id, (sym, execution_transform) in _torch_compile_fusible.items():
         if sym_id not in ex.implmap:
-            ex.register_supported(sym)
+            ex.register_supported(sym, execution_transform=execution_transform)
 
 
 def _unregister_torch_compile_fusible() -> None:

@@ -10,8 +10,9 @@ Out: bound symbols in the current trace scope.
   conversions, views, relu's ``threshold_backward``, ``detach``); copies stay generic (see the table's comment).
 * Every other op becomes a symbol of the plugin's executor named after it (``aten_special_erfcx_default``), whose
   meta runs the op on fake tensors and whose implementation is the op itself (run by torch). No op is refused.
-  Pointwise ones are also declared fusible to thunder's torch_compile executor (torch.compile traces them), so they
-  do not cut its regions.
+  They are also declared fusible to thunder's torch_compile executor, so they do not cut its regions: pointwise ops
+  as themselves, other single-result non-view ops through an opaque custom-op wrapper that inductor calls with
+  eager input layouts (``torch.ops.thunder_subclass_opaque.<name>``, defined on first use).
 """
 
 from __future__ import annotations
@@ -168,14 +169,50 @@ def aten_symbol(op: OpOverload) -> Symbol:
         tags = [prims.OpTags.DONT_DCE, prims.OpTags.IN_PLACE] if op._schema.is_mutable else None
         sym = subclass_executor.register_operator(name, meta=_fake_meta(op), fn=op, tags=tags)
         register_constant_symbol(sym)
-        if namespace == "aten" and torch.Tag.pointwise in op.tags and not op._schema.is_mutable:
-            # torch.compile traces and fuses pointwise aten ops: thunder's torch_compile executor may put this one in
-            # its regions. Not others: inductor's lowerings of e.g. _scaled_mm demand input layouts a fused region
-            # does not keep ("mat_b must be col_major" on CPU, pytorch#191138); in-place and custom ops (side
-            # effects) stay outside too.
-            allow_torch_compile_fusion(sym)
+        if namespace == "aten" and not op._schema.is_mutable:
+            _allow_in_torch_compile_regions(op, sym, name)
         _symbols[op] = sym
     return sym
+
+
+def _allow_in_torch_compile_regions(op: OpOverload, sym: Symbol, name: str) -> None:
+    """Let thunder's torch_compile executor put ``sym`` in its fusion regions, so that an aten op without a thunder
+    equivalent does not cut a region in two. Pointwise ops go in as themselves (inductor fuses them). Other ops that
+    return one new tensor go in as an opaque custom-op wrapper (``torch.ops.thunder_subclass_opaque.<name>``):
+    inductor calls it as an extern kernel with its inputs in their eager layouts, which its own lowerings do not
+    guarantee (its CPU ``_scaled_mm`` lowering rejects the row-major ``mat_b`` a fused fp8 cast produces,
+    pytorch#191138). In-place ops, views, multi-output ops and custom ops (side effects) stay outside regions."""
+    if torch.Tag.pointwise in op.tags:
+        allow_torch_compile_fusion(sym)
+        return
+    schema = op._schema
+    if any(a.alias_info is not None for a in schema.arguments) or [str(r.type) for r in schema.returns] != ["Tensor"]:
+        return
+    if schema.returns[0].alias_info is not None:
+        return
+    opaque = _opaque_wrapper(op, name)
+    fused = subclass_executor.register_operator(f"{name}_opaque", meta=_fake_meta(op), fn=opaque)
+    register_constant_symbol(fused)
+    allow_torch_compile_fusion(fused)
+    allow_torch_compile_fusion(sym, execution_transform=lambda *args, **kwargs: fused(*args, **kwargs))
+
+
+_opaque_library: Any = None
+
+
+def _opaque_wrapper(op: OpOverload, name: str) -> OpOverload:
+    """``torch.ops.thunder_subclass_opaque.<name>.default``: the same schema, calls ``op``; tagged
+    ``needs_fixed_stride_order`` so inductor passes its inputs with the strides they have in eager."""
+    global _opaque_library
+    if _opaque_library is None:
+        _opaque_library = torch.library.Library("thunder_subclass_opaque", "FRAGMENT")
+    qualname = f"thunder_subclass_opaque::{name}"
+    if not hasattr(torch.ops.thunder_subclass_opaque, name):
+        text = str(op._schema)
+        _opaque_library.define(name + text[text.index("("):], tags=(torch.Tag.needs_fixed_stride_order,))
+        _opaque_library.impl(name, lambda *args, **kwargs: op(*args, **kwargs), "CompositeExplicitAutograd")
+        torch.library.register_fake(qualname, lambda *args, **kwargs: op(*args, **kwargs), lib=_opaque_library)
+    return getattr(torch.ops.thunder_subclass_opaque, name).default
 
 
 def _same_metadata(p: Any, fake: Any) -> bool:
