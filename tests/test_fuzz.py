@@ -4,6 +4,8 @@ Programs are chains of pointwise, reduction, view, matmul and multi-output ops o
 ``TwoTensor``, a nested ``TwoTensor``, a plain tensor (all requiring grad), a ``QuantizedWeight`` and a
 ``ScaledTensor`` (constants). Values, output types and gradients must match eager. CI runs a bounded number of
 examples (``THUNDER_SUBCLASS_FUZZ_EXAMPLES``, default 20); set it to 2000 for a long run.
+``THUNDER_SUBCLASS_FUZZ_EXECUTOR=torch_compile`` compiles with thunder's torch_compile executor first (slower: one
+torch.compile per region).
 """
 
 import os
@@ -17,6 +19,17 @@ from subclasses import ScaledTensor, TwoTensor, nested_two_tensor, quantize
 from test_training import assert_same
 
 EXAMPLES = int(os.environ.get("THUNDER_SUBCLASS_FUZZ_EXAMPLES", "20"))
+EXECUTOR = os.environ.get("THUNDER_SUBCLASS_FUZZ_EXECUTOR", "default")
+
+
+def _executors():
+    if EXECUTOR == "default":
+        return None
+    if EXECUTOR == "torch_compile":
+        from thunder.executors.torch_compile import torch_compile_ex
+
+        return [torch_compile_ex]
+    raise ValueError(f"THUNDER_SUBCLASS_FUZZ_EXECUTOR must be 'default' or 'torch_compile', got {EXECUTOR!r}")
 
 
 def _cat_chunks(a):
@@ -122,7 +135,7 @@ def check_program(program):
     eager_inputs = [_detached_copy(t) for t in inputs]
     jit_inputs = [_detached_copy(t) for t in inputs]
     expected, eloss = run_program(program, *eager_inputs)
-    jf = thunder_subclass.jit(lambda *a: run_program(program, *a))
+    jf = thunder_subclass.jit(lambda *a: run_program(program, *a), executors=_executors())
     actual, loss = jf(*jit_inputs)
     assert_same(actual.detach(), expected.detach())
     assert_same(loss.detach(), eloss.detach())
