@@ -80,8 +80,8 @@ THUNDER_EQUIVALENTS: dict[OpOverload, Callable[..., Any]] = {
     aten.min.default: lambda a: ltorch.amin(a, None),
     aten.cat.default: lambda tensors, dim=0: ltorch.cat(list(tensors), dim),
     aten._to_copy.default: lambda a, **kw: _to_copy(a, **kw),
-    aten.to.dtype: lambda a, dtype, non_blocking=False, copy=False, memory_format=None: (
-        ltorch.to(a, dtype=dtype, copy=copy) if not non_blocking and memory_format is None else None
+    aten.to.dtype: lambda a, dtype, non_blocking=False, copy=False, memory_format=None: _to_dtype(
+        a, dtype, non_blocking, copy, memory_format
     ),
     # views: thunder's own view symbols, which the torch executor runs as the same torch views
     aten.detach.default: lambda a: ltorch.detach(a),
@@ -97,6 +97,16 @@ THUNDER_EQUIVALENTS: dict[OpOverload, Callable[..., Any]] = {
     ),
     aten._unsafe_view.default: lambda a, size: ltorch.reshape(a, *size),
 }
+
+
+def _to_dtype(a, dtype, non_blocking, copy, memory_format):
+    # aten.to.dtype returns its input when the dtype is unchanged (as thunder's `to`), a new tensor otherwise; a
+    # requested copy to the same dtype stays generic, like every copy
+    from thunder_subclass.fake import torch_dtype
+
+    if non_blocking or memory_format is not None or (copy and dtype == torch_dtype(a)):
+        return None
+    return ltorch.to(a, dtype=dtype)
 
 
 def _to_copy(a, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
