@@ -408,7 +408,7 @@ def allow_torch_compile_fusion(sym, execution_transform=None) -> None:
     a call of an opaque custom-op wrapper, for ops whose inductor lowering would not keep their input layouts)."""
     _torch_compile_fusible[sym.id] = (sym, execution_transform)
     if _originals:
-        _register_torch_compile_fusible()
+        _register_torch_compile_fusible({sym.id: (sym, execution_transform)})
 
 
 def _torch_compile_executor():
@@ -419,11 +419,12 @@ def _torch_compile_executor():
     return torch_compile_ex
 
 
-def _register_torch_compile_fusible() -> None:
+def _register_torch_compile_fusible(entries: dict | None = None) -> None:
+    """Register ``entries`` (default: every symbol allowed so far, as :func:`install` does)."""
     ex = _torch_compile_executor()
     if ex is None:
         return
-    for sym_id, (sym, execution_transform) in _torch_compile_fusible.items():
+    for sym_id, (sym, execution_transform) in (_torch_compile_fusible if entries is None else entries).items():
         if sym_id not in ex.implmap:
             ex.register_supported(sym, execution_transform=execution_transform)
 

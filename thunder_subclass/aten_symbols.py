@@ -35,7 +35,7 @@ from thunder.core.symbol import Symbol
 from thunder_subclass._thunder_internals import allow_torch_compile_fusion
 from thunder_subclass.autograd import register_constant_symbol
 from thunder_subclass.executor import subclass_executor, unique_operator_name
-from thunder_subclass.fake import FakeEnv, fake_execution, remember_stride
+from thunder_subclass.fake import FakeEnv, fake_execution, remember_stride, torch_device, torch_dtype
 
 __all__ = ["aten_symbol", "record_aten_call", "register_aten_symbol", "THUNDER_EQUIVALENTS"]
 
@@ -100,20 +100,18 @@ THUNDER_EQUIVALENTS: dict[OpOverload, Callable[..., Any]] = {
 
 
 def _to_dtype(a, dtype, non_blocking, copy, memory_format):
-    # aten.to.dtype returns its input when the dtype is unchanged (as thunder's `to`), a new tensor otherwise; a
-    # requested copy to the same dtype stays generic, like every copy
-    from thunder_subclass.fake import torch_dtype
-
-    if non_blocking or memory_format is not None or (copy and dtype == torch_dtype(a)):
+    # aten.to.dtype returns its input when the dtype is unchanged and no copy is asked for (as thunder's `to`);
+    # otherwise it makes what aten._to_copy makes
+    if memory_format is not None:
         return None
-    return ltorch.to(a, dtype=dtype)
+    if not copy and not non_blocking and dtype == torch_dtype(a):
+        return ltorch.to(a, dtype=dtype)
+    return _to_copy(a, dtype=dtype, non_blocking=non_blocking)
 
 
 def _to_copy(a, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
     # aten._to_copy always copies; thunder's ``to`` copies only when the dtype changes: equivalent just then
     # (returning None keeps the generic symbol)
-    from thunder_subclass.fake import torch_device, torch_dtype
-
     if dtype is None or dtype == torch_dtype(a) or layout not in (None, torch.strided) or pin_memory:
         return None
     if non_blocking or memory_format not in (None, torch.preserve_format):
@@ -196,9 +194,9 @@ def _allow_in_torch_compile_regions(op: OpOverload, sym: Symbol, name: str) -> N
         allow_torch_compile_fusion(sym)
         return
     schema = op._schema
-    if any(a.alias_info is not None for a in schema.arguments) or [str(r.type) for r in schema.returns] != ["Tensor"]:
+    if [str(r.type) for r in schema.returns] != ["Tensor"]:
         return
-    if schema.returns[0].alias_info is not None:
+    if any(a.alias_info is not None for a in (*schema.arguments, *schema.returns)):
         return
     opaque = _opaque_wrapper(op, name)
     fused = subclass_executor.register_operator(f"{name}_opaque", meta=_fake_meta(op), fn=opaque)
@@ -220,15 +218,17 @@ def _opaque_wrapper(op: OpOverload, name: str) -> OpOverload:
     if not hasattr(torch.ops.thunder_subclass_opaque, name):
         text = str(op._schema)
         _opaque_library.define(name + text[text.index("("):], tags=(torch.Tag.needs_fixed_stride_order,))
-        _opaque_library.impl(name, lambda *args, **kwargs: op(*args, **kwargs), "CompositeExplicitAutograd")
-        torch.library.register_fake(qualname, lambda *args, **kwargs: op(*args, **kwargs), lib=_opaque_library)
+
+        def call_op(*args, **kwargs):  # the real kernel and the fake one: the op on whatever tensors it gets
+            return op(*args, **kwargs)
+
+        _opaque_library.impl(name, call_op, "CompositeExplicitAutograd")
+        torch.library.register_fake(qualname, call_op, lib=_opaque_library)
     return getattr(torch.ops.thunder_subclass_opaque, name).default
 
 
 def _same_metadata(p: Any, fake: Any) -> bool:
     if isinstance(fake, torch.Tensor):
-        from thunder_subclass.fake import torch_dtype
-
         return (
             isinstance(p, TensorProxy)
             and tuple(p._shape) == tuple(fake.shape)
