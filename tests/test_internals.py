@@ -20,11 +20,11 @@ def test_import_in_fresh_interpreter_leaves_thunder_importable():
 def test_install_is_idempotent_and_uninstall_restores_thunder():
     import thunder.core.symbol as symbol
 
-    _thunder_internals.install()
+    thunder_subclass.install_hooks()
     hooked = symbol.Symbol.__call__
-    _thunder_internals.install()
+    thunder_subclass.install_hooks()
     assert symbol.Symbol.__call__ is hooked and getattr(hooked, "_thunder_subclass_hook", False)
-    _thunder_internals.uninstall()
+    thunder_subclass.uninstall_hooks()
     assert not getattr(symbol.Symbol.__call__, "_thunder_subclass_hook", False)
     assert not _thunder_internals.is_installed()
     # jit installs again on use
@@ -38,11 +38,11 @@ def test_plain_thunder_jit_is_unchanged_while_hooks_are_installed():
         return (x * 2).sin()
 
     x = torch.randn(3)
-    _thunder_internals.uninstall()
+    thunder_subclass.uninstall_hooks()
     jf_before = thunder.jit(f)
     jf_before(x)
     before = str(thunder.last_traces(jf_before)[-1])
-    _thunder_internals.install()
+    thunder_subclass.install_hooks()
     jf_after = thunder.jit(f)
     torch.testing.assert_close(jf_after(x), f(x))
     assert str(thunder.last_traces(jf_after)[-1]) == before
@@ -67,11 +67,11 @@ def test_torch_compile_fusion_of_aten_symbols_is_registered_only_while_installed
     assert sum(n.startswith("TorchCompile") for n in names) == 1 and "aten_special_erfcx_default" not in names, names
     sym = thunder_subclass.aten_symbols.aten_symbol(torch.ops.aten.special_erfcx.default)
     assert sym.id in torch_compile_ex.implmap
-    _thunder_internals.uninstall()
+    thunder_subclass.uninstall_hooks()
     try:
         assert sym.id not in torch_compile_ex.implmap
     finally:
-        _thunder_internals.install()
+        thunder_subclass.install_hooks()
     assert sym.id in torch_compile_ex.implmap
     # not pointwise: joins regions through an opaque custom-op wrapper that keeps eager input layouts
     scaled_mm = thunder_subclass.aten_symbols.aten_symbol(torch.ops.aten._scaled_mm.default)

@@ -3,9 +3,11 @@
 Import ``thunder_subclass`` before (or instead of) ``thunder``: under torch 2.13, thunder 0.2.6 only imports after
 the compatibility shim in ``thunder_subclass._thunder_internals`` has run.
 
-Pipeline (module per stage): ``plugin`` (entry) -> ``proxy`` (SubclassTensorProxy) -> ``guards`` (prologue) ->
-``interpretation`` (unroll ``__torch_dispatch__`` on fakes) -> ``aten_symbols`` -> ``flatten`` (before executors)
--> ``subclass_symbols`` (unflatten at the edges). ``_thunder_internals`` holds every hook into thunder.
+Pipeline (module per stage): ``plugin`` (entry) -> ``guards`` (input proxies, prologue) -> ``interpretation``
+(unroll ``__torch_dispatch__`` on fakes, with ``recording``) -> ``aten_symbols`` -> ``autograd`` / ``rules`` ->
+``flatten`` (before executors) -> ``tangents`` (incoming gradients). Below them: ``proxy``, ``fake``,
+``subclass_symbols``, ``executor``; at the bottom ``_thunder_internals`` (every access to thunder internals);
+``hooks`` wires the stages into thunder's hooks.
 """
 
 from thunder_subclass._thunder_internals import ensure_thunder_importable as _ensure_thunder_importable
@@ -25,7 +27,7 @@ from thunder_subclass.plugin import PLUGIN_NAME, TensorSubclassPlugin, jit  # no
 from thunder_subclass.proxy import SubclassTensorProxy  # noqa: E402
 from thunder_subclass.rules import RuleHandle, make_subclass, register_grad_rule, register_implementation  # noqa: E402
 from thunder_subclass.aten_symbols import register_aten_symbol  # noqa: E402
-from thunder_subclass._thunder_internals import install as install_hooks, uninstall as uninstall_hooks  # noqa: E402
+from thunder_subclass.hooks import install as install_hooks, uninstall as uninstall_hooks  # noqa: E402
 
 
 def _register_plugin_name() -> None:

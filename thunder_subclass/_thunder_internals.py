@@ -1,10 +1,12 @@
-"""The one module that reaches into thunder and torch internals.
+"""The one module that reaches into thunder and torch internals: the bottom layer, importing no stage of the plugin.
 
 Everything thunder_subclass needs from thunder 0.2.6 that has no public extension point is here, each hook naming
-the thunder function it wraps. Hooks are installed idempotently by :func:`install` (called by
-``thunder_subclass.jit`` and by the plugin when a model is compiled, never at import time), are removed by
-:func:`uninstall`, and act only while a jit that uses the plugin is tracing or transforming (its executor list holds
-``thunder_subclass``'s executor); every other ``thunder.jit`` in the process behaves as if they were absent.
+the thunder function it wraps. Hooks are installed idempotently by :func:`install` (called through
+``thunder_subclass.hooks`` by ``thunder_subclass.jit`` and by the plugin when a model is compiled, never at import
+time), are removed by :func:`uninstall`, and act only while a jit that uses the plugin is tracing or transforming
+(its executor list holds ``thunder_subclass``'s executor); every other ``thunder.jit`` in the process behaves as if
+they were absent. What a hook does for the plugin is a :class:`Handlers` callback that ``thunder_subclass.hooks``
+(the layer above the stages) passes to :func:`install`; this module only knows thunder's side of each hook.
 
 Hooks (thunder 0.2.6 paths, relative to the installed ``thunder/``):
 
@@ -13,12 +15,13 @@ Hooks (thunder 0.2.6 paths, relative to the installed ``thunder/``):
   ``register_general_jit_callback`` refuses existing keys).
 * ``core/symbol.py`` ``Symbol.__call__`` — the common end of ``torch.mul(x)``, ``x.mul()`` and ``x * y`` during
   interpretation: a torch-level symbol called with a subclass proxy is unrolled through ``__torch_dispatch__``
-  (``thunder_subclass.interpretation``).
+  (``Handlers.symbol_call``: ``thunder_subclass.interpretation``).
 * ``core/jit_ext.py`` ``general_jit_lookaside`` — calls of a wrapper-subclass class (construction in traced code),
-  ``isinstance`` and ``type`` on subclass proxies behave as in eager.
+  ``isinstance`` and ``type`` on subclass proxies behave as in eager (``Handlers.lookaside``).
 * ``executors/passes.py`` ``_transform_for_operator_executor_execution`` — the point after autograd and before
   executors claim operations (looked up at call time by ``thunder/__init__.py`` and by ``transform_for_execution``):
-  subclass-level bound symbols are replaced by their flat subsymbols (``thunder_subclass.flatten``). In thunder 0.2.6
+  subclass-level bound symbols are replaced by their flat subsymbols (``Handlers.before_executors``:
+  ``thunder_subclass.flatten``). In thunder 0.2.6
   ``grad_transform_on_trace`` builds one joint forward+backward trace before this point, so the pass sees (and
   flattens) forward and backward together, before ``split_into_forward_and_backward``.
 * ``executors/torch_compile.py`` ``torch_compile_ex`` (registration, not a hook) — the plugin's generic aten-level
@@ -26,7 +29,7 @@ Hooks (thunder 0.2.6 paths, relative to the installed ``thunder/``):
   (:func:`allow_torch_compile_fusion`), so its fusion regions are not cut at ops without a thunder equivalent.
 * ``executors/torch_autograd.py`` ``ThunderFunction.backward`` — when ``.backward(grad)`` passes gradients of another
   kind than the compiled backward expects (a plain tensor for a ``TwoTensor`` output), a backward made for those
-  gradients runs instead (``thunder_subclass.tangents``); otherwise thunder's own backward runs unchanged.
+  gradients runs instead (``Handlers.replace_grads`` / ``run_backward``: ``thunder_subclass.tangents``); otherwise thunder's own backward runs unchanged.
 
 Accessors for private state (also only here): thunder's torch-callable -> symbol table
 (``thunder.torch._torch_to_thunder_function_map``, :func:`torch_to_thunder_symbols`), the current compile data
@@ -42,8 +45,8 @@ called, are defined on ``torch.Tensor`` before thunder is imported. They stay (t
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-import weakref
 from collections.abc import Callable
 from importlib import metadata
 from typing import Any
@@ -98,18 +101,8 @@ def ensure_thunder_importable() -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Activation: hooks act only for a jit whose executors include thunder_subclass's executor.
+# Accessors for private thunder state
 # ---------------------------------------------------------------------------------------------------------------
-
-
-def is_plugin_active() -> bool:
-    """True while a jit that uses thunder_subclass traces or transforms (reads thunder's current compile data)."""
-    from thunder.core.compile_data import get_compile_data
-
-    from thunder_subclass.executor import subclass_executor
-
-    cd = get_compile_data()
-    return cd is not None and subclass_executor in cd.executors_list
 
 
 def current_compile_data() -> tuple[Any, Any]:
@@ -203,40 +196,6 @@ def is_called_from_user_code() -> bool:
     return not frame.code.co_filename.startswith(os.path.dirname(thunder.__file__))
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Hooks
-# ---------------------------------------------------------------------------------------------------------------
-
-
-def _hook_proxify(original):
-    # wraps thunder.core.jit_ext.JitCtx.proxify
-    @functools.wraps(original)
-    def proxify(self, value):
-        uvalue = value.value
-        if not isinstance(uvalue, torch.Tensor) or value.original_value is not value.nothing or not is_plugin_active():
-            return original(self, value)
-        if type(uvalue) is not torch.Tensor:
-            from thunder_subclass.errors import SubclassProtocolError
-            from thunder_subclass.proxy import is_subclass_value, mark_protocol_error, proxify_subclass
-
-            try:
-                if is_subclass_value(uvalue):
-                    return proxify_subclass(self, value)
-            except SubclassProtocolError as e:
-                # raised here, thunder would wrap it in an InterpreterError; the first operation on the value
-                # raises it as itself (see the Symbol.__call__ hook)
-                return mark_protocol_error(original(self, value), e)
-        # thunder's tensor check accepts any Tensor subclass: without this a trace made for a plain tensor
-        # would serve a subclass input (run eagerly through __torch_dispatch__), never a cache miss.
-        from thunder_subclass.guards import add_plain_tensor_guard
-
-        p = original(self, value)
-        add_plain_tensor_guard(self, p)
-        return p
-
-    return proxify
-
-
 def is_torch_level_symbol(sym) -> bool:
     """A thunder torch-language symbol: a composite (``ltorch.mul``) or one of thunder's auto-registered torch
     fallbacks (prims tagged AUTO_REGISTERED, run eagerly by torch; in thunder 0.2.6 under torch 2.13 even
@@ -250,17 +209,104 @@ def is_torch_level_symbol(sym) -> bool:
     return bool(sym.tags) and OpTags.AUTO_REGISTERED in sym.tags
 
 
+def input_proxy_name(jit_ctx, value) -> str | None:
+    """The name thunder gives the proxy of an input (``t_x``, ``t_fc_weight``: from the value's provenance,
+    ``jit_ext._infer_name_postfix_from_provenance``), released in the trace so the proxy can take it; None when
+    thunder would pick a fresh name."""
+    from thunder.core.jit_ext import _infer_name_postfix_from_provenance
+
+    postfix = _infer_name_postfix_from_provenance(value.provenance)
+    if not postfix:
+        return None
+    name = f"t{postfix}"
+    jit_ctx.computation_trace.names.discard(name)
+    return name
+
+
+def register_input_proxy(value, p) -> None:
+    """Make ``p`` the proxy of the input wrapped ``value``, flagged as a tensor proxy in its provenance (what
+    ``JitCtx.proxify`` does for tensors: ``EXT_FLAG_IS_TENSOR_PROXY``), so the prologue unpacks it."""
+    from thunder.core.jit_ext import EXT_FLAG_IS_TENSOR_PROXY
+
+    value.provenance.ext_flag |= EXT_FLAG_IS_TENSOR_PROXY
+    value.register_proxy(p)
+
+
+def attribute_provenance(history) -> Callable[[str], Any]:
+    """``attr -> provenance of getattr(<value with provenance history>, attr)``, for inner tensors of an input
+    (the prologue unpacks them as attributes of the input)."""
+    from thunder.core.interpreter import ProvenanceRecord, PseudoInst, wrap_const
+
+    def inner_history(attr: str):
+        return ProvenanceRecord(PseudoInst.LOAD_ATTR, inputs=[history, wrap_const(attr).provenance])
+
+    return inner_history
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Hooks. Each wraps one thunder function; what it does for the plugin comes from the Handlers given to install()
+# (thunder_subclass.hooks wires the pipeline's stages in), so this module depends on no stage.
+# ---------------------------------------------------------------------------------------------------------------
+
+NOT_HANDLED = object()  # a handler's answer meaning "thunder's own behaviour applies"
+
+
+@dataclasses.dataclass(frozen=True)
+class Handlers:
+    """What the hooks call while a plugin jit traces or transforms (see the module docstring for each hook).
+
+    * ``executor``: the plugin's executor; its presence in a jit's executor list switches the hooks on.
+    * ``proxify(jit_ctx, value, original)``: a proxy for the tensor ``value`` (a wrapped value) of a plugin jit.
+    * ``symbol_call(sym, args, kwargs)``: the result of a torch-level symbol call, or ``NOT_HANDLED``.
+    * ``lookaside(fn, wrapped_args)``: a lookaside for ``fn`` (as thunder's ``general_jit_lookaside`` returns),
+      or None.
+    * ``before_executors(trace)``: the trace executors will claim.
+    * ``replace_grads(compiled_backward, grads)``: the incoming gradients of a thunder backward call, changed,
+      or None to keep them.
+    * ``run_backward(compiled_backward, grads, take_saved_tensors)``: the input gradients of a backward the plugin
+      runs instead of thunder's compiled one, or ``NOT_HANDLED``; ``take_saved_tensors()`` releases the saved
+      tensors to it.
+    """
+
+    executor: Any
+    proxify: Callable
+    symbol_call: Callable
+    lookaside: Callable
+    before_executors: Callable
+    replace_grads: Callable
+    run_backward: Callable
+
+
+_handlers: Handlers | None = None
+
+
+def is_plugin_active() -> bool:
+    """True while a jit that uses thunder_subclass traces or transforms (reads thunder's current compile data)."""
+    from thunder.core.compile_data import get_compile_data
+
+    cd = get_compile_data()
+    return _handlers is not None and cd is not None and _handlers.executor in cd.executors_list
+
+
+def _hook_proxify(original):
+    # wraps thunder.core.jit_ext.JitCtx.proxify
+    @functools.wraps(original)
+    def proxify(self, value):
+        if not isinstance(value.value, torch.Tensor) or value.original_value is not value.nothing or not is_plugin_active():
+            return original(self, value)
+        return _handlers.proxify(self, value, original)
+
+    return proxify
+
+
 def _hook_symbol_call(original):
     # wraps thunder.core.symbol.Symbol.__call__
     @functools.wraps(original)
     def __call__(self, *args, **kwargs):
         if is_torch_level_symbol(self) and is_plugin_active():
-            from thunder_subclass.proxy import has_subclass_proxy
-
-            if has_subclass_proxy(args, kwargs):
-                from thunder_subclass.interpretation import unroll_symbol_call
-
-                return unroll_symbol_call(self, args, kwargs)
+            result = _handlers.symbol_call(self, args, kwargs)
+            if result is not NOT_HANDLED:
+                return result
         return original(self, *args, **kwargs)
 
     return __call__
@@ -271,9 +317,7 @@ def _hook_general_jit_lookaside(original):
     @functools.wraps(original)
     def general_jit_lookaside(fn, *args, **kwargs):
         if is_plugin_active():
-            from thunder_subclass.interpretation import subclass_lookaside
-
-            lookaside = subclass_lookaside(fn, args)
+            lookaside = _handlers.lookaside(fn, args)
             if lookaside is not None:
                 return lookaside
         return original(fn, *args, **kwargs)
@@ -285,30 +329,11 @@ def _hook_operator_executor_execution(original):
     # wraps thunder.executors.passes._transform_for_operator_executor_execution
     @functools.wraps(original)
     def _transform_for_operator_executor_execution(trace, executors_list):
-        from thunder_subclass.executor import subclass_executor
-
-        if subclass_executor in executors_list:
-            from thunder_subclass.flatten import flatten_subclasses
-
-            trace = flatten_subclasses(trace)
+        if _handlers is not None and _handlers.executor in executors_list:
+            trace = _handlers.before_executors(trace)
         return original(trace, executors_list)
 
     return _transform_for_operator_executor_execution
-
-
-_variants_cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # compiled backward -> BackwardVariants
-
-
-def _variants_of(compiled_backward):
-    try:
-        return _variants_cache[compiled_backward]
-    except KeyError:
-        from thunder_subclass.tangents import variants_in
-
-        v = _variants_cache[compiled_backward] = variants_in(compiled_backward)
-        return v
-    except TypeError:  # not weak-referenceable
-        return None
 
 
 def _hook_thunder_function_backward(original):
@@ -317,32 +342,38 @@ def _hook_thunder_function_backward(original):
 
     @functools.wraps(original)
     def backward(ctx, *raw_args):
-        variants = _variants_of(ctx.compiled_backward)
-        if variants is not None:
+        if _handlers is not None:
             side_channel = ctx.side_channel
             grads = side_channel["bw"] if side_channel is not None else raw_args
-            canonical = variants.canonical(grads)
-            if canonical is not None:  # plain zeros autograd made for unused subclass outputs
-                grads = canonical
+            replaced = _handlers.replace_grads(ctx.compiled_backward, grads)
+            if replaced is not None:
+                grads = replaced
                 if side_channel is not None:
-                    side_channel["bw"] = canonical
+                    side_channel["bw"] = replaced
                 else:
-                    raw_args = tuple(canonical)
-            if not variants.accepts(grads):
-                # gradients of another kind than the compiled backward's (thunder_subclass.tangents)
-                if side_channel is not None:
-                    saved = side_channel.pop("saved_tensors")
-                    side_channel.pop("bw")
-                else:
-                    saved = list(ctx.saved_tensors)
-                    ctx.maybe_clear_saved_tensors()
-                result = variants.run(saved, list(grads))
+                    raw_args = tuple(replaced)
+            result = _handlers.run_backward(ctx.compiled_backward, grads, functools.partial(_take_saved_tensors, ctx))
+            if result is not NOT_HANDLED:
                 if ctx.return_none_instead_of_grads:
                     result = [None] * len(result)
+                # ThunderFunction.forward takes 7 non-tensor arguments before the flat tensors
                 return (None, None, None, None, None, None, None, *result)
         return original(ctx, *raw_args)
 
     return staticmethod(backward)
+
+
+def _take_saved_tensors(ctx) -> list:
+    """The tensors a ``ThunderFunction`` forward saved, released from its context as thunder's backward does
+    (from the split-autograd side channel, else ``ctx.saved_tensors`` + ``ctx.maybe_clear_saved_tensors``)."""
+    side_channel = ctx.side_channel
+    if side_channel is not None:
+        saved = side_channel.pop("saved_tensors")
+        side_channel.pop("bw")
+        return saved
+    saved = list(ctx.saved_tensors)
+    ctx.maybe_clear_saved_tensors()
+    return saved
 
 
 def _targets() -> list[tuple[Any, str, Callable]]:
@@ -367,9 +398,12 @@ def is_installed() -> bool:
     return bool(_originals)
 
 
-def install() -> None:
-    """Install every hook (idempotent). Called by ``thunder_subclass.jit`` and the plugin, not at import."""
+def install(handlers: Handlers) -> None:
+    """Install every hook (idempotent), acting through ``handlers``. Called through ``thunder_subclass.hooks``
+    (by ``thunder_subclass.jit`` and the plugin), never at import."""
+    global _handlers
     ensure_thunder_importable()
+    _handlers = handlers
     if _originals:
         return
     for owner, name, make_hook in _targets():

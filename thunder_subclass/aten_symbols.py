@@ -33,8 +33,7 @@ from thunder.core.pytree import tree_flatten, tree_map
 from thunder.core.symbol import Symbol
 
 from thunder_subclass._thunder_internals import allow_torch_compile_fusion
-from thunder_subclass.autograd import register_constant_symbol
-from thunder_subclass.executor import subclass_executor, unique_operator_name
+from thunder_subclass.executor import register_constant_symbol, subclass_executor, unique_operator_name
 from thunder_subclass.fake import FakeEnv, fake_execution, remember_stride, torch_device, torch_dtype
 
 __all__ = ["aten_symbol", "record_aten_call", "register_aten_symbol", "THUNDER_EQUIVALENTS"]

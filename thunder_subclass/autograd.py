@@ -16,9 +16,12 @@ same happens at trace time, on fake subclass instances:
   would guess (those of the outputs) and is re-recorded by the flatten pass (``thunder_subclass.flatten``) if the
   gradients that actually reach it have other types; it keeps a :class:`GradRecipe` (the fake autograd graph) for
   that.
-* The plugin's own boundary symbols (``flatten_*``, ``unflatten_*``, ``aten_*``) are constants for autodiff where
-  they appear outside a subclass-level symbol, as in eager: reading ``x.a`` or building ``TwoTensor(a, b)`` does not
-  connect inner tensors and outer tensor in the autograd graph.
+* ``torch.autograd.Function`` calls that involve subclasses are one ``<Function>_apply`` symbol, differentiated with
+  the Function's own ``backward`` (run by PyTorch's autograd on fakes).
+* The plugin's own boundary symbols (``flatten_*``, ``unflatten_*``, ``aten_*``) are constants for autodiff
+  (``thunder_subclass.executor.register_constant_symbol``).
+
+The forward of a rule is recorded with the same machinery as unrolling (``thunder_subclass.recording``).
 """
 
 from __future__ import annotations
@@ -27,19 +30,35 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 import thunder.core.dtypes as dtypes
 import thunder.core.prims as prims
 from thunder.core.proxies import TensorProxy
-from thunder.core.pytree import tree_flatten
+from thunder.core.pytree import tree_flatten, tree_map
 from thunder.core.symbol import Symbol
 from thunder.core.trace import get_tracectx
 
-from thunder_subclass.executor import subclass_executor, unique_operator_name
+from thunder_subclass.executor import register_symbol, subclass_executor, unique_operator_name
 from thunder_subclass.fake import FakeEnv, fake_execution
-from thunder_subclass.proxy import SubclassTensorProxy, has_subclass_proxy
+from thunder_subclass.proxy import SubclassTensorProxy, has_subclass_proxy, proxy_kind
+from thunder_subclass.recording import (
+    RecordingMode,
+    bind_unrolled,
+    denormalize,
+    dispatch_error,
+    emit_calls,
+    op_name,
+    record_call,
+    subclass_names,
+    torch_callable_for,
+)
+from thunder_subclass.rules import call_rule, find_grad_rule
 
-__all__ = ["GradRecipe", "ensure_grad_rule", "is_grad_bsym", "proxy_kind", "record_backward", "differentiate_call"]
+__all__ = [
+    "GradRecipe", "ensure_grad_rule", "is_grad_bsym", "is_container_bsym", "record_backward", "differentiate_call",
+    "function_apply_lookaside",
+]
 
 
 class GradRecipe:
@@ -67,29 +86,6 @@ class GradRecipe:
         return f"GradRecipe({self.what})"
 
 
-def ctx_key(ctx: Any) -> Any:
-    """A flatten context as part of a hashable kind: itself when hashable (so equal contexts match even when their
-    reprs differ, e.g. ``torch.Size([])`` and ``()``), else its repr."""
-    try:
-        hash(ctx)
-        return ctx
-    except TypeError:
-        return repr(ctx)
-
-
-def proxy_kind(p: Any) -> Any:
-    """What a gradient's recorded backward depends on: plain tensor, or subclass type + context + inner kinds."""
-    if isinstance(p, SubclassTensorProxy):
-        return (p.subclass_type, ctx_key(p.flatten_ctx), tuple(proxy_kind(i) for i in p.inner.values()))
-    if isinstance(p, TensorProxy):
-        return torch.Tensor
-    from thunder_subclass.proxy import OpaqueObjectProxy
-
-    if isinstance(p, OpaqueObjectProxy):
-        return type(p.value)
-    return type(p)
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # Symbols
 # ---------------------------------------------------------------------------------------------------------------
@@ -107,29 +103,14 @@ def grad_symbol(op_name: str) -> Symbol:
     """``grad_<op>``: the backward of one subclass-level operation (subsymbols: the unrolled backward)."""
     sym = _grad_symbols.get(op_name)
     if sym is None:
-        sym = subclass_executor.register_operator(
-            unique_operator_name(f"grad_{op_name}"), meta=_not_called_directly, fn=_not_called_directly
-        )
+        sym = register_symbol(f"grad_{op_name}", meta=_not_called_directly, fn=_not_called_directly)
         _grad_symbols[op_name] = sym
         _grad_ids.add(sym.id)
-        _constant_for_autodiff(sym)
     return sym
 
 
 def is_grad_bsym(bsym) -> bool:
     return bsym.sym.id in _grad_ids
-
-
-def _constant_for_autodiff(sym: Symbol) -> None:
-    # outside subclass-level symbols the plugin's own symbols are not differentiated (as in eager: x.a, and the
-    # construction of a subclass from tensors, have no autograd edge between outer and inner tensors). Rules for
-    # the plugin's own symbol ids go in thunder's grad-rule table (thunder.core.transforms.register_grad).
-    from thunder.core.transforms import register_grad
-
-    def forward_only(*args, **kwargs):
-        return sym(*args, **kwargs)
-
-    register_grad(sym, forward_only)
 
 
 def _has_subclass_arg(*args, **kwargs) -> bool:  # the executor checker signature
@@ -143,15 +124,12 @@ def ensure_grad_rule(sym: Symbol) -> None:
     _rules.add(sym.id)
 
     def grad_transform(*args, **kwargs):
-        from thunder_subclass.interpretation import _op_name, _subclass_names, denormalize, torch_callable_for
-        from thunder_subclass.rules import call_rule, find_grad_rule
-
         rule = find_grad_rule(sym.id, args, kwargs)
         if rule is not None:  # registered with thunder_subclass.register_grad_rule
             return call_rule(rule, args, kwargs)
         targs, tkwargs = denormalize(sym, args, kwargs)
         fn = torch_callable_for(sym, targs)
-        return differentiate_call(sym, fn, args, kwargs, _op_name(fn), _subclass_names(args, kwargs),
+        return differentiate_call(sym, fn, args, kwargs, op_name(fn), subclass_names(args, kwargs),
                                   call_args=(targs, tkwargs))
 
     def unreachable(*args, **kwargs):  # the flatten pass removes subclass-level symbols before executors claim
@@ -160,12 +138,6 @@ def ensure_grad_rule(sym: Symbol) -> None:
     subclass_executor.register_implementation(
         sym, checker=_has_subclass_arg, execution_transform=unreachable, grad_transform=grad_transform
     )
-
-
-def register_constant_symbol(sym: Symbol) -> Symbol:
-    """Make one of the plugin's boundary symbols a constant for autodiff (see the module docstring)."""
-    _constant_for_autodiff(sym)
-    return sym
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -190,12 +162,10 @@ def differentiate_call(sym: Symbol, fn: Callable, args: tuple, kwargs: dict, wha
     """The grad transform: forward (one subclass-level bound symbol), then ``get_grad`` of the outputs,
     ``grad_<op>`` (the unrolled PyTorch derivative) and ``put_grad`` of the inputs. ``fn`` is called with
     ``call_args`` (positional, keyword) when given, else with ``args``/``kwargs`` (those of the bound symbol)."""
-    from thunder_subclass.interpretation import _record, bind_unrolled
-
     trace = get_tracectx()
     forward: list = []
     cargs, ckwargs = call_args if call_args is not None else (args, kwargs)
-    env, fake_out, result = _record(fn, cargs, ckwargs, forward, what, subclasses, wants_grad=_wants_grad(trace))
+    env, fake_out, result = record_call(fn, cargs, ckwargs, forward, what, subclasses, wants_grad=_wants_grad(trace))
     result = bind_unrolled(sym, args, kwargs, result, forward)
     if isinstance(result, TensorProxy) and any(result is a for a in tree_flatten((args, kwargs))[0]):
         return result  # the op returned its input: the gradient passes through unchanged
@@ -241,8 +211,6 @@ def record_backward(recipe: GradRecipe, grads, saved=None) -> tuple[list, list]:
     """Run PyTorch's backward of the recorded forward on fakes, for gradients ``grads`` (proxies of any kind);
     return the input gradients (proxies or None) and the recorded bound symbols. ``saved``: the current proxies of
     the values the recipe recorded as ``recipe.saved`` (thunder's autodiff renames them after recording)."""
-    from thunder_subclass.interpretation import RecordingMode, dispatch_error, emit_calls
-
     env = recipe.env.copy()
     for old, new in zip(recipe.saved, saved or ()):
         env.rename(old, new)
@@ -282,15 +250,13 @@ def autograd_function_symbol(cls: type) -> Symbol:
     if sym is None:
         sym = subclass_executor.register_operator(
             unique_operator_name(f"{cls.__name__}_apply"), meta=_not_called_directly, fn=_not_called_directly
-        )
+        )  # not constant for autodiff: differentiated with the Function's backward (below)
         _function_symbols[cls] = sym
         _container_ids.add(sym.id)
 
         def grad_transform(*args, **kwargs):
-            from thunder_subclass.interpretation import _subclass_names
-
             return differentiate_call(sym, cls.apply, args, kwargs, f"{cls.__qualname__}.apply",
-                                      _subclass_names(args, kwargs))
+                                      subclass_names(args, kwargs))
 
         from thunder.core.transforms import register_grad
 
@@ -302,12 +268,6 @@ def involves_subclass(cls: type, args: tuple, kwargs: dict) -> bool:
     """Whether ``cls.apply`` returns a tensor subclass, or runs a subclass's ``__torch_dispatch__`` inside (torchao's
     float8 matmul casts its plain inputs to Float8TrainingTensor inside the Function), for arguments like these
     (tried on fakes)."""
-    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
-
-    from thunder.core.pytree import tree_map
-
-    from thunder_subclass.interpretation import RecordingMode
-
     env = FakeEnv()
     recorder = RecordingMode()
     try:
@@ -322,9 +282,20 @@ def involves_subclass(cls: type, args: tuple, kwargs: dict) -> bool:
 def apply_autograd_function(cls: type, *args, **kwargs):
     """``cls.apply(*args, **kwargs)`` in traced code with subclass inputs or outputs: one bound symbol whose
     subsymbols are the forward's aten calls; its gradient comes from ``cls.backward`` (see autograd_function_symbol)."""
-    from thunder_subclass.interpretation import _record, _subclass_names, bind_unrolled
-
     sym = autograd_function_symbol(cls)
     scope: list = []
-    _, _, result = _record(cls.apply, args, kwargs, scope, f"{cls.__qualname__}.apply", _subclass_names(args, kwargs))
+    _, _, result = record_call(cls.apply, args, kwargs, scope, f"{cls.__qualname__}.apply", subclass_names(args, kwargs))
     return bind_unrolled(sym, args, kwargs, result, scope)
+
+
+def function_apply_lookaside(fn, wrapped_args: tuple) -> Callable | None:
+    """The interpreter lookaside for ``MyFunction.apply(*args)`` (it reaches the interpreter as
+    ``Function.apply.__func__(MyFunction, *args)``) when subclasses are involved, else None."""
+    from thunder.core.interpreter import interpreter_needs_wrap, unwrap
+
+    if fn is not torch.autograd.function.Function.apply.__func__ or not wrapped_args:
+        return None
+    cls, *uargs = (unwrap(a) for a in wrapped_args)
+    if has_subclass_proxy(uargs, {}) or involves_subclass(cls, tuple(uargs), {}):
+        return interpreter_needs_wrap(apply_autograd_function)
+    return None

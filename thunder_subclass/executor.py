@@ -12,7 +12,12 @@ Its presence in a jit's executor list is also what switches thunder_subclass's h
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from thunder.core.symbol import Symbol
 from thunder.extend import OperatorExecutor
+
+__all__ = ["subclass_executor", "unique_operator_name", "register_constant_symbol"]
 
 subclass_executor = OperatorExecutor("thunder_subclass")
 
@@ -25,3 +30,23 @@ def unique_operator_name(base: str) -> str:
         i += 1
         candidate = f"{name}_{i}"
     return candidate
+
+
+def register_constant_symbol(sym: Symbol) -> Symbol:
+    """Make one of the plugin's boundary symbols (``flatten_*``, ``unflatten_*``, ``aten_*``) a constant for
+    thunder's autodiff where it appears outside a subclass-level symbol, as in eager: reading ``x.a`` or building
+    ``TwoTensor(a, b)`` does not connect inner tensors and outer tensor in the autograd graph. The rule goes in
+    thunder's grad-rule table for the symbol's id (``thunder.core.transforms.register_grad``)."""
+    from thunder.core.transforms import register_grad
+
+    def forward_only(*args, **kwargs):
+        return sym(*args, **kwargs)
+
+    register_grad(sym, forward_only)
+    return sym
+
+
+def register_symbol(name: str, meta: Callable, fn: Callable, *, tags=None) -> Symbol:
+    """A new operator of the plugin's executor under a unique name derived from ``name``, constant for autodiff."""
+    sym = subclass_executor.register_operator(unique_operator_name(name), meta=meta, fn=fn, tags=tags)
+    return register_constant_symbol(sym)

@@ -18,6 +18,7 @@ import thunder.core.devices as devices
 import thunder.core.dtypes as dtypes
 from thunder.core.proxies import NumberProxy, TensorProxy
 
+from thunder_subclass.errors import SubclassProtocolError
 from thunder_subclass.proxy import OpaqueObjectProxy, SubclassTensorProxy
 
 _STRIDE_ATTR = "_thunder_subclass_stride"
@@ -137,8 +138,6 @@ class FakeEnv:
 
 def check_unflattened(cls: type, t: Any, shape: tuple) -> None:
     """``cls.__tensor_unflatten__`` must rebuild a ``cls`` of the outer shape it was given."""
-    from thunder_subclass.errors import SubclassProtocolError
-
     if type(t) is not cls:
         from torch._subclasses.fake_tensor import FakeTensor
 

@@ -31,14 +31,15 @@ from thunder.core.proxies import TensorProxy, variableify
 from thunder.core.pytree import tree_flatten
 from thunder.core.trace import TraceProvenance, from_trace, tracectx
 
-from thunder_subclass._thunder_internals import is_torch_level_symbol
-from thunder_subclass.autograd import is_container_bsym, is_grad_bsym, proxy_kind, record_backward
+from thunder_subclass._thunder_internals import is_torch_level_symbol, new_trace
+from thunder_subclass.autograd import is_container_bsym, is_grad_bsym, record_backward
 from thunder_subclass.errors import UnsupportedSubclassOperationError
-from thunder_subclass.interpretation import ARG_KINDS
-from thunder_subclass.proxy import SubclassTensorProxy
+from thunder_subclass.proxy import SubclassTensorProxy, proxy_kind
+from thunder_subclass.recording import ARG_KINDS, record_call, subclass_names, traced_grad_mode
+from thunder_subclass.rules import call_rule, find_implementation
 from thunder_subclass.subclass_symbols import cotangent_flatten_symbol, ctx_arg, is_flatten_bsym, is_unflatten_bsym
 
-__all__ = ["flatten_subclasses", "is_subclass_level"]
+__all__ = ["Flattener", "flatten_subclasses", "is_subclass_level", "needs_flattening"]
 
 
 def _has_subclass(bsym) -> bool:
@@ -62,7 +63,10 @@ def _kinds(proxies) -> tuple:
     return tuple(proxy_kind(p) for p in proxies)
 
 
-class _Flattener:
+class Flattener:
+    """One forward sweep over a trace's bound symbols (:meth:`visit`), collecting the flat program in ``bsyms``;
+    ``swap`` maps replaced proxies to their replacements (:meth:`alias`)."""
+
     def __init__(self, trace, variants=None):
         self.trace = from_trace(trace)
         self.variants = variants  # BackwardVariants of a joint trace, passed to flatten_cotangent_<Cls>
@@ -134,9 +138,6 @@ class _Flattener:
         # implementation (thunder's torch executor) on fake subclass instances, through __torch_dispatch__.
         from thunder.executors.torchex import ex as torchex
 
-        from thunder_subclass._thunder_internals import new_trace
-        from thunder_subclass.interpretation import _record, _subclass_names
-
         inputs = list(nb.flat_proxy_args)
         single = new_trace(f"torch_{nb.sym.name}", inputs, names=self.trace.names)
         with tracectx(single):
@@ -148,13 +149,13 @@ class _Flattener:
         except Exception as e:
             raise UnsupportedSubclassOperationError(
                 f"thunder primitive {nb.sym.name} received a tensor subclass "
-                f"({_subclass_names(inputs, {})}) through a gradient, and thunder's torch executor cannot run it "
+                f"({subclass_names(inputs, {})}) through a gradient, and thunder's torch executor cannot run it "
                 f"({type(e).__name__}: {e}). Please report it with the model that triggers it."
             ) from e
         self.trace.push_scope([])
         with tracectx(self.trace):
-            _, _, result = _record(fn, tuple(inputs), {}, self.trace.peek_scope(),
-                                   f"thunder primitive {nb.sym.name}", _subclass_names(inputs, {}))
+            _, _, result = record_call(fn, tuple(inputs), {}, self.trace.peek_scope(),
+                                   f"thunder primitive {nb.sym.name}", subclass_names(inputs, {}))
         produced = self.trace.pop_scope()
         for old, new in zip(tree_flatten(nb.output)[0], tree_flatten(result)[0]):
             self.alias(old, new)
@@ -163,8 +164,6 @@ class _Flattener:
 
     def _claimed(self, nb) -> bool:
         # an executor registered an implementation for this (subclass, op) (thunder_subclass.register_implementation)
-        from thunder_subclass.rules import call_rule, find_implementation
-
         impl = find_implementation(nb.sym.id, nb.args, nb.kwargs)
         if impl is None:
             return False
@@ -182,8 +181,6 @@ class _Flattener:
         # trace the torch-level symbol again with the current arguments (through __torch_dispatch__ when one of
         # them is now a subclass), and substitute its outputs
         from thunder.core.proxies import ProxyTag
-
-        from thunder_subclass.interpretation import traced_grad_mode
 
         # recorded under torch.no_grad() (its outputs are detached): trace it again the same way
         detached = any(ProxyTag.DETACHED_AUTOGRAD_GRAPH in o.tags for o in nb.flat_proxy_outs)
@@ -217,21 +214,20 @@ class _Flattener:
             self.visit(b)
 
 
-def flatten_subclasses(trace):
-    """Replace subclass-level bound symbols by their subsymbols (see the module docstring)."""
-    if not any(is_subclass_level(b) for b in trace.bound_symbols):
+def needs_flattening(trace) -> bool:
+    return any(is_subclass_level(b) for b in trace.bound_symbols)
+
+
+def flatten_subclasses(trace, *, variants=None, cotangent_aliases=()):
+    """Replace subclass-level bound symbols by their subsymbols (see the module docstring). For a joint
+    forward+backward trace, ``variants`` (``thunder_subclass.tangents.BackwardVariants``) goes into the incoming
+    gradients' ``flatten_cotangent_<Cls>`` and ``cotangent_aliases`` (pairs old, new) replace incoming gradients by
+    the kind the backward is compiled for."""
+    if not needs_flattening(trace):
         return trace
-    variants = None
-    if any(b.sym is prims.get_grad for b in trace.bound_symbols):  # a joint forward+backward trace
-        from thunder_subclass._thunder_internals import current_compile_data
-        from thunder_subclass.tangents import BackwardVariants
-
-        variants = BackwardVariants(trace, *current_compile_data())
-    f = _Flattener(trace, variants)
-    if variants is not None:
-        from thunder_subclass.tangents import coerce_tangents
-
-        coerce_tangents(f, variants)
+    f = Flattener(trace, variants)
+    for old, new in cotangent_aliases:
+        f.alias(old, new)
     for bsym in trace.bound_symbols:
         f.visit(bsym)
     f.trace.bound_symbols = _sink_unflattens(_hoist_flattens(f.bsyms))

@@ -1,6 +1,7 @@
-"""Stage 3, prologue guards: when may a cached trace be reused for a subclass input?
+"""Stage 3, inputs and prologue guards: how an input tensor becomes a proxy, and when a cached trace may be reused.
 
-In: a ``SubclassTensorProxy`` made for an input (argument, parameter, buffer). Out: constraints on thunder's jit
+In: a tensor the interpreter meets as an input of a plugin jit (argument, parameter, buffer): a wrapper subclass
+becomes a ``SubclassTensorProxy`` (:func:`proxify_input`). Out: constraints on thunder's jit
 context that ``unpack_inputs`` turns into prologue checks, in this order:
 
 ``check_subclass(x, spec)``, one call per subclass input: the exact type, the attribute names of
@@ -20,15 +21,24 @@ from typing import Any
 import torch
 import thunder.core.prims as prims
 
+from thunder_subclass import _thunder_internals
+from thunder_subclass.errors import SubclassProtocolError
 from thunder_subclass.executor import subclass_executor
-from thunder_subclass.proxy import PLAIN_TENSOR_TYPES, OpaqueObjectProxy, SubclassTensorProxy, opaque_guard_values
+from thunder_subclass.fake import torch_device, torch_dtype
+from thunder_subclass.proxy import (
+    PLAIN_TENSOR_TYPES,
+    OpaqueObjectProxy,
+    SubclassTensorProxy,
+    is_subclass_value,
+    mark_protocol_error,
+    opaque_guard_values,
+    subclass_proxy_from_tensor,
+)
 
-__all__ = ["SubclassSpec", "add_subclass_guards", "check_subclass"]
+__all__ = ["SubclassSpec", "add_subclass_guards", "check_subclass", "proxify_input"]
 
 
 def _tensor_meta(p) -> tuple:
-    from thunder_subclass.fake import torch_device, torch_dtype
-
     return (torch.Size([int(d) for d in p._shape]), torch_dtype(p), torch_device(p), bool(p.requires_grad))
 
 
@@ -135,3 +145,33 @@ def add_subclass_guards(jit_ctx, p: SubclassTensorProxy) -> None:
     flatten context, opaque attributes, and the metadata of the outer tensor and of every inner tensor, recursively
     (one Python call per subclass input instead of one thunder check per tensor)."""
     jit_ctx.add_constraint((check_subclass, p, SubclassSpec.of(p)))
+
+
+def proxify_input(jit_ctx, value, original):
+    """The proxy of input tensor ``value`` (a wrapped value) of a plugin jit, with its prologue guards (the
+    ``JitCtx.proxify`` hook's handler; ``original`` is thunder's proxify)."""
+    t = value.value
+    if type(t) is not torch.Tensor:
+        try:
+            if is_subclass_value(t):
+                return _proxify_subclass(jit_ctx, value)
+        except SubclassProtocolError as e:
+            # raised here, thunder would wrap it in an InterpreterError; the first operation on the value
+            # raises it as itself (see proxy.has_subclass_proxy)
+            return mark_protocol_error(original(jit_ctx, value), e)
+    # thunder's tensor check accepts any Tensor subclass: without this a trace made for a plain tensor
+    # would serve a subclass input (run eagerly through __torch_dispatch__), never a cache miss.
+    p = original(jit_ctx, value)
+    add_plain_tensor_guard(jit_ctx, p)
+    return p
+
+
+def _proxify_subclass(jit_ctx, value) -> SubclassTensorProxy:
+    name = _thunder_internals.input_proxy_name(jit_ctx, value)
+    p = subclass_proxy_from_tensor(
+        value.value, name=name, history=value.provenance,
+        inner_history=_thunder_internals.attribute_provenance(value.provenance),
+    )
+    _thunder_internals.register_input_proxy(value, p)
+    add_subclass_guards(jit_ctx, p)
+    return p

@@ -2,11 +2,12 @@
 
 In: a torch-level thunder symbol (``ltorch.mul``, ``ltorch.linear``, ...) called during ``thunder.jit``'s
 interpretation with at least one ``SubclassTensorProxy`` argument (from ``torch.mul(x)``, ``x.mul()`` or
-``x * y`` alike); or a call of a wrapper-subclass class (construction inside traced code).
+``x * y`` alike); or a call of a wrapper-subclass class (construction inside traced code); or ``isinstance``,
+``type`` and attribute reads on subclass proxies in user code.
 
-What happens: the torch operation runs once on *fake* subclass instances (inner fakes made from the inner proxies'
-metadata, rebuilt with ``__tensor_unflatten__``) under a recording dispatch mode that steps aside for subclasses
-(so their ``__torch_dispatch__`` runs) and records the aten calls they make on plain inner tensors.
+What happens: the torch operation runs once on *fake* subclass instances under the recorder of
+``thunder_subclass.recording`` (inner fakes made from the inner proxies' metadata, rebuilt with
+``__tensor_unflatten__``; the aten calls the subclass's dispatch makes on plain inner tensors are recorded).
 
 Out: ONE bound symbol for the torch-level operation whose outputs carry the true result metadata (subclass or plain,
 type, dtype, shape: user code that branches on them behaves as eager) and whose subsymbols are
@@ -17,450 +18,41 @@ user's source line.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import inspect
-import types
-from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.utils._pytree as pytree
-from torch._ops import OpOverload
-from torch._subclasses.fake_tensor import FakeTensor
-from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass_type
 
-import thunder.core.devices as devices
 import thunder.core.dtypes as dtypes
-import thunder.core.prims as prims
-from thunder.core.proxies import Proxy, TensorProxy
-from thunder.core.pytree import tree_flatten, tree_map, tree_unflatten
+from thunder.core.proxies import TensorProxy
+from thunder.core.pytree import tree_flatten
 from thunder.core.symbol import Symbol
 from thunder.core.trace import get_tracectx
 
-from thunder_subclass._thunder_internals import is_called_from_user_code, source_location
-from thunder_subclass.aten_symbols import record_aten_call
-from thunder_subclass.errors import (
-    SubclassDispatchError,
-    SubclassProtocolError,
-    TensorSubclassError,
-    UnsupportedSubclassOperationError,
-    format_location,
-)
-from thunder_subclass.fake import FakeEnv, fake_execution
-from thunder_subclass.proxy import SubclassTensorProxy, flatten_tensor, has_subclass_proxy, is_opaque_object
-from thunder_subclass.subclass_symbols import record_flatten, record_unflatten
+from thunder_subclass._thunder_internals import is_called_from_user_code
+from thunder_subclass.proxy import SubclassTensorProxy
+from thunder_subclass.recording import bind_unrolled, denormalize, op_name, record_call, subclass_names, torch_callable_for
 
-__all__ = ["unroll_symbol_call", "construct_subclass", "subclass_lookaside", "torch_callable_for"]
-
-
-class RecordingMode(TorchDispatchMode):
-    """Records aten calls on plain (fake) tensors; steps aside (``NotImplemented``) when a wrapper subclass is an
-    argument, so that the subclass's ``__torch_dispatch__`` runs and its inner calls come back here."""
-
-    def __init__(self):
-        super().__init__()
-        self.calls: list[tuple[OpOverload, tuple, dict, Any]] = []
-        self.saw_subclass = False  # some op ran a wrapper subclass's __torch_dispatch__
-
-    def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if any(is_traceable_wrapper_subclass_type(t) for t in types_):
-            self.saw_subclass = True
-            return NotImplemented
-        try:
-            out = func(*args, **kwargs)
-        except Exception as e:
-            if not hasattr(e, "_thunder_subclass_op"):
-                e._thunder_subclass_op = func  # the aten / custom op that failed on fakes, for the error message
-            raise
-        if isinstance(func, OpOverload) and any(isinstance(o, torch.Tensor) for o in pytree.tree_leaves(out)):
-            self.calls.append((func, args, kwargs, out))
-        return out
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# torch callable for a thunder symbol
-# ---------------------------------------------------------------------------------------------------------------
-
-
-@functools.cache
-def _torch_callables_by_symbol_id() -> dict[Any, list[Callable]]:
-    from thunder_subclass._thunder_internals import torch_to_thunder_symbols
-
-    table = defaultdict(list)
-    for torch_fn, sym in torch_to_thunder_symbols().items():
-        table[sym.id].append(torch_fn)
-    return table
-
-
-def _is_tensor_method(fn: Callable) -> bool:
-    owner = getattr(fn, "__objclass__", None)
-    if owner is not None:
-        return issubclass(owner, torch._C.TensorBase)
-    return getattr(fn, "__qualname__", "").split(".")[0] in ("Tensor", "TensorBase")
-
-
-@functools.cache
-def _first_parameter(sym: Symbol) -> str | None:
-    # thunder's method-style symbols take the tensor first as ``a`` (``reshape(a, *shape)``); others follow the
-    # function (``where(pred, a, b)``, whose Tensor method would put ``a`` first)
-    try:
-        return next(iter(inspect.signature(sym.meta).parameters), None)
-    except (TypeError, ValueError):
-        return None
-
-
-def torch_callable_for(sym: Symbol, args: tuple) -> Callable:
-    """The torch callable that thunder symbol ``sym`` stands for (resolved from the symbol id)."""
-    candidates = _torch_callables_by_symbol_id().get(sym.id, [])
-    if not candidates:
-        raise UnsupportedSubclassOperationError(
-            f"thunder symbol {sym.name} (id {sym.id!r}) has no torch operation that thunder_subclass can run on "
-            "tensor subclasses. Please report it."
-        )
-    methods = [f for f in candidates if _is_tensor_method(f) and not f.__name__.startswith("__")]
-    functions = [f for f in candidates if not _is_tensor_method(f)]
-
-    def preference(f):  # same name as the symbol first (torch.mm, not torch.spmm, for ltorch.mm), then torch.*
-        return (f.__name__ != sym.name, not (getattr(f, "__module__", "") or "").startswith("torch"))
-
-    # the Tensor method when the first argument is a tensor (thunder symbols take method-style arguments:
-    # x.reshape(3, 8) calls ltorch.reshape(x, 3, 8)); else a function (2 * x calls torch.mul(2, x))
-    if args and isinstance(args[0], TensorProxy) and methods and _first_parameter(sym) in ("a", "self", "input"):
-        return min(methods, key=preference)
-    if functions:
-        return min(functions, key=preference)
-    return candidates[0]
-
-
-def _is_default(value: Any, default: Any) -> bool:
-    if value is default:
-        return True
-    if isinstance(value, Proxy) or type(value) is not type(default):
-        return False
-    try:
-        return bool(value == default)
-    except Exception:
-        return False
-
-
-def denormalize(sym: Symbol, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    """Arguments as a torch callable takes them. Thunder binds a symbol's arguments to its meta's signature with
-    defaults filled in (``ltorch.relu(x, False)``), which ``Tensor.relu`` does not accept: drop arguments equal to
-    their defaults, and pass the ones after a dropped one by keyword."""
-    try:
-        sig = inspect.signature(sym.meta)
-        bound = sig.bind(*args, **kwargs)
-    except (TypeError, ValueError):
-        return args, kwargs
-    new_args: list = []
-    new_kwargs: dict = {}
-    positional = True
-    for name, value in bound.arguments.items():
-        param = sig.parameters[name]
-        if param.kind is inspect.Parameter.VAR_POSITIONAL:
-            new_args.extend(value)
-            continue
-        if param.kind is inspect.Parameter.VAR_KEYWORD:
-            new_kwargs.update(value)
-            continue
-        if param.default is not inspect.Parameter.empty and _is_default(value, param.default):
-            positional = positional and param.kind is inspect.Parameter.POSITIONAL_ONLY
-            continue
-        if positional and param.kind is not inspect.Parameter.KEYWORD_ONLY:
-            new_args.append(value)
-        else:
-            positional = False
-            new_kwargs[name] = value
-    return tuple(new_args), new_kwargs
-
-
-def _op_name(fn: Callable) -> str:
-    if isinstance(fn, type):
-        return f"{fn.__qualname__}(...)"
-    qual = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", repr(fn))
-    module = getattr(fn, "__module__", None)
-    if _is_tensor_method(fn):
-        return f"torch.Tensor.{fn.__name__}"
-    if module in ("torch", None) or qual.startswith("_VariableFunctions"):
-        return f"torch.{fn.__name__}"
-    if module and module.startswith("torch"):
-        module = "torch.nn.functional" if module.startswith("torch.nn.functional") else module
-        module = "torch" if module.startswith("torch._C") else module
-        return f"{module}.{qual}"
-    return qual
-
-
-def _subclass_names(args, kwargs) -> str:
-    names = []
-    for a in tree_flatten((args, kwargs))[0]:
-        if isinstance(a, SubclassTensorProxy) and a.subclass_type.__name__ not in names:
-            names.append(a.subclass_type.__name__)
-    return ", ".join(names) or "tensor subclass"
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# The unrolling
-# ---------------------------------------------------------------------------------------------------------------
-
-
-def _run_on_fakes(fn: Callable, args, kwargs, what: str, subclasses: str, *, env: FakeEnv | None = None,
-                  wants_grad: Callable[[TensorProxy], bool] | None = None):
-    """Run ``fn`` on fakes of ``args``/``kwargs`` under the recorder. With ``wants_grad``, the top-level tensor
-    arguments it selects require grad and ``fn`` runs with grad enabled (for differentiating it afterwards)."""
-    env = env if env is not None else FakeEnv()
-    try:
-        fargs, fkwargs = tree_map(env.to_fake, (args, kwargs))
-    except SubclassProtocolError as e:  # e.g. __tensor_unflatten__ rebuilding the wrong thing
-        filename, lineno = source_location()
-        raise SubclassProtocolError(f"{e} (while tracing {what} at {format_location(filename, lineno)})") from e
-    if wants_grad is not None:
-        for a in tree_flatten((args, kwargs))[0]:
-            if isinstance(a, TensorProxy):
-                fake = env.to_fake(a)
-                if fake.is_leaf:
-                    fake.requires_grad_(bool(wants_grad(a)))
-    recorder = RecordingMode()
-    grad_mode = torch.enable_grad() if wants_grad is not None else torch.set_grad_enabled(_traced_grad_mode())
-    try:
-        with fake_execution(), grad_mode, recorder:
-            out = fn(*fargs, **fkwargs)
-    except TensorSubclassError:
-        raise
-    except Exception as e:
-        raise dispatch_error(what, subclasses, e) from e
-    return env, recorder.calls, out
-
-
-_grad_mode_override: list[bool] = []
-
-
-@contextlib.contextmanager
-def traced_grad_mode(enabled: bool):
-    """Run fakes with this grad mode (used when re-tracing a symbol recorded under ``torch.no_grad``)."""
-    _grad_mode_override.append(enabled)
-    try:
-        yield
-    finally:
-        _grad_mode_override.pop()
-
-
-def _traced_grad_mode() -> bool:
-    # whether the traced code runs with grad enabled (thunder follows torch.no_grad() in user code)
-    from thunder.core.compile_data import get_compile_data
-
-    if _grad_mode_override:
-        return _grad_mode_override[-1]
-    cd = get_compile_data()
-    return torch.is_grad_enabled() if cd is None else bool(cd.is_grad_enabled)
-
-
-def _missing_fake_impl(e: Exception) -> str | None:
-    """The name of the custom operator whose missing fake implementation made ``e``, else None."""
-    op = getattr(e, "_thunder_subclass_op", None)
-    if op is None or not isinstance(op, OpOverload) or op.namespace in ("aten", "prim", "prims"):
-        return None
-    message = str(e)
-    if "fake impl" in message or "Meta" in message or "meta" in message:
-        return op._schema.name
-    return None
-
-
-def dispatch_error(what: str, subclasses: str, e: Exception) -> TensorSubclassError:
-    filename, lineno = source_location()
-    from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
-
-    if isinstance(e, (DataDependentOutputException, DynamicOutputShapeException)):
-        return UnsupportedSubclassOperationError(
-            f"{what} on {subclasses} at {format_location(filename, lineno)} makes a data-dependent computation "
-            f"inside dispatch ({e}: a Python number from .item(), or a shape from nonzero / boolean masking): "
-            "its result depends on tensor values, which thunder_subclass does not know while tracing. Compute it "
-            "outside the compiled function, or keep it on tensors (torch.where instead of masking)."
-        )
-    custom_op = _missing_fake_impl(e)
-    if custom_op is not None:
-        return UnsupportedSubclassOperationError(
-            f"custom operator {custom_op}, called by {subclasses} for {what} at "
-            f"{format_location(filename, lineno)}, has no fake implementation; thunder_subclass runs dispatch on "
-            "fake tensors while tracing and needs one to know the result's metadata. Register it with "
-            f"@torch.library.register_fake(\"{custom_op}\") (or <op>.register_fake for torch.library.custom_op)."
-        )
-    return SubclassDispatchError(
-        f"{what} on {subclasses} failed while tracing at {format_location(filename, lineno)}: "
-        f"{type(e).__name__}: {e}\nThe operation ran on fake {subclasses} instances "
-        "(its __torch_dispatch__ / __torch_function__ and fake-tensor execution); fix the subclass's "
-        "implementation of this operation or avoid calling it in compiled code."
-    )
-
-
-def _proxy_for_result(x: Any, env: FakeEnv, scope: list, what: str) -> Any:
-    if isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-        raise UnsupportedSubclassOperationError(f"{what} returned a data-dependent value {x!r}; not supported.")
-    if is_opaque_object(x):
-        p = env.proxy_of(x)
-        if p is None:
-            raise UnsupportedSubclassOperationError(
-                f"{what} made a new opaque {type(x).__qualname__} object; thunder_subclass can only pass on opaque "
-                "objects that come from the inputs."
-            )
-        return p
-    if not isinstance(x, torch.Tensor):
-        return x
-    p = env.proxy_of(x)
-    if p is not None and not (isinstance(p, SubclassTensorProxy) and _inner_mutated(x, env)):
-        return p
-    if is_traceable_wrapper_subclass(x):
-        attrs, ctx = flatten_tensor(x)
-        inner = {a: _proxy_for_result(getattr(x, a), env, scope, what) for a in attrs}
-        out = SubclassTensorProxy(
-            None,
-            subclass_type=type(x),
-            inner=inner,
-            flatten_ctx=ctx,
-            outer_stride=tuple(x.stride()),
-            shape=tuple(x.shape),
-            device=devices.to_device(x.device),
-            dtype=dtypes.to_dtype(x.dtype),
-            requires_grad=x.requires_grad,
-        )
-        record_unflatten(out, scope)
-        env.bind(out, x)
-        return out
-    kind = "a fake tensor" if isinstance(x, FakeTensor) else "a real (non-fake) tensor"
-    raise UnsupportedSubclassOperationError(
-        f"{what} returned {kind} that no recorded aten operation produced; thunder_subclass cannot place it "
-        "in the trace."
-    )
-
-
-def _inner_mutated(x: torch.Tensor, env: FakeEnv) -> bool:
-    """Whether an in-place op wrote to an inner tensor of subclass fake ``x`` (then ``x`` is returned as a new
-    version: a new proxy over the new inner versions)."""
-    attrs, _ = flatten_tensor(x)
-    for a in attrs:
-        inner = getattr(x, a)
-        if id(inner) in env.mutated or (is_traceable_wrapper_subclass(inner) and _inner_mutated(inner, env)):
-            return True
-    return False
-
-
-def _record(fn: Callable, args: tuple, kwargs: dict, scope: list, what: str, subclasses: str, **run_kwargs):
-    """Run ``fn`` on fakes and record flatten -> aten calls -> unflatten into ``scope``; return proxy results."""
-    env, calls, out = _run_on_fakes(fn, args, kwargs, what, subclasses, **run_kwargs)
-    result = emit_calls(env, calls, out, scope, what, subclasses)
-    return env, out, result
-
-
-def emit_calls(env: FakeEnv, calls: list, out: Any, scope: list, what: str, subclasses: str,
-               flatten_from: int = 0) -> Any:
-    """Append to ``scope``: flattens of the subclass inputs ``env`` made fakes for (from index ``flatten_from``),
-    the recorded aten ``calls``, and unflattens building subclass results; return ``out`` as proxies."""
-
-    def to_proxy(x):
-        if is_opaque_object(x):
-            return env.proxy_of(x) or x
-        if isinstance(x, torch.Tensor):
-            p = env.proxy_of(x)
-            if p is not None:
-                return p
-            if isinstance(x, FakeTensor):
-                raise UnsupportedSubclassOperationError(
-                    f"{what} on {subclasses} used a tensor created outside any recorded aten operation."
-                )
-        return x
-
-    trace = get_tracectx()
-    mark = len(scope)
-    trace.push_scope(scope)
-    try:
-        inputs = env.subclass_inputs[flatten_from:]
-        for p in inputs:
-            if not any(p is q for sub in inputs for q in sub.inner.values()):
-                record_flatten(p, scope)
-        for op, a, k, fake_out in calls:
-            pa, pk = pytree.tree_map(to_proxy, (a, k))
-            record_aten_call(op, pa, pk, fake_out, env)
-        flat, spec = pytree.tree_flatten(out)
-        result = pytree.tree_unflatten([_proxy_for_result(x, env, scope, what) for x in flat], spec)
-    finally:
-        trace.pop_scope()
-    _mark_detached_if_grad_disabled(scope[mark:])
-    return result
-
-
-def _mark_detached_if_grad_disabled(bsyms) -> None:
-    # What Symbol.__call__ does for the symbols it records: outputs made under torch.no_grad are constants for
-    # thunder's autodiff (ProxyTag.DETACHED_AUTOGRAD_GRAPH).
-    from thunder.core.proxies import ProxyTag
-
-    if _traced_grad_mode():
-        return
-    for bsym in bsyms:
-        for o in bsym.flat_proxy_outs:
-            if isinstance(o, TensorProxy):
-                o.tags.add(ProxyTag.DETACHED_AUTOGRAD_GRAPH)
+__all__ = ["unroll_symbol_call", "construct_subclass", "subclass_lookaside"]
 
 
 def unroll_symbol_call(sym: Symbol, args: tuple, kwargs: dict):
     """Record ``sym(*args, **kwargs)`` (some args are subclass proxies) as one bound symbol with unrolled
     subsymbols, and return its outputs (called from the ``Symbol.__call__`` hook)."""
-    from thunder_subclass.autograd import ensure_grad_rule
-
-    ensure_grad_rule(sym)
     targs, tkwargs = denormalize(sym, args, kwargs)
     fn = torch_callable_for(sym, targs)
     subsymbols: list = []
-    _, _, result = _record(fn, targs, tkwargs, subsymbols, _op_name(fn), _subclass_names(args, kwargs))
+    _, _, result = record_call(fn, targs, tkwargs, subsymbols, op_name(fn), subclass_names(args, kwargs))
     return bind_unrolled(sym, args, kwargs, result, subsymbols)
-
-
-def bind_unrolled(sym: Symbol, args: tuple, kwargs: dict, result: Any, subsymbols: list) -> Any:
-    """Append ``sym(*args, **kwargs) -> result`` with ``subsymbols`` to the current scope; return the outputs."""
-    # An operation that returns one of its subclass inputs unchanged (x.contiguous(), x.to(x.dtype)) returns
-    # the same object in eager mode: no new value, no bound symbol.
-    if isinstance(result, TensorProxy) and any(result is a for a in tree_flatten((args, kwargs))[0]):
-        return result
-
-    # thunder never lets a bound symbol output one of its inputs; copy plain outputs that are inputs.
-    inputs = {id(a) for a in tree_flatten((args, kwargs))[0] if isinstance(a, TensorProxy)}
-    flat, spec = tree_flatten(result)
-    if any(id(p) in inputs for p in flat):
-        trace = get_tracectx()
-        trace.push_scope(subsymbols)
-        try:
-            flat = [prims.shallow_copy(p) if id(p) in inputs else p for p in flat]
-        finally:
-            trace.pop_scope()
-        result = tree_unflatten(flat, spec)
-
-    bsym = sym.bind(*args, **kwargs, output=result, subsymbols=subsymbols)
-    get_tracectx().peek_scope().append(bsym)
-    remember_argument_kinds(bsym)
-    return result
-
-
-ARG_KINDS = "_thunder_subclass_arg_kinds"
-
-
-def remember_argument_kinds(bsym) -> None:
-    """Record, on the bound symbol's first output proxy, the kinds of the arguments its subsymbols were recorded for.
-    thunder's autodiff later substitutes gradients into arguments (a guessed gradient by the actual one); the
-    flatten pass compares and traces the symbol again when the kinds differ."""
-    from thunder_subclass.autograd import proxy_kind
-
-    outs = bsym.flat_proxy_outs
-    if outs:
-        outs[0].__dict__[ARG_KINDS] = tuple(proxy_kind(p) for p in bsym.flat_proxy_args)
 
 
 def construct_subclass(cls: type, *args, **kwargs):
     """``cls(*args, **kwargs)`` in traced code: record the aten calls the constructor makes and the unflatten
     that builds the subclass proxy, directly in the current scope."""
     scope = get_tracectx().peek_scope()
-    _, _, result = _record(cls, args, kwargs, scope, f"{cls.__qualname__}(...)", cls.__qualname__)
+    _, _, result = record_call(cls, args, kwargs, scope, f"{cls.__qualname__}(...)", cls.__qualname__)
     return result
 
 
@@ -502,26 +94,7 @@ def subclass_lookaside(fn: Any, wrapped_args: tuple) -> Callable | None:
         if isinstance(obj, TensorProxy) and name == "dtype" and is_called_from_user_code():
             return interpreter_needs_wrap(_torch_dtype_attr)
         return None
-    if fn is torch.autograd.function.Function.apply.__func__ and wrapped_args:
-        # MyFunction.apply(*args) reaches the interpreter as Function.apply.__func__(MyFunction, *args)
-        from thunder_subclass.autograd import apply_autograd_function, involves_subclass
-
-        cls, *uargs = (unwrap(a) for a in wrapped_args)
-        if has_subclass_proxy(uargs, {}) or involves_subclass(cls, tuple(uargs), {}):
-            return interpreter_needs_wrap(apply_autograd_function)
-        return None
     if isinstance(fn, type) and is_traceable_wrapper_subclass_type(fn):
         if any(isinstance(a, TensorProxy) for a in tree_flatten([unwrap(a) for a in wrapped_args])[0]):
             return interpreter_needs_wrap(functools.partial(construct_subclass, fn))
-    return None
-
-
-def subclass_method(p: SubclassTensorProxy, attr: str) -> Callable | None:
-    """A Python method the subclass defines itself (not a torch.Tensor method), bound to the proxy, so that the
-    interpreter traces its body (``self.a`` there gives the inner proxy)."""
-    if hasattr(torch.Tensor, attr):
-        return None
-    fn = getattr(p.subclass_type, attr, None)
-    if isinstance(fn, types.FunctionType):
-        return types.MethodType(fn, p)
     return None

@@ -1,7 +1,7 @@
 """Stage 1, entry points: ``thunder_subclass.jit`` and the ``"tensor-subclass"`` thunder plugin.
 
-Both put the plugin's executor first in the jit's executor list and install the hooks of ``_thunder_internals``
-(idempotently). The executor's presence is what makes the hooks act for that jit and for no other.
+Both put the plugin's executor first in the jit's executor list and install the hooks (``thunder_subclass.hooks``,
+idempotently). The executor's presence is what makes the hooks act for that jit and for no other.
 """
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ from collections.abc import Callable, Sequence
 
 from thunder.core.recipe import Plugin, PluginPolicy
 
-from thunder_subclass import _thunder_internals
+from thunder_subclass import hooks
 from thunder_subclass.executor import subclass_executor
+from thunder_subclass.tangents import SavedTensorNames
 
 __all__ = ["jit", "TensorSubclassPlugin", "PLUGIN_NAME"]
 
@@ -32,12 +33,10 @@ class TensorSubclassPlugin(Plugin):
     policy = PluginPolicy.PRE
 
     def setup_executors(self):
-        _thunder_internals.install()
+        hooks.install()
         return [subclass_executor]
 
     def setup_transforms(self):
-        from thunder_subclass.tangents import SavedTensorNames
-
         return [SavedTensorNames()]
 
 
@@ -61,11 +60,9 @@ def jit(fn: Callable, /, **kwargs) -> Callable:
     import thunder
     from thunder.extend import resolve_executors
 
-    _thunder_internals.install()
+    hooks.install()
     executors: Sequence = resolve_executors(kwargs.pop("executors", None))
     executors = [subclass_executor, *(ex for ex in executors if ex is not subclass_executor)]
-    from thunder_subclass.tangents import SavedTensorNames
-
     transforms = [*(kwargs.pop("transforms", None) or ()), SavedTensorNames()]
     # thunder 0.2.6's "split autograd" side channel makes two meta-device torch.randn per call (about 0.17 ms on a
     # 2-core CPU, a fifth of a small model's training step); without it thunder connects its autograd.Function the

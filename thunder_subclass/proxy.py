@@ -11,7 +11,9 @@ In a trace it prints as ``TwoTensor[cpu f32[4, 4]] (a: cpu f32[4, 4], b: cpu f32
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import operator
+import types
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -22,11 +24,17 @@ import thunder.core.devices as devices
 import thunder.core.dtypes as dtypes
 from thunder.core.proxies import AnyProxy, ProxyTag, TensorProxy, tensorproxy
 from thunder.core.pytree import tree_iter
+from thunder.core.symbol import Symbol
 from thunder.core.trace import get_tracectx
 
+from thunder_subclass._thunder_internals import attribute_provenance, is_opaque_reference_object, opaque_guard_fn
 from thunder_subclass.errors import SubclassProtocolError
+from thunder_subclass.executor import register_symbol
 
-__all__ = ["SubclassTensorProxy", "is_subclass_value", "has_subclass_proxy", "subclass_proxy_from_tensor"]
+__all__ = [
+    "SubclassTensorProxy", "OpaqueObjectProxy", "is_subclass_value", "has_subclass_proxy", "subclass_proxy_from_tensor",
+    "proxy_kind", "runtime_kind", "flatten_symbol", "record_flatten",
+]
 
 
 class SubclassTensorProxy(TensorProxy):
@@ -88,8 +96,6 @@ class SubclassTensorProxy(TensorProxy):
             self._define_inner_in_trace()
             return inner[attr]
         if inner is not None:
-            from thunder_subclass.interpretation import subclass_method
-
             method = subclass_method(self, attr)
             if method is not None:
                 return method
@@ -101,8 +107,6 @@ class SubclassTensorProxy(TensorProxy):
         trace = get_tracectx()
         if trace is None or self.__dict__.get("_flattened_in") is trace:
             return
-        from thunder_subclass.subclass_symbols import record_flatten
-
         record_flatten(self, trace.peek_scope())
         self.__dict__["_flattened_in"] = trace
 
@@ -228,15 +232,11 @@ def is_opaque_object(v: Any) -> bool:
     ``__tensor_flatten__`` may list next to tensors (DeviceMesh works this way)."""
     if v is None or isinstance(v, (torch.Tensor, int, float, bool, str)):
         return False
-    from thunder_subclass._thunder_internals import is_opaque_reference_object
-
     return is_opaque_reference_object(v)
 
 
 def opaque_guard_values(v: Any) -> Any:
     """What the cache guards on for opaque object ``v``: its type's registered ``guard_fn(v)`` (None without one)."""
-    from thunder_subclass._thunder_internals import opaque_guard_fn
-
     guard_fn = opaque_guard_fn(type(v))
     return None if guard_fn is None else guard_fn(v)
 
@@ -274,7 +274,7 @@ def subclass_proxy_from_tensor(t: torch.Tensor, *, name: str | None, history, in
             inner[a] = OpaqueObjectProxy(it, name=iname, history=h)
         elif is_subclass_value(it):
             inner[a] = subclass_proxy_from_tensor(
-                it, name=iname, history=h, inner_history=None if h is None else _load_attr_history(h)
+                it, name=iname, history=h, inner_history=None if h is None else attribute_provenance(h)
             )
         else:
             inner[a] = tensorproxy(it, name=iname, history=h)
@@ -297,31 +297,90 @@ def subclass_proxy_from_tensor(t: torch.Tensor, *, name: str | None, history, in
     return p
 
 
-def _load_attr_history(history):
-    from thunder.core.interpreter import ProvenanceRecord, PseudoInst, wrap_const
+def subclass_method(p: SubclassTensorProxy, attr: str) -> Callable | None:
+    """A Python method the subclass defines itself (not a torch.Tensor method), bound to the proxy, so that the
+    interpreter traces its body (``self.a`` there gives the inner proxy)."""
+    if hasattr(torch.Tensor, attr):
+        return None
+    fn = getattr(p.subclass_type, attr, None)
+    if isinstance(fn, types.FunctionType):
+        return types.MethodType(fn, p)
+    return None
 
-    def inner_history(attr: str):
-        return ProvenanceRecord(PseudoInst.LOAD_ATTR, inputs=[history, wrap_const(attr).provenance])
 
-    return inner_history
+# ---------------------------------------------------------------------------------------------------------------
+# Kinds: what a recorded program depends on about a value (compile-time proxies and run-time tensors, side by side)
+# ---------------------------------------------------------------------------------------------------------------
 
 
-def proxify_subclass(jit_ctx, value):
-    """Proxify an input wrapper subclass (called from the ``JitCtx.proxify`` hook) and add its prologue guards."""
-    from thunder.core.jit_ext import EXT_FLAG_IS_TENSOR_PROXY, _infer_name_postfix_from_provenance
+def ctx_key(ctx: Any) -> Any:
+    """A flatten context as part of a hashable kind: itself when hashable (so equal contexts match even when their
+    reprs differ, e.g. ``torch.Size([])`` and ``()``), else its repr."""
+    try:
+        hash(ctx)
+        return ctx
+    except TypeError:
+        return repr(ctx)
 
-    from thunder_subclass.guards import add_subclass_guards
 
-    t = value.value
-    postfix = _infer_name_postfix_from_provenance(value.provenance)
-    name = None
-    if postfix:
-        name = f"t{postfix}"
-        jit_ctx.computation_trace.names.discard(name)
-    p = subclass_proxy_from_tensor(
-        t, name=name, history=value.provenance, inner_history=_load_attr_history(value.provenance)
-    )
-    value.provenance.ext_flag |= EXT_FLAG_IS_TENSOR_PROXY
-    value.register_proxy(p)
-    add_subclass_guards(jit_ctx, p)
-    return p
+def proxy_kind(p: Any) -> Any:
+    """What a gradient's recorded backward depends on: plain tensor, or subclass type + context + inner kinds."""
+    if isinstance(p, SubclassTensorProxy):
+        return (p.subclass_type, ctx_key(p.flatten_ctx), tuple(proxy_kind(i) for i in p.inner.values()))
+    if isinstance(p, TensorProxy):
+        return torch.Tensor
+    if isinstance(p, OpaqueObjectProxy):
+        return type(p.value)
+    return type(p)
+
+
+def runtime_kind(t: Any) -> Any:
+    """:func:`proxy_kind` of a real tensor."""
+    if isinstance(t, torch.Tensor) and is_traceable_wrapper_subclass(t):
+        attrs, ctx = t.__tensor_flatten__()
+        return (type(t), ctx_key(ctx), tuple(runtime_kind(getattr(t, a)) for a in attrs))
+    if isinstance(t, torch.Tensor):
+        return torch.Tensor
+    return type(t)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# flatten_<Cls>: the symbol that exposes a subclass proxy's inner tensors in a trace (unflatten_<Cls>, which builds
+# one, is in thunder_subclass.subclass_symbols)
+# ---------------------------------------------------------------------------------------------------------------
+
+_flatten: dict[type, Symbol] = {}
+flatten_ids: set[str] = set()  # ids of the flatten symbols (thunder_subclass.subclass_symbols adds its own)
+
+
+def flatten_symbol(cls: type) -> Symbol:
+    """``flatten_<Cls>(x, attrs)`` -> the inner tensors of ``x`` named by ``attrs`` (``getattr`` at run time)."""
+    sym = _flatten.get(cls)
+    if sym is None:
+
+        def meta(x: SubclassTensorProxy, attrs: tuple[str, ...]):
+            return tuple(x.inner[a] for a in attrs)
+
+        getters: dict = {}
+
+        def impl(x, attrs):  # runs every call: one attrgetter per attribute tuple
+            getter = getters.get(attrs)
+            if getter is None:
+                getter = getters[attrs] = operator.attrgetter(*attrs) if len(attrs) > 1 else (
+                    lambda t, a=attrs[0]: (getattr(t, a),)
+                )
+            return getter(x)
+
+        sym = register_symbol(f"flatten_{cls.__name__}", meta=meta, fn=impl)
+        _flatten[cls] = sym
+        flatten_ids.add(sym.id)
+    return sym
+
+
+def record_flatten(p: SubclassTensorProxy, scope: list) -> None:
+    """Append ``flatten_<Cls>(p)`` to ``scope``, then the flattens of nested subclass inner tensors."""
+    sym = flatten_symbol(p.subclass_type)
+    scope.append(sym.bind(p, p.attr_names, output=tuple(p.inner.values())))
+    for inner in p.inner.values():
+        if isinstance(inner, SubclassTensorProxy):
+            record_flatten(inner, scope)

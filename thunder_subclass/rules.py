@@ -41,9 +41,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import torch
+from thunder.core.compile_data import get_compile_data
+from thunder.core.pytree import tree_flatten
 from thunder.core.symbol import Symbol
 
-from thunder_subclass.errors import SubclassGradRuleError
+from thunder_subclass._thunder_internals import torch_to_thunder_symbols
+from thunder_subclass.errors import SubclassGradRuleError, TensorSubclassError
+from thunder_subclass.interpretation import construct_subclass
+from thunder_subclass.proxy import SubclassTensorProxy
 
 __all__ = ["register_grad_rule", "register_implementation", "RuleHandle", "make_subclass"]
 
@@ -96,8 +102,6 @@ def resolve_symbol(op: Any) -> Symbol:
     """The thunder torch symbol that ``op`` (a torch callable or a thunder symbol) is traced as."""
     if isinstance(op, Symbol):
         return op
-    from thunder_subclass._thunder_internals import torch_to_thunder_symbols
-
     sym = torch_to_thunder_symbols().get(op) if _hashable(op) else None
     if not isinstance(sym, Symbol):
         raise TypeError(
@@ -117,15 +121,11 @@ def _hashable(x) -> bool:
 
 
 def _check_subclass_type(subclass_type) -> None:
-    import torch
-
     if not (isinstance(subclass_type, type) and issubclass(subclass_type, torch.Tensor)):
         raise TypeError(f"subclass_type must be a torch.Tensor subclass, got {subclass_type!r}")
 
 
 def _register(table, kind, subclass_type, op, fn, executor, allow_override, checker=None) -> RuleHandle:
-    from thunder_subclass.autograd import ensure_grad_rule
-
     _check_subclass_type(subclass_type)
     sym = resolve_symbol(op)
     key = (subclass_type, sym.id, executor)
@@ -138,7 +138,6 @@ def _register(table, kind, subclass_type, op, fn, executor, allow_override, chec
         )
     entry = _Entry(kind, subclass_type, sym.name, fn, executor, checker)
     table[key] = [entry]
-    ensure_grad_rule(sym)
     return RuleHandle(table, key, entry)
 
 
@@ -176,8 +175,6 @@ def register_implementation(subclass_type: type, op: Any, execution_transform: C
 def make_subclass(cls: type, *args, **kwargs):
     """``cls(*args, **kwargs)`` on proxies inside a grad rule or an execution transform: the constructor runs on
     fakes and is recorded (its aten calls, then ``unflatten_<cls>``), as when traced code constructs a subclass."""
-    from thunder_subclass.interpretation import construct_subclass
-
     return construct_subclass(cls, *args, **kwargs)
 
 
@@ -189,11 +186,6 @@ def make_subclass(cls: type, *args, **kwargs):
 def _find(table, sym_id, args, kwargs, *, use_checker: bool) -> _Entry | None:
     if not table:
         return None
-    from thunder.core.compile_data import get_compile_data
-    from thunder.core.pytree import tree_flatten
-
-    from thunder_subclass.proxy import SubclassTensorProxy
-
     cd = get_compile_data()
     executors = list(cd.executors_list) if cd is not None else []
 
@@ -222,8 +214,6 @@ def find_implementation(sym_id, args, kwargs) -> _Entry | None:
 
 def call_rule(entry: _Entry, args, kwargs):
     """Run a user's rule, turning its exceptions into :class:`SubclassGradRuleError` naming rule, subclass, op."""
-    from thunder_subclass.errors import TensorSubclassError
-
     try:
         return entry.fn(*args, **kwargs)
     except TensorSubclassError:

@@ -1,6 +1,8 @@
 """The symbols at the boundary between a subclass object and its inner tensors.
 
-* ``flatten_<Cls>(x, attrs)`` -> the inner tensors of ``x`` named by ``attrs`` (``getattr`` at run time);
+* ``flatten_<Cls>(x, attrs)`` -> the inner tensors of ``x`` named by ``attrs`` (``getattr`` at run time; defined
+  with the proxy, ``thunder_subclass.proxy.flatten_symbol``, since reading ``x.a`` records it);
+* ``flatten_cotangent_<Cls>(g, attrs, ctx)`` -> the inner tensors of a gradient passed to ``.backward()``, checked;
 * ``unflatten_<Cls>(inner..., attrs, ctx, outer_size, outer_stride)`` -> ``Cls.__tensor_unflatten__(...)``.
 
 One pair per subclass type, made on first use in the plugin's executor, so traces read ``flatten_TwoTensor``.
@@ -10,16 +12,19 @@ a subclass leaves the compiled function.
 
 from __future__ import annotations
 
-import operator
 from typing import Any
 
 from thunder.core.symbol import Symbol
 
-from thunder_subclass.autograd import register_constant_symbol
-from thunder_subclass.executor import subclass_executor, unique_operator_name
-from thunder_subclass.proxy import SubclassTensorProxy
+from thunder_subclass.errors import SubclassGradientError
+from thunder_subclass.executor import register_symbol
+from thunder_subclass.fake import FakeEnv
+from thunder_subclass.proxy import SubclassTensorProxy, flatten_ids, subclass_proxy_from_tensor
 
-__all__ = ["flatten_symbol", "unflatten_symbol", "is_flatten_bsym", "is_unflatten_bsym", "record_flatten", "record_unflatten"]
+__all__ = [
+    "unflatten_symbol", "cotangent_flatten_symbol", "is_flatten_bsym", "is_unflatten_bsym", "record_unflatten",
+    "ctx_arg", "ctx_value", "FlattenContext",
+]
 
 class FlattenContext:
     """A flatten context that is not a plain literal (DTensor's holds placements and a ``TensorMeta`` named tuple),
@@ -54,34 +59,8 @@ def ctx_value(arg: Any) -> Any:
     return arg.value if isinstance(arg, FlattenContext) else arg
 
 
-_flatten: dict[type, Symbol] = {}
 _unflatten: dict[type, Symbol] = {}
-_flatten_ids: set[str] = set()
 _unflatten_ids: set[str] = set()
-
-
-def flatten_symbol(cls: type) -> Symbol:
-    sym = _flatten.get(cls)
-    if sym is None:
-
-        def meta(x: SubclassTensorProxy, attrs: tuple[str, ...]):
-            return tuple(x.inner[a] for a in attrs)
-
-        getters: dict = {}
-
-        def impl(x, attrs):  # runs every call: one attrgetter per attribute tuple
-            getter = getters.get(attrs)
-            if getter is None:
-                getter = getters[attrs] = operator.attrgetter(*attrs) if len(attrs) > 1 else (
-                    lambda t, a=attrs[0]: (getattr(t, a),)
-                )
-            return getter(x)
-
-        sym = subclass_executor.register_operator(unique_operator_name(f"flatten_{cls.__name__}"), meta=meta, fn=impl)
-        register_constant_symbol(sym)
-        _flatten[cls] = sym
-        _flatten_ids.add(sym.id)
-    return sym
 
 
 def unflatten_symbol(cls: type) -> Symbol:
@@ -89,9 +68,6 @@ def unflatten_symbol(cls: type) -> Symbol:
     if sym is None:
 
         def meta(inner: tuple, attrs: tuple[str, ...], ctx: Any, outer_size: tuple, outer_stride: tuple):
-            from thunder_subclass.fake import FakeEnv
-            from thunder_subclass.proxy import subclass_proxy_from_tensor
-
             env = FakeEnv()
             fake = cls.__tensor_unflatten__(
                 {a: env.to_fake(p) for a, p in zip(attrs, inner)}, ctx_value(ctx), outer_size, outer_stride
@@ -103,10 +79,7 @@ def unflatten_symbol(cls: type) -> Symbol:
         def impl(inner, attrs, ctx, outer_size, outer_stride):
             return cls.__tensor_unflatten__(dict(zip(attrs, inner)), ctx_value(ctx), outer_size, outer_stride)
 
-        sym = subclass_executor.register_operator(
-            unique_operator_name(f"unflatten_{cls.__name__}"), meta=meta, fn=impl
-        )
-        register_constant_symbol(sym)
+        sym = register_symbol(f"unflatten_{cls.__name__}", meta=meta, fn=impl)
         _unflatten[cls] = sym
         _unflatten_ids.add(sym.id)
     return sym
@@ -125,8 +98,6 @@ def _coerce_cotangent(cls: type, g: Any, expected_ctx: Any):
         coerced = coerce(expected_ctx) if type(g) is cls else coerce(expected_ctx, cls)
         if coerced is not None and type(coerced) is cls:  # trusted, as torch.compile trusts it
             return coerced
-    from thunder_subclass.errors import SubclassGradientError
-
     got = type(g).__qualname__
     if type(g) is cls:
         got += f" with flatten context {g.__tensor_flatten__()[1]!r}"
@@ -154,30 +125,19 @@ def cotangent_flatten_symbol(cls: type) -> Symbol:
             g = _coerce_cotangent(cls, g, ctx_value(ctx))
             return tuple(getattr(g, a) for a in attrs)
 
-        sym = subclass_executor.register_operator(
-            unique_operator_name(f"flatten_cotangent_{cls.__name__}"), meta=meta, fn=impl
-        )
-        register_constant_symbol(sym)
+        sym = register_symbol(f"flatten_cotangent_{cls.__name__}", meta=meta, fn=impl)
         _cotangent_flatten[cls] = sym
-        _flatten_ids.add(sym.id)
+        flatten_ids.add(sym.id)
     return sym
 
 
 def is_flatten_bsym(bsym) -> bool:
-    return bsym.sym.id in _flatten_ids
+    """``flatten_<Cls>`` or ``flatten_cotangent_<Cls>``."""
+    return bsym.sym.id in flatten_ids
 
 
 def is_unflatten_bsym(bsym) -> bool:
     return bsym.sym.id in _unflatten_ids
-
-
-def record_flatten(p: SubclassTensorProxy, scope: list) -> None:
-    """Append ``flatten_<Cls>(p)`` to ``scope``, then the flattens of nested subclass inner tensors."""
-    sym = flatten_symbol(p.subclass_type)
-    scope.append(sym.bind(p, p.attr_names, output=tuple(p.inner.values())))
-    for inner in p.inner.values():
-        if isinstance(inner, SubclassTensorProxy):
-            record_flatten(inner, scope)
 
 
 def record_unflatten(out: SubclassTensorProxy, scope: list) -> None:

@@ -21,30 +21,36 @@ thunder ``Transform`` that reads the final backward trace), and is found again a
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
+import thunder.core.prims as prims
 from thunder.core.proxies import TensorProxy
 from thunder.core.pytree import tree_flatten
 from thunder.core.transform_common import Transform
 
-from thunder_subclass.autograd import ctx_key, proxy_kind
+from thunder_subclass import _thunder_internals
 from thunder_subclass.errors import SubclassGradientError
-from thunder_subclass.proxy import SubclassTensorProxy
+from thunder_subclass.executor import subclass_executor
+from thunder_subclass.fake import FakeEnv, fake_execution, torch_device, torch_dtype
+from thunder_subclass.flatten import Flattener, flatten_subclasses, needs_flattening
+from thunder_subclass.proxy import OpaqueObjectProxy, SubclassTensorProxy, proxy_kind, runtime_kind, subclass_proxy_from_tensor
 
-__all__ = ["BackwardVariants", "SavedTensorNames", "runtime_kind"]
+__all__ = ["BackwardVariants", "SavedTensorNames", "flatten_for_executors", "replace_grads", "run_backward"]
 
 
-def runtime_kind(t: Any) -> Any:
-    """:func:`thunder_subclass.autograd.proxy_kind` of a real tensor."""
-    if isinstance(t, torch.Tensor) and is_traceable_wrapper_subclass(t):
-        attrs, ctx = t.__tensor_flatten__()
-        return (type(t), ctx_key(ctx), tuple(runtime_kind(getattr(t, a)) for a in attrs))
-    if isinstance(t, torch.Tensor):
-        return torch.Tensor
-    return type(t)
+def flatten_for_executors(trace):
+    """The flatten pass as the plugin runs it before executors claim operations: for a joint forward+backward
+    trace (it holds ``get_grad``), with the backward variants and the incoming gradients' kinds of this module."""
+    if not needs_flattening(trace):
+        return trace
+    if not any(b.sym is prims.get_grad for b in trace.bound_symbols):
+        return flatten_subclasses(trace)
+    variants = BackwardVariants(trace, *_thunder_internals.current_compile_data())
+    return flatten_subclasses(trace, variants=variants, cotangent_aliases=coerce_tangents(trace, variants))
 
 
 class BackwardVariants:
@@ -104,19 +110,14 @@ class BackwardVariants:
         from thunder.executors.passes import transform_for_execution
         from thunder.executors.torchex import ex as torchex
 
-        from thunder_subclass._thunder_internals import compile_data_context, new_trace
-        from thunder_subclass.executor import subclass_executor
-        from thunder_subclass.flatten import _Flattener
-        from thunder_subclass.proxy import subclass_proxy_from_tensor
-
         if self.saved_names is None:
             raise SubclassGradientError(
                 "thunder_subclass could not find the saved tensors of this compiled function's backward, so it "
                 "cannot run a backward for gradients of another kind than its outputs. Pass gradients of the "
                 "outputs' kinds to .backward()."
             )
-        with compile_data_context(self.compile_data, self.compile_stats):
-            flattener = _Flattener(self.joint, variants=None)
+        with _thunder_internals.compile_data_context(self.compile_data, self.compile_stats):
+            flattener = Flattener(self.joint, variants=None)
             cotangents, grad_positions = [], []
             with tracectx(flattener.trace):
                 for i, (g, out) in enumerate(zip(grads, self.outputs)):
@@ -173,9 +174,7 @@ class BackwardVariants:
 
             saved_args = sorted(used_saved.values(), key=lambda p: available[p.name])
             args = [*saved_args, *cotangents]
-            trace = new_trace("subclass_backward_variant", args, names=flat.names)
-            import thunder.core.prims as prims
-
+            trace = _thunder_internals.new_trace("subclass_backward_variant", args, names=flat.names)
             with tracectx(trace):
                 trace.bound_symbols = [*body, prims.python_return.bind(tuple(outputs), output=None)]
             extrace = transform_for_execution(trace, executors_list=[subclass_executor, torchex])
@@ -185,9 +184,6 @@ class BackwardVariants:
 
 def _zeros_of(p):
     """A real zero tensor of the kind of proxy ``p`` (a subclass rebuilt from zero inner tensors)."""
-    from thunder_subclass.fake import torch_device, torch_dtype
-    from thunder_subclass.proxy import OpaqueObjectProxy
-
     if isinstance(p, SubclassTensorProxy):
         inner = {a: q.value if isinstance(q, OpaqueObjectProxy) else _zeros_of(q) for a, q in p.inner.items()}
         return p.subclass_type.__tensor_unflatten__(inner, p.flatten_ctx, tuple(p._shape), p.outer_stride)
@@ -199,9 +195,6 @@ def coerced_tangent(gp: SubclassTensorProxy):
     (a gradient does not require grad), then what the subclass's ``__coerce_tangent_metadata__`` turns it into (as
     torch.compile does: a DTensor with a Partial placement expects a Replicate gradient). Returns a new proxy, or
     None when unchanged."""
-    from thunder_subclass.fake import FakeEnv, fake_execution
-    from thunder_subclass.proxy import subclass_proxy_from_tensor
-
     fake = FakeEnv().to_fake(gp)
     with fake_execution(), torch.no_grad():
         # a gradient does not require grad (DTensor's flatten context records requires_grad)
@@ -213,20 +206,23 @@ def coerced_tangent(gp: SubclassTensorProxy):
     return subclass_proxy_from_tensor(tangent, name=None, history=None)
 
 
-def coerce_tangents(flattener, variants: BackwardVariants) -> None:
-    """Apply :func:`coerced_tangent` to the incoming gradients of a joint trace being flattened."""
+def coerce_tangents(trace, variants: BackwardVariants) -> list[tuple]:
+    """Apply :func:`coerced_tangent` to the incoming gradients of joint ``trace``: the (old, new) proxy pairs the
+    flatten pass substitutes, with ``variants`` updated to expect the new kinds."""
     from thunder.core.trace import tracectx
 
-    with tracectx(flattener.trace):
+    aliases = []
+    with tracectx(trace):
         for i, out in enumerate(variants.outputs):
             gp = variants.grad_of.get(getattr(out, "name", None))
             if not isinstance(gp, SubclassTensorProxy):
                 continue
             coerced = coerced_tangent(gp)
             if coerced is not None:
-                flattener.alias(gp, coerced)
+                aliases.append((gp, coerced))
                 variants.expected_proxy[i] = coerced
                 variants.expected = (*variants.expected[:i], proxy_kind(coerced), *variants.expected[i + 1:])
+    return aliases
 
 
 def variants_in(fn) -> BackwardVariants | None:
@@ -241,6 +237,35 @@ def variants_in(fn) -> BackwardVariants | None:
         if isinstance(v, BackwardVariants):
             return v
     return None
+
+
+# run time: the ThunderFunction.backward hook's handlers
+
+_variants_cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # compiled backward -> BackwardVariants
+
+
+def _variants_of(compiled_backward) -> BackwardVariants | None:
+    try:
+        return _variants_cache[compiled_backward]
+    except KeyError:
+        v = _variants_cache[compiled_backward] = variants_in(compiled_backward)
+        return v
+    except TypeError:  # not weak-referenceable
+        return None
+
+
+def replace_grads(compiled_backward, grads) -> list | None:
+    """Incoming gradients made canonical for the backward (:meth:`BackwardVariants.canonical`), or None."""
+    variants = _variants_of(compiled_backward)
+    return None if variants is None else variants.canonical(grads)
+
+
+def run_backward(compiled_backward, grads, take_saved_tensors):
+    """Run a backward variant when the compiled backward does not accept these gradients, else ``NOT_HANDLED``."""
+    variants = _variants_of(compiled_backward)
+    if variants is None or variants.accepts(grads):
+        return _thunder_internals.NOT_HANDLED
+    return variants.run(take_saved_tensors(), list(grads))
 
 
 class SavedTensorNames(Transform):

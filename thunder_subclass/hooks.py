@@ -1,0 +1,58 @@
+"""Wiring: which stage of the pipeline each hook into thunder calls.
+
+``_thunder_internals`` (the bottom layer) knows thunder's side of every hook and nothing of the stages; this module,
+above the stages, hands it one :class:`~thunder_subclass._thunder_internals.Handlers` naming the stage functions:
+
+* an input tensor being proxified -> ``guards.proxify_input`` (subclass proxies with prologue guards);
+* a torch-level symbol called with a subclass proxy -> ``autograd.ensure_grad_rule`` (so autodiff differentiates
+  it as PyTorch would) then ``interpretation.unroll_symbol_call`` (``__torch_dispatch__`` unrolled on fakes);
+* interpreter lookasides -> ``autograd.function_apply_lookaside`` (``torch.autograd.Function`` over subclasses),
+  else ``interpretation.subclass_lookaside`` (construction, ``isinstance``, ``type``, attributes);
+* before executors claim operations -> ``tangents.flatten_for_executors`` (the flatten pass);
+* a thunder backward call -> ``tangents.replace_grads`` / ``tangents.run_backward`` (``.backward(grad)`` with
+  gradients of another kind).
+"""
+
+from __future__ import annotations
+
+from thunder_subclass import _thunder_internals, autograd, guards, interpretation, tangents
+from thunder_subclass.executor import subclass_executor
+from thunder_subclass.proxy import has_subclass_proxy
+
+__all__ = ["install", "uninstall", "is_installed"]
+
+
+def _symbol_call(sym, args: tuple, kwargs: dict):
+    if not has_subclass_proxy(args, kwargs):
+        return _thunder_internals.NOT_HANDLED
+    autograd.ensure_grad_rule(sym)
+    return interpretation.unroll_symbol_call(sym, args, kwargs)
+
+
+def _lookaside(fn, wrapped_args: tuple):
+    return autograd.function_apply_lookaside(fn, wrapped_args) or interpretation.subclass_lookaside(fn, wrapped_args)
+
+
+HANDLERS = _thunder_internals.Handlers(
+    executor=subclass_executor,
+    proxify=guards.proxify_input,
+    symbol_call=_symbol_call,
+    lookaside=_lookaside,
+    before_executors=tangents.flatten_for_executors,
+    replace_grads=tangents.replace_grads,
+    run_backward=tangents.run_backward,
+)
+
+
+def install() -> None:
+    """Install the hooks into thunder (idempotent); ``thunder_subclass.jit`` and the plugin call it."""
+    _thunder_internals.install(HANDLERS)
+
+
+def uninstall() -> None:
+    """Remove the hooks, restoring thunder's own functions (see ``_thunder_internals.uninstall``)."""
+    _thunder_internals.uninstall()
+
+
+def is_installed() -> bool:
+    return _thunder_internals.is_installed()
