@@ -18,6 +18,9 @@ Hooks (thunder 0.2.6 paths, relative to the installed ``thunder/``):
   (``Handlers.symbol_call``: ``thunder_subclass.interpretation``).
 * ``core/jit_ext.py`` ``general_jit_lookaside`` — calls of a wrapper-subclass class (construction in traced code),
   ``isinstance`` and ``type`` on subclass proxies behave as in eager (``Handlers.lookaside``).
+* ``core/update_aliases.py`` ``_get_new_alias`` and ``prims.update_aliases`` (through the ``Symbol.__call__`` hook) —
+  thunder's bookkeeping for in-place ops makes plain ``TensorProxy(like=x)`` versions of mutated values; a subclass
+  value's new version stays a subclass proxy (``Handlers.new_alias``).
 * ``executors/passes.py`` ``_transform_for_operator_executor_execution`` — the point after autograd and before
   executors claim operations (looked up at call time by ``thunder/__init__.py`` and by ``transform_for_execution``):
   subclass-level bound symbols are replaced by their flat subsymbols (``Handlers.before_executors``:
@@ -196,6 +199,14 @@ def is_called_from_user_code() -> bool:
     return not frame.code.co_filename.startswith(os.path.dirname(thunder.__file__))
 
 
+def interpret_call(fn, *wrapped_args):
+    """Call ``fn`` under thunder's interpreter from inside a lookaside (``interpreter._interpret_call``): its body is
+    traced like user code. Arguments and result are the interpreter's wrapped values."""
+    from thunder.core.interpreter import _interpret_call
+
+    return _interpret_call(fn, *wrapped_args)
+
+
 def is_torch_level_symbol(sym) -> bool:
     """A thunder torch-language symbol: a composite (``ltorch.mul``) or one of thunder's auto-registered torch
     fallbacks (prims tagged AUTO_REGISTERED, run eagerly by torch; in thunder 0.2.6 under torch 2.13 even
@@ -257,7 +268,10 @@ class Handlers:
 
     * ``executor``: the plugin's executor; its presence in a jit's executor list switches the hooks on.
     * ``proxify(jit_ctx, value, original)``: a proxy for the tensor ``value`` (a wrapped value) of a plugin jit.
-    * ``symbol_call(sym, args, kwargs)``: the result of a torch-level symbol call, or ``NOT_HANDLED``.
+    * ``symbol_call(sym, args, kwargs)``: the result of a torch-level symbol call, or ``NOT_HANDLED``; also called
+      for the prims listed in ``prim_ids`` (thunder's alias bookkeeping for in-place ops: ``prims.update_aliases``).
+    * ``new_alias(proxy)``: the proxy thunder's in-place alias pass makes for a new version of ``proxy``
+      (``core/update_aliases.py`` ``_get_new_alias``), or ``NOT_HANDLED``.
     * ``lookaside(fn, wrapped_args)``: a lookaside for ``fn`` (as thunder's ``general_jit_lookaside`` returns),
       or None.
     * ``before_executors(trace)``: the trace executors will claim.
@@ -271,6 +285,8 @@ class Handlers:
     executor: Any
     proxify: Callable
     symbol_call: Callable
+    prim_ids: frozenset
+    new_alias: Callable
     lookaside: Callable
     before_executors: Callable
     replace_grads: Callable
@@ -303,7 +319,7 @@ def _hook_symbol_call(original):
     # wraps thunder.core.symbol.Symbol.__call__
     @functools.wraps(original)
     def __call__(self, *args, **kwargs):
-        if is_torch_level_symbol(self) and is_plugin_active():
+        if (is_torch_level_symbol(self) or (_handlers is not None and self.id in _handlers.prim_ids)) and is_plugin_active():
             result = _handlers.symbol_call(self, args, kwargs)
             if result is not NOT_HANDLED:
                 return result
@@ -323,6 +339,22 @@ def _hook_general_jit_lookaside(original):
         return original(fn, *args, **kwargs)
 
     return general_jit_lookaside
+
+
+def _hook_get_new_alias(original):
+    # wraps thunder.core.update_aliases._get_new_alias (it makes TensorProxy(like=alias.proxy), a plain proxy)
+    @functools.wraps(original)
+    def _get_new_alias(alias, trace):
+        if is_plugin_active():
+            from thunder.core.trace import tracectx
+
+            with tracectx(trace):
+                new = _handlers.new_alias(alias.proxy)
+            if new is not NOT_HANDLED:
+                return new
+        return original(alias, trace)
+
+    return _get_new_alias
 
 
 def _hook_operator_executor_execution(original):
@@ -379,6 +411,7 @@ def _take_saved_tensors(ctx) -> list:
 def _targets() -> list[tuple[Any, str, Callable]]:
     import thunder.core.jit_ext as jit_ext
     import thunder.core.symbol as symbol
+    import thunder.core.update_aliases as update_aliases
     import thunder.executors.passes as passes
     import thunder.executors.torch_autograd as torch_autograd
 
@@ -386,6 +419,7 @@ def _targets() -> list[tuple[Any, str, Callable]]:
         (jit_ext.JitCtx, "proxify", _hook_proxify),
         (symbol.Symbol, "__call__", _hook_symbol_call),
         (jit_ext, "general_jit_lookaside", _hook_general_jit_lookaside),
+        (update_aliases, "_get_new_alias", _hook_get_new_alias),
         (passes, "_transform_for_operator_executor_execution", _hook_operator_executor_execution),
         (torch_autograd.ThunderFunction, "backward", _hook_thunder_function_backward),
     ]

@@ -180,7 +180,7 @@ def differentiate_fakes(env: FakeEnv, args, kwargs, fake_out, result, op_name: s
             fake = env.to_fake(a)
             if fake.requires_grad and not any(a is q for q in input_proxies):
                 input_proxies.append(a)
-                fake_inputs.append(fake)
+                fake_inputs.append(env.grad_input(fake))
     outs, fakes = [], []
     for p, f in zip(torch.utils._pytree.tree_leaves(result), torch.utils._pytree.tree_leaves(fake_out)):
         if isinstance(f, torch.Tensor) and f.requires_grad and isinstance(p, TensorProxy):

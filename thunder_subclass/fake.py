@@ -19,7 +19,7 @@ import thunder.core.dtypes as dtypes
 from thunder.core.proxies import NumberProxy, TensorProxy
 
 from thunder_subclass.errors import SubclassProtocolError
-from thunder_subclass.proxy import OpaqueObjectProxy, SubclassTensorProxy
+from thunder_subclass.proxy import OpaqueObjectProxy, SubclassTensorProxy, is_marked_leaf
 
 _STRIDE_ATTR = "_thunder_subclass_stride"
 
@@ -67,6 +67,7 @@ class FakeEnv:
         self._keep: list[Any] = []  # keeps fakes alive so ids stay unique
         self.subclass_inputs: list[SubclassTensorProxy] = []
         self.mutated: set[int] = set()  # ids of fakes that in-place ops wrote to
+        self._leaf_of: dict[int, torch.Tensor] = {}  # id(non-leaf fake) -> the leaf it was made from
 
     def bind(self, p: TensorProxy, fake: torch.Tensor) -> None:
         if id(fake) in self._proxy_of and self._proxy_of[id(fake)] is not p:
@@ -83,6 +84,7 @@ class FakeEnv:
         new._keep = list(self._keep)
         new.subclass_inputs = list(self.subclass_inputs)
         new.mutated = set(self.mutated)
+        new._leaf_of = dict(self._leaf_of)
         return new
 
     def rename(self, old, new) -> None:
@@ -98,10 +100,19 @@ class FakeEnv:
                 if a in new.inner:
                     self.rename(q, new.inner[a])
 
+    def grad_input(self, fake: torch.Tensor) -> torch.Tensor:
+        """What to differentiate with respect to for ``fake``: the leaf a non-leaf fake was made from. It stands for
+        the value before the operation, also when an in-place op rebased ``fake`` itself onto the op's result."""
+        return self._leaf_of.get(id(fake), fake)
+
     def proxy_of(self, fake: torch.Tensor) -> TensorProxy | None:
         return self._proxy_of.get(id(fake))
 
-    def to_fake(self, x: Any) -> Any:
+    def to_fake(self, x: Any, requires_grad: bool | None = None) -> Any:
+        """The fake standing for ``x`` (made once per environment). ``requires_grad`` (default: the proxy's) is
+        applied when the fake is made: a fake that requires grad is a leaf only for an input of the compiled
+        function that was a leaf (``proxy.mark_leaf``); other values are non-leaf, as in eager, so in-place ops on
+        them run as eager runs them."""
         if isinstance(x, NumberProxy):
             return x.value
         if isinstance(x, dtypes.dtype):  # thunder's own argument types, as torch takes them
@@ -118,22 +129,55 @@ class FakeEnv:
         fake = self._fake_of.get(id(x))
         if fake is not None:
             return fake
+        requires_grad = bool(x.requires_grad) if requires_grad is None else requires_grad
         if isinstance(x, SubclassTensorProxy):
             inner = {a: self.to_fake(p) for a, p in x.inner.items()}
             fake = x.subclass_type.__tensor_unflatten__(inner, x.flatten_ctx, tuple(x._shape), x.outer_stride)
             check_unflattened(x.subclass_type, fake, tuple(x._shape))
-            if x.requires_grad and not fake.requires_grad:
-                fake.requires_grad_(True)
+            restore_python_attributes(fake, x.python_attrs)
             self.subclass_inputs.append(x)
         else:
             with fake_mode():
                 fake = torch.empty_strided(
                     tuple(x._shape), stride_of(x), dtype=torch_dtype(x), device=torch_device(x)
                 )
-            if x.requires_grad:
-                fake.requires_grad_(True)
+        if requires_grad != fake.requires_grad and fake.is_leaf:
+            fake.requires_grad_(requires_grad)
+        if fake.requires_grad and fake.is_leaf and not is_marked_leaf(x):
+            leaf, fake = fake, _NonLeaf.apply(fake)
+            self._leaf_of[id(fake)] = leaf
+            self._bind_inner(x, fake)  # the detached inner tensors stand for the same inner proxies
         self.bind(x, fake)
         return fake
+
+    def _bind_inner(self, x: TensorProxy, fake: torch.Tensor) -> None:
+        if isinstance(x, SubclassTensorProxy):
+            for a, p in x.inner.items():
+                if isinstance(p, TensorProxy):
+                    inner = getattr(fake, a)
+                    self._bind_inner(p, inner)
+                    self.bind(p, inner)
+
+
+class _NonLeaf(torch.autograd.Function):
+    """The identity, giving a non-leaf (``x.detach()`` made inside a Function is not a view of ``x``): the fake of a
+    value computed inside the compiled function, on which eager allows in-place ops even when it requires grad."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.detach()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+def restore_python_attributes(fake: torch.Tensor, python_attrs: dict) -> None:
+    """Give a fake rebuilt by ``__tensor_unflatten__`` the instance attributes the value had and the rebuild did not
+    restore (e.g. ``nn.Parameter``'s ``_is_param``, a ``quant_type`` set by the user)."""
+    for name, value in python_attrs.items():
+        if name not in fake.__dict__:
+            fake.__dict__[name] = value
 
 
 def check_unflattened(cls: type, t: Any, shape: tuple) -> None:

@@ -7,7 +7,8 @@ context that ``unpack_inputs`` turns into prologue checks, in this order:
 ``check_subclass(x, spec)``, one call per subclass input: the exact type, the attribute names of
 ``__tensor_flatten__`` and the flatten context are as when traced (the context is compared with the class's
 ``__metadata_guard__(old, new)`` when it defines one, else with ``==``); each opaque attribute has the same type and
-the same values of its type's registered ``guard_fn``; and the outer tensor and every inner tensor have the shape,
+the same values of its type's registered ``guard_fn``; the instance attributes the trace depends on (those
+``__tensor_unflatten__`` does not restore, and those traced code read) are equal; and the outer tensor and every inner tensor have the shape,
 dtype, device and requires_grad they had (thunder's usual tensor check, done here in the same call), recursively
 for nested subclasses; inner tensors must be plain tensors.
 
@@ -20,16 +21,18 @@ from typing import Any
 
 import torch
 import thunder.core.prims as prims
+from thunder.core.proxies import TensorProxy
 
 from thunder_subclass import _thunder_internals
 from thunder_subclass.errors import SubclassProtocolError
 from thunder_subclass.executor import subclass_executor
-from thunder_subclass.fake import torch_device, torch_dtype
+from thunder_subclass.fake import FakeEnv, torch_device, torch_dtype
 from thunder_subclass.proxy import (
     PLAIN_TENSOR_TYPES,
     OpaqueObjectProxy,
     SubclassTensorProxy,
     is_subclass_value,
+    mark_leaf,
     mark_protocol_error,
     opaque_guard_values,
     subclass_proxy_from_tensor,
@@ -47,10 +50,11 @@ class SubclassSpec:
     call per input. (Not a dataclass: thunder prints dataclass arguments field by field, and a type or an arbitrary
     context object cannot be printed.)"""
 
-    __slots__ = ("subclass_type", "attr_names", "flatten_ctx", "opaque", "meta", "inner", "_inner_items", "_metadata_guard")
+    __slots__ = ("subclass_type", "attr_names", "flatten_ctx", "opaque", "meta", "inner", "python_attrs",
+                 "_inner_items", "_metadata_guard")
 
     def __init__(self, subclass_type: type, attr_names: tuple[str, ...], flatten_ctx: Any, opaque=None,
-                 meta: tuple | None = None, inner: dict | None = None):
+                 meta: tuple | None = None, inner: dict | None = None, python_attrs: dict | None = None):
         self.subclass_type = subclass_type
         self.attr_names = tuple(attr_names)
         self.flatten_ctx = flatten_ctx
@@ -60,12 +64,17 @@ class SubclassSpec:
         # nested subclass, its SubclassSpec
         self.meta = meta
         self.inner: dict[str, Any] = dict(inner or {})
+        # instance attributes the trace depends on (name -> value): those __tensor_unflatten__ does not restore
+        # from the flatten context (set on the fakes), and those the traced code read (added while tracing)
+        self.python_attrs: dict[str, Any] = dict(python_attrs or {})
         # checked every call: precomputed
         self._inner_items = tuple((a, e, isinstance(e, SubclassSpec)) for a, e in self.inner.items())
         self._metadata_guard = getattr(subclass_type, "__metadata_guard__", None)
 
     @classmethod
     def of(cls, p: SubclassTensorProxy) -> SubclassSpec:
+        """The spec of input proxy ``p`` (linked to it, and its nested subclass proxies to their specs, so reads of
+        instance attributes while tracing add guards: :func:`guard_python_attribute`)."""
         inner, opaque = {}, {}
         for a, q in p.inner.items():
             if isinstance(q, OpaqueObjectProxy):
@@ -74,7 +83,10 @@ class SubclassSpec:
                 inner[a] = SubclassSpec.of(q)
             else:
                 inner[a] = _tensor_meta(q)
-        return cls(p.subclass_type, p.attr_names, p.flatten_ctx, opaque, _tensor_meta(p), inner)
+        spec = cls(p.subclass_type, p.attr_names, p.flatten_ctx, opaque, _tensor_meta(p), inner,
+                   _not_restored_by_unflatten(p))
+        p.__dict__[_SPEC_ATTR] = spec
+        return spec
 
     def __repr__(self) -> str:
         return f"SubclassSpec({self.subclass_type.__name__}, attrs={self.attr_names}, ctx={self.flatten_ctx!r})"
@@ -98,9 +110,53 @@ class SubclassSpec:
             obj = getattr(t, attr)
             if type(obj) is not typ or opaque_guard_values(obj) != values:
                 return False
+        if self.python_attrs:
+            d = t.__dict__
+            for name, value in self.python_attrs.items():
+                if not is_same_value(d.get(name, _MISSING), value):
+                    return False
         if self._metadata_guard is not None:
             return bool(self._metadata_guard(self.flatten_ctx, ctx))
         return bool(ctx == self.flatten_ctx)
+
+
+_SPEC_ATTR = "_thunder_subclass_spec"
+_MISSING = object()
+
+
+def is_same_value(a: Any, b: Any) -> bool:
+    """Whether instance attribute values ``a`` and ``b`` are interchangeable for a trace: the same object, or equal
+    values of the same type (objects that cannot be compared are the same only when identical)."""
+    if a is b:
+        return True
+    if type(a) is not type(b):
+        return False
+    try:
+        return bool(a == b)
+    except Exception:
+        return False
+
+
+def _not_restored_by_unflatten(p: SubclassTensorProxy) -> dict[str, Any]:
+    """The instance attributes of input ``p`` that ``__tensor_unflatten__`` does not rebuild equal from the flatten
+    context (``nn.Parameter``'s ``_is_param``, a ``quant_type`` the user set): the fakes carry them, so the trace
+    may depend on them."""
+    if not p.python_attrs:
+        return {}
+    env = FakeEnv()
+    rebuilt = p.subclass_type.__tensor_unflatten__(
+        {a: env.to_fake(q) for a, q in p.inner.items()}, p.flatten_ctx, tuple(p._shape), p.outer_stride
+    )
+    d = getattr(rebuilt, "__dict__", {})
+    return {k: v for k, v in p.python_attrs.items() if not is_same_value(d.get(k, _MISSING), v)}
+
+
+def guard_python_attribute(p: SubclassTensorProxy, name: str) -> None:
+    """Traced code read instance attribute ``name`` of ``p``: if ``p`` is an input (or inside one), a call whose input
+    has another value there is a cache miss."""
+    spec = p.__dict__.get(_SPEC_ATTR)
+    if spec is not None and name in p.python_attrs:
+        spec.python_attrs[name] = p.python_attrs[name]
 
 
 class SubclassGuardFailure(Exception):
@@ -134,8 +190,6 @@ check_plain_tensor = subclass_executor.register_operator(
 
 def add_plain_tensor_guard(jit_ctx, p) -> None:
     """A plain tensor input of a plugin jit must stay a plain tensor for the trace to be reused."""
-    from thunder.core.proxies import TensorProxy
-
     if isinstance(p, TensorProxy) and not isinstance(p, SubclassTensorProxy):
         jit_ctx.add_constraint((check_plain_tensor, p))
 
@@ -162,16 +216,20 @@ def proxify_input(jit_ctx, value, original):
     # thunder's tensor check accepts any Tensor subclass: without this a trace made for a plain tensor
     # would serve a subclass input (run eagerly through __torch_dispatch__), never a cache miss.
     p = original(jit_ctx, value)
+    if isinstance(p, TensorProxy):
+        mark_leaf(p, t)
     add_plain_tensor_guard(jit_ctx, p)
     return p
 
 
 def _proxify_subclass(jit_ctx, value) -> SubclassTensorProxy:
+    t = value.value
     name = _thunder_internals.input_proxy_name(jit_ctx, value)
     p = subclass_proxy_from_tensor(
-        value.value, name=name, history=value.provenance,
+        t, name=name, history=value.provenance,
         inner_history=_thunder_internals.attribute_provenance(value.provenance),
     )
     _thunder_internals.register_input_proxy(value, p)
+    mark_leaf(p, t)
     add_subclass_guards(jit_ctx, p)
     return p

@@ -4,6 +4,8 @@
 above the stages, hands it one :class:`~thunder_subclass._thunder_internals.Handlers` naming the stage functions:
 
 * an input tensor being proxified -> ``guards.proxify_input`` (subclass proxies with prologue guards);
+* thunder's in-place alias bookkeeping (``prims.update_aliases``, new alias proxies) on a subclass value -> a
+  subclass proxy for its new version (here);
 * a torch-level symbol called with a subclass proxy -> ``autograd.ensure_grad_rule`` (so autodiff differentiates
   it as PyTorch would) then ``interpretation.unroll_symbol_call`` (``__torch_dispatch__`` unrolled on fakes);
 * interpreter lookasides -> ``autograd.function_apply_lookaside`` (``torch.autograd.Function`` over subclasses),
@@ -15,18 +17,39 @@ above the stages, hands it one :class:`~thunder_subclass._thunder_internals.Hand
 
 from __future__ import annotations
 
+import thunder.core.prims as prims
+from thunder.core.trace import get_tracectx
+
 from thunder_subclass import _thunder_internals, autograd, guards, interpretation, tangents
 from thunder_subclass.executor import subclass_executor
-from thunder_subclass.proxy import has_subclass_proxy
+from thunder_subclass.proxy import SubclassTensorProxy, has_subclass_proxy
 
 __all__ = ["install", "uninstall", "is_installed"]
 
 
 def _symbol_call(sym, args: tuple, kwargs: dict):
+    if sym.id == prims.PrimIDs.UPDATE_ALIASES:
+        return _update_aliases(args, kwargs)
     if not has_subclass_proxy(args, kwargs):
         return _thunder_internals.NOT_HANDLED
     autograd.ensure_grad_rule(sym)
     return interpretation.unroll_symbol_call(sym, args, kwargs)
+
+
+def _new_alias(p):
+    # a new version of a subclass value (after an in-place op) is a subclass proxy of the same kind
+    return SubclassTensorProxy(like=p) if isinstance(p, SubclassTensorProxy) else _thunder_internals.NOT_HANDLED
+
+
+def _update_aliases(args: tuple, kwargs: dict):
+    (aliases,) = args
+    outputs = tuple(_new_alias(a) if isinstance(a, SubclassTensorProxy) else None for a in aliases)
+    if all(o is None for o in outputs):
+        return _thunder_internals.NOT_HANDLED
+    plain = prims.update_aliases.meta(aliases)
+    outputs = tuple(o if o is not None else q for o, q in zip(outputs, plain))
+    get_tracectx().peek_scope().append(prims.update_aliases.bind(aliases, output=outputs))
+    return outputs
 
 
 def _lookaside(fn, wrapped_args: tuple):
@@ -37,6 +60,8 @@ HANDLERS = _thunder_internals.Handlers(
     executor=subclass_executor,
     proxify=guards.proxify_input,
     symbol_call=_symbol_call,
+    prim_ids=frozenset({prims.PrimIDs.UPDATE_ALIASES}),
+    new_alias=_new_alias,
     lookaside=_lookaside,
     before_executors=tangents.flatten_for_executors,
     replace_grads=tangents.replace_grads,

@@ -19,6 +19,7 @@ user's source line.
 from __future__ import annotations
 
 import functools
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -31,7 +32,9 @@ from thunder.core.pytree import tree_flatten
 from thunder.core.symbol import Symbol
 from thunder.core.trace import get_tracectx
 
-from thunder_subclass._thunder_internals import is_called_from_user_code
+from thunder_subclass._thunder_internals import interpret_call, is_called_from_user_code
+from thunder_subclass.fake import FakeEnv
+from thunder_subclass.guards import guard_python_attribute
 from thunder_subclass.proxy import SubclassTensorProxy
 from thunder_subclass.recording import bind_unrolled, denormalize, op_name, record_call, subclass_names, torch_callable_for
 
@@ -61,18 +64,83 @@ def construct_subclass(cls: type, *args, **kwargs):
 # ---------------------------------------------------------------------------------------------------------------
 
 
+def _stand_in(p: SubclassTensorProxy) -> torch.Tensor:
+    """A fake instance of ``p``'s subclass with its instance attributes, for questions eager asks of the object
+    itself (``isinstance`` through metaclass checks: ``nn.Parameter``'s looks at ``_is_param``)."""
+    fake = p.__dict__.get("_thunder_subclass_stand_in")
+    if fake is None:
+        fake = p.__dict__["_thunder_subclass_stand_in"] = FakeEnv().to_fake(p)
+    return fake
+
+
 def _isinstance(obj, cls):
     if isinstance(obj, SubclassTensorProxy):
-        return issubclass(obj.subclass_type, cls)
+        if "_is_param" in obj.python_attrs:
+            guard_python_attribute(obj, "_is_param")
+        return isinstance(_stand_in(obj), cls)
     return isinstance(obj, cls)
 
 
-def _torch_dtype_attr(obj, name):
+def _torch_dtype_attr(obj, name, *default):
     return dtypes.to_torch_dtype(obj.dtype)
 
 
 def _type(obj):
     return obj.subclass_type if isinstance(obj, SubclassTensorProxy) else type(obj)
+
+
+def _subclass_class_attribute(cls: type, name: str) -> tuple[Any, bool]:
+    """``name`` as defined by the subclass's own Python classes (those before ``torch.Tensor`` in its MRO)."""
+    for c in cls.__mro__:
+        if c is torch.Tensor or c is torch._C.TensorBase or c is object:
+            break
+        if name in vars(c):
+            return vars(c)[name], True
+    return None, False
+
+
+def _is_data_descriptor(v: Any) -> bool:
+    t = type(v)
+    return hasattr(t, "__get__") and (hasattr(t, "__set__") or hasattr(t, "__delete__"))
+
+
+def attribute_lookaside(p: SubclassTensorProxy, name: str) -> Callable | None:
+    """``p.<name>`` resolved as eager resolves it on the subclass instance, when the subclass (not ``torch.Tensor``)
+    defines it: data descriptors of the subclass's classes (properties, interpreted with the proxy as ``self``), then
+    the instance's attributes (inner tensors: their proxies; other instance attributes: their values, guarded),
+    then the subclass's methods and other class attributes. None for ``torch.Tensor``'s own attributes, which
+    thunder's tensor proxies implement."""
+    from thunder.core.interpreter import interpreter_needs_wrap
+
+    if name == "__class__":
+        return interpreter_needs_wrap(lambda obj, name, *default: p.subclass_type)
+    class_attr, found = _subclass_class_attribute(p.subclass_type, name)
+    if found and _is_data_descriptor(class_attr):
+        fget = getattr(class_attr, "fget", None)
+        if fget is None:
+            return interpreter_needs_wrap(lambda obj, name, *default: class_attr.__get__(p, p.subclass_type))
+        return lambda obj, name, *default: interpret_call(fget, obj)
+    if name in p.inner:
+        return interpreter_needs_wrap(_read_inner)
+    if name in p.python_attrs:
+        return interpreter_needs_wrap(_read_python_attribute)
+    if found and not name.startswith("__"):
+        if isinstance(class_attr, types.FunctionType):
+            return interpreter_needs_wrap(lambda obj, name, *default: types.MethodType(class_attr, p))
+        if hasattr(type(class_attr), "__get__"):  # classmethod, staticmethod, other non-data descriptors
+            return interpreter_needs_wrap(lambda obj, name, *default: class_attr.__get__(p, p.subclass_type))
+        return interpreter_needs_wrap(lambda obj, name, *default: class_attr)
+    return None
+
+
+def _read_inner(p: SubclassTensorProxy, name: str, *default):
+    # the inner proxies are defined in the trace where user code reads them (p._define_inner_in_trace)
+    return getattr(p, name)
+
+
+def _read_python_attribute(p: SubclassTensorProxy, name: str, *default):
+    guard_python_attribute(p, name)
+    return p.python_attrs[name]
 
 
 def subclass_lookaside(fn: Any, wrapped_args: tuple) -> Callable | None:
@@ -87,11 +155,17 @@ def subclass_lookaside(fn: Any, wrapped_args: tuple) -> Callable | None:
         ):
             return interpreter_needs_wrap(_isinstance if fn is isinstance else _type)
         return None
-    if fn is getattr and len(wrapped_args) == 2:
+    if fn is getattr and len(wrapped_args) in (2, 3):
+        obj, name = unwrap(wrapped_args[0]), unwrap(wrapped_args[1])
+        if not isinstance(obj, TensorProxy) or not isinstance(name, str):
+            return None
+        if isinstance(obj, SubclassTensorProxy):
+            lookaside = attribute_lookaside(obj, name)
+            if lookaside is not None:
+                return lookaside
         # thunder 0.2.6 gives user code thunder dtypes, which compare unequal to torch dtypes
         # (`y.dtype == torch.float32` is False even in plain thunder); eager code expects torch dtypes.
-        obj, name = unwrap(wrapped_args[0]), unwrap(wrapped_args[1])
-        if isinstance(obj, TensorProxy) and name == "dtype" and is_called_from_user_code():
+        if name == "dtype" and is_called_from_user_code():
             return interpreter_needs_wrap(_torch_dtype_attr)
         return None
     if isinstance(fn, type) and is_traceable_wrapper_subclass_type(fn):

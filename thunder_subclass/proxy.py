@@ -47,6 +47,8 @@ class SubclassTensorProxy(TensorProxy):
         flatten_ctx: the non-tensor metadata returned by ``__tensor_flatten__`` (passed back to
             ``__tensor_unflatten__``).
         outer_stride: strides of the outer tensor.
+        python_attrs: the other, non-tensor attributes of the instance (``vars(x)`` less the inner tensors), as
+            eager code reads them (``x.quant_type``, ``nn.Parameter``'s ``_is_param``); set on the fakes made for it.
 
     Attribute access for an inner tensor name (``x.a``) gives that inner proxy, as ``x.a`` gives the inner tensor
     in eager mode.
@@ -63,6 +65,7 @@ class SubclassTensorProxy(TensorProxy):
         inner: Mapping[str, TensorProxy] | None = None,
         flatten_ctx: Any = None,
         outer_stride: tuple[int, ...] | None = None,
+        python_attrs: Mapping[str, Any] | None = None,
         shape=None,
         device=None,
         dtype=None,
@@ -76,6 +79,7 @@ class SubclassTensorProxy(TensorProxy):
             subclass_type = like.subclass_type
             flatten_ctx = like.flatten_ctx
             outer_stride = like.outer_stride
+            python_attrs = like.python_attrs
             inner = {
                 a: OpaqueObjectProxy(p.value) if isinstance(p, OpaqueObjectProxy) else type(p)(like=p)
                 for a, p in like.inner.items()
@@ -89,6 +93,7 @@ class SubclassTensorProxy(TensorProxy):
         self.inner = dict(inner)
         self.flatten_ctx = flatten_ctx
         self.outer_stride = tuple(outer_stride)
+        self.python_attrs = dict(python_attrs or {})
 
     def __getattr__(self, attr: str, /):
         inner = self.__dict__.get("inner")
@@ -129,6 +134,7 @@ class SubclassTensorProxy(TensorProxy):
             inner=self.inner,
             flatten_ctx=self.flatten_ctx,
             outer_stride=self.outer_stride,
+            python_attrs=self.python_attrs,
             shape=self._shape,
             device=self._device,
             dtype=self._dtype,
@@ -286,6 +292,7 @@ def subclass_proxy_from_tensor(t: torch.Tensor, *, name: str | None, history, in
         inner=inner,
         flatten_ctx=fctx,
         outer_stride=tuple(t.stride()),
+        python_attrs=python_attributes(t, attrs),
         shape=tuple(t.shape),
         device=devices.to_device(t.device),
         dtype=dtypes.to_dtype(t.dtype),
@@ -295,6 +302,35 @@ def subclass_proxy_from_tensor(t: torch.Tensor, *, name: str | None, history, in
     if isinstance(t, torch.nn.Parameter):
         p.tags.add(ProxyTag.STATIC_MEMORY_LOCATION)
     return p
+
+
+_LEAF_ATTR = "_thunder_subclass_leaf"
+
+
+def mark_leaf(p: TensorProxy, t: torch.Tensor) -> None:
+    """Remember that input proxy ``p`` stands for ``t``, a leaf of autograd (its fakes are leaves too), and so on for
+    the inner tensors of a subclass."""
+    if t.is_leaf:
+        p.__dict__[_LEAF_ATTR] = True
+    if isinstance(p, SubclassTensorProxy):
+        for a, q in p.inner.items():
+            if isinstance(q, TensorProxy):
+                mark_leaf(q, getattr(t, a))
+
+
+def is_marked_leaf(p: TensorProxy) -> bool:
+    return p.__dict__.get(_LEAF_ATTR, False)
+
+
+def python_attributes(t: torch.Tensor, attrs) -> dict[str, Any]:
+    """The non-tensor instance attributes of subclass value ``t`` other than those ``__tensor_flatten__`` lists
+    (``attrs``): what eager code may read besides inner tensors (tensors among them cannot be traced, so they are left
+    out; reading one raises)."""
+    d = getattr(t, "__dict__", None)
+    if not d:
+        return {}
+    skip = set(attrs)
+    return {k: v for k, v in d.items() if k not in skip and not isinstance(v, torch.Tensor)}
 
 
 def subclass_method(p: SubclassTensorProxy, attr: str) -> Callable | None:

@@ -46,7 +46,14 @@ from thunder_subclass.errors import (
     format_location,
 )
 from thunder_subclass.fake import FakeEnv, fake_execution
-from thunder_subclass.proxy import SubclassTensorProxy, flatten_tensor, is_opaque_object, proxy_kind, record_flatten
+from thunder_subclass.proxy import (
+    SubclassTensorProxy,
+    flatten_tensor,
+    is_opaque_object,
+    proxy_kind,
+    python_attributes,
+    record_flatten,
+)
 from thunder_subclass.subclass_symbols import record_unflatten
 
 __all__ = [
@@ -210,16 +217,14 @@ def run_on_fakes(fn: Callable, args, kwargs, what: str, subclasses: str, *, env:
     arguments it selects require grad and ``fn`` runs with grad enabled (for differentiating it afterwards)."""
     env = env if env is not None else FakeEnv()
     try:
+        if wants_grad is not None:
+            for a in tree_flatten((args, kwargs))[0]:
+                if isinstance(a, TensorProxy):
+                    env.to_fake(a, requires_grad=bool(wants_grad(a)))
         fargs, fkwargs = tree_map(env.to_fake, (args, kwargs))
     except SubclassProtocolError as e:  # e.g. __tensor_unflatten__ rebuilding the wrong thing
         filename, lineno = source_location()
         raise SubclassProtocolError(f"{e} (while tracing {what} at {format_location(filename, lineno)})") from e
-    if wants_grad is not None:
-        for a in tree_flatten((args, kwargs))[0]:
-            if isinstance(a, TensorProxy):
-                fake = env.to_fake(a)
-                if fake.is_leaf:
-                    fake.requires_grad_(bool(wants_grad(a)))
     recorder = RecordingMode()
     grad_mode = torch.enable_grad() if wants_grad is not None else torch.set_grad_enabled(is_traced_grad_enabled())
     try:
@@ -318,6 +323,7 @@ def _proxy_for_result(x: Any, env: FakeEnv, scope: list, what: str) -> Any:
             inner=inner,
             flatten_ctx=ctx,
             outer_stride=tuple(x.stride()),
+            python_attrs=python_attributes(x, attrs),
             shape=tuple(x.shape),
             device=devices.to_device(x.device),
             dtype=dtypes.to_dtype(x.dtype),
