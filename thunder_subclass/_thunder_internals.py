@@ -30,6 +30,9 @@ Hooks (thunder 0.2.6 paths, relative to the installed ``thunder/``):
 * ``executors/torch_compile.py`` ``torch_compile_ex`` (registration, not a hook) — the plugin's generic aten-level
   symbols are declared supported by thunder's torch_compile executor while the hooks are installed
   (:func:`allow_torch_compile_fusion`), so its fusion regions are not cut at ops without a thunder equivalent.
+* ``executors/torch_autograd.py`` ``ThunderFunction.forward`` — outputs eager would not give ``requires_grad``
+  (inner tensors of a computed subclass, detached values) are marked non-differentiable, per trace
+  (``Handlers.differentiable_outputs``), through thunder's own ``is_differentiable_outputs`` argument.
 * ``executors/torch_autograd.py`` ``ThunderFunction.backward`` — when ``.backward(grad)`` passes gradients of another
   kind than the compiled backward expects (a plain tensor for a ``TwoTensor`` output), a backward made for those
   gradients runs instead (``Handlers.replace_grads`` / ``run_backward``: ``thunder_subclass.tangents``); otherwise thunder's own backward runs unchanged.
@@ -275,6 +278,8 @@ class Handlers:
     * ``lookaside(fn, wrapped_args)``: a lookaside for ``fn`` (as thunder's ``general_jit_lookaside`` returns),
       or None.
     * ``before_executors(trace)``: the trace executors will claim.
+    * ``differentiable_outputs(compiled_backward)``: which outputs of a thunder forward call are differentiable
+      (a tuple of bools), or None for thunder's default (all).
     * ``replace_grads(compiled_backward, grads)``: the incoming gradients of a thunder backward call, changed,
       or None to keep them.
     * ``run_backward(compiled_backward, grads, take_saved_tensors)``: the input gradients of a backward the plugin
@@ -289,6 +294,7 @@ class Handlers:
     new_alias: Callable
     lookaside: Callable
     before_executors: Callable
+    differentiable_outputs: Callable
     replace_grads: Callable
     run_backward: Callable
 
@@ -368,6 +374,23 @@ def _hook_operator_executor_execution(original):
     return _transform_for_operator_executor_execution
 
 
+def _hook_thunder_function_forward(original):
+    # wraps thunder.executors.torch_autograd.ThunderFunction.forward (a staticmethod)
+    original = original.__func__ if isinstance(original, staticmethod) else original
+
+    @functools.wraps(original)
+    def forward(ctx, return_none_instead_of_grads, compiled_backward, side_channel, saved_tensors, saved_other,
+                is_differentiable_outputs, flat_output, *flat_args):
+        # thunder marks outputs non-differentiable from its per-jit option is_differentiable_outputs, only without
+        # the split-autograd side channel (thunder_subclass.jit's default); the plugin knows it per trace
+        if _handlers is not None and side_channel is None and is_differentiable_outputs is None:
+            is_differentiable_outputs = _handlers.differentiable_outputs(compiled_backward)
+        return original(ctx, return_none_instead_of_grads, compiled_backward, side_channel, saved_tensors,
+                        saved_other, is_differentiable_outputs, flat_output, *flat_args)
+
+    return staticmethod(forward)
+
+
 def _hook_thunder_function_backward(original):
     # wraps thunder.executors.torch_autograd.ThunderFunction.backward (a staticmethod)
     original = original.__func__ if isinstance(original, staticmethod) else original
@@ -421,6 +444,7 @@ def _targets() -> list[tuple[Any, str, Callable]]:
         (jit_ext, "general_jit_lookaside", _hook_general_jit_lookaside),
         (update_aliases, "_get_new_alias", _hook_get_new_alias),
         (passes, "_transform_for_operator_executor_execution", _hook_operator_executor_execution),
+        (torch_autograd.ThunderFunction, "forward", _hook_thunder_function_forward),
         (torch_autograd.ThunderFunction, "backward", _hook_thunder_function_backward),
     ]
 

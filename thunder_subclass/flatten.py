@@ -67,9 +67,8 @@ class Flattener:
     """One forward sweep over a trace's bound symbols (:meth:`visit`), collecting the flat program in ``bsyms``;
     ``swap`` maps replaced proxies to their replacements (:meth:`alias`)."""
 
-    def __init__(self, trace, variants=None):
+    def __init__(self, trace):
         self.trace = from_trace(trace)
-        self.variants = variants  # BackwardVariants of a joint trace, passed to flatten_cotangent_<Cls>
         self.bsyms: list = []
         self.swap: dict = {}
         self.inner_of: dict = {}  # variable of a subclass proxy -> its inner proxies (from unflatten / flatten)
@@ -110,7 +109,7 @@ class Flattener:
             if v in self.cotangents:  # a gradient from .backward(): checked (and coerced) at run time
                 p = nb.args[0]
                 nb = cotangent_flatten_symbol(p.subclass_type).bind(
-                    p, nb.args[1], ctx_arg(p.flatten_ctx), self.variants, output=nb.output
+                    p, nb.args[1], ctx_arg(p.flatten_ctx), output=nb.output
                 )
         elif nb.sym is prims.get_grad:
             self.cotangents.add(variableify(nb.output))
@@ -218,14 +217,13 @@ def needs_flattening(trace) -> bool:
     return any(is_subclass_level(b) for b in trace.bound_symbols)
 
 
-def flatten_subclasses(trace, *, variants=None, cotangent_aliases=()):
+def flatten_subclasses(trace, *, cotangent_aliases=()):
     """Replace subclass-level bound symbols by their subsymbols (see the module docstring). For a joint
-    forward+backward trace, ``variants`` (``thunder_subclass.tangents.BackwardVariants``) goes into the incoming
-    gradients' ``flatten_cotangent_<Cls>`` and ``cotangent_aliases`` (pairs old, new) replace incoming gradients by
-    the kind the backward is compiled for."""
+    forward+backward trace, ``cotangent_aliases`` (pairs old, new) replace incoming gradients by the kind the
+    backward is compiled for."""
     if not needs_flattening(trace):
         return trace
-    f = Flattener(trace, variants)
+    f = Flattener(trace)
     for old, new in cotangent_aliases:
         f.alias(old, new)
     for bsym in trace.bound_symbols:

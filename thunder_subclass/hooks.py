@@ -11,6 +11,8 @@ above the stages, hands it one :class:`~thunder_subclass._thunder_internals.Hand
 * interpreter lookasides -> ``autograd.function_apply_lookaside`` (``torch.autograd.Function`` over subclasses),
   else ``interpretation.subclass_lookaside`` (construction, ``isinstance``, ``type``, attributes);
 * before executors claim operations -> ``tangents.flatten_for_executors`` (the flatten pass);
+* a thunder forward call connected to autograd -> ``tangents.differentiable_outputs`` (``requires_grad`` of the
+  outputs as in eager);
 * a thunder backward call -> ``tangents.replace_grads`` / ``tangents.run_backward`` (``.backward(grad)`` with
   gradients of another kind).
 """
@@ -64,6 +66,7 @@ HANDLERS = _thunder_internals.Handlers(
     new_alias=_new_alias,
     lookaside=_lookaside,
     before_executors=tangents.flatten_for_executors,
+    differentiable_outputs=tangents.differentiable_outputs,
     replace_grads=tangents.replace_grads,
     run_backward=tangents.run_backward,
 )

@@ -313,6 +313,10 @@ def _proxy_for_result(x: Any, env: FakeEnv, scope: list, what: str) -> Any:
         return x
     p = env.proxy_of(x)
     if p is not None and not (isinstance(p, SubclassTensorProxy) and _inner_mutated(x, env)):
+        if x.requires_grad and not p.requires_grad and x.grad_fn is not None:
+            # a plain tensor that dispatch returned (recorded below autograd, not requiring grad then), which
+            # autograd made the result of the differentiable torch-level op: it requires grad, as in eager
+            p._requires_grad = True
         return p
     if is_traceable_wrapper_subclass(x):
         attrs, ctx = flatten_tensor(x)

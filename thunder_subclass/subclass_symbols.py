@@ -116,12 +116,10 @@ def cotangent_flatten_symbol(cls: type) -> Symbol:
     sym = _cotangent_flatten.get(cls)
     if sym is None:
 
-        # ``variants`` (thunder_subclass.tangents.BackwardVariants) is not used here: as an argument it puts the
-        # object among the compiled backward's globals, where the ThunderFunction.backward hook finds it.
-        def meta(g: SubclassTensorProxy, attrs: tuple[str, ...], ctx: Any, variants: Any = None):
+        def meta(g: SubclassTensorProxy, attrs: tuple[str, ...], ctx: Any):
             return tuple(g.inner[a] for a in attrs)
 
-        def impl(g, attrs, ctx, variants=None):
+        def impl(g, attrs, ctx):
             g = _coerce_cotangent(cls, g, ctx_value(ctx))
             return tuple(getattr(g, a) for a in attrs)
 

@@ -27,30 +27,48 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
+import thunder.core.dtypes as dtypes
 import thunder.core.prims as prims
 from thunder.core.proxies import TensorProxy
 from thunder.core.pytree import tree_flatten
+from thunder.core.trace import from_trace
 from thunder.core.transform_common import Transform
 
 from thunder_subclass import _thunder_internals
 from thunder_subclass.errors import SubclassGradientError
-from thunder_subclass.executor import subclass_executor
+from thunder_subclass.executor import register_symbol, subclass_executor
 from thunder_subclass.fake import FakeEnv, fake_execution, torch_device, torch_dtype
-from thunder_subclass.flatten import Flattener, flatten_subclasses, needs_flattening
+from thunder_subclass.flatten import Flattener, flatten_subclasses, is_subclass_level
 from thunder_subclass.proxy import OpaqueObjectProxy, SubclassTensorProxy, proxy_kind, runtime_kind, subclass_proxy_from_tensor
 
-__all__ = ["BackwardVariants", "SavedTensorNames", "flatten_for_executors", "replace_grads", "run_backward"]
+__all__ = [
+    "BackwardVariants", "SavedTensorNames", "flatten_for_executors", "replace_grads", "run_backward",
+    "differentiable_outputs",
+]
 
 
 def flatten_for_executors(trace):
-    """The flatten pass as the plugin runs it before executors claim operations: for a joint forward+backward
-    trace (it holds ``get_grad``), with the backward variants and the incoming gradients' kinds of this module."""
-    if not needs_flattening(trace):
-        return trace
+    """The flatten pass as the plugin runs it before executors claim operations. A joint forward+backward trace
+    (it holds ``get_grad``) also gets its :class:`BackwardVariants`, which the incoming gradients' kinds are coerced
+    for, and which travels into the backward trace as the argument of ``backward_info`` (a no-op there: it makes the
+    object a global of the compiled backward, where the ``ThunderFunction`` hooks find it)."""
     if not any(b.sym is prims.get_grad for b in trace.bound_symbols):
         return flatten_subclasses(trace)
     variants = BackwardVariants(trace, *_thunder_internals.current_compile_data())
-    return flatten_subclasses(trace, variants=variants, cotangent_aliases=coerce_tangents(trace, variants))
+    trace = flatten_subclasses(trace, cotangent_aliases=coerce_tangents(trace, variants))
+    if trace is variants.joint:
+        trace = from_trace(trace)
+        trace.bound_symbols = list(variants.joint.bound_symbols)
+    trace.bound_symbols.insert(len(trace.bound_symbols) - 1, backward_info.bind(variants, output=None))
+    return trace
+
+
+def _no_op(info) -> None:
+    return None
+
+
+# DONT_DCE: it has no output; thunder's forward/backward split puts it in the backward (it feeds no forward value)
+backward_info = register_symbol("backward_info", meta=_no_op, fn=_no_op, tags=[prims.OpTags.DONT_DCE])
 
 
 class BackwardVariants:
@@ -71,6 +89,8 @@ class BackwardVariants:
         self.expected_proxy = [self.grad_of.get(getattr(o, "name", None), o) for o in self.outputs]
         self.saved_names: list[str] | None = None
         self._compiled: dict[tuple, Any] = {}
+        # which forward outputs eager would give requires_grad (the others are marked non-differentiable)
+        self.differentiable = _differentiable_outputs(joint)
 
     def canonical(self, grads) -> list | None:
         """``grads`` with a zero gradient of the expected kind where autograd materialized a plain zero tensor for
@@ -117,7 +137,7 @@ class BackwardVariants:
                 "outputs' kinds to .backward()."
             )
         with _thunder_internals.compile_data_context(self.compile_data, self.compile_stats):
-            flattener = Flattener(self.joint, variants=None)
+            flattener = Flattener(self.joint)
             cotangents, grad_positions = [], []
             with tracectx(flattener.trace):
                 for i, (g, out) in enumerate(zip(grads, self.outputs)):
@@ -180,6 +200,46 @@ class BackwardVariants:
             extrace = transform_for_execution(trace, executors_list=[subclass_executor, torchex])
             fn = extrace.python_callable()
         return fn, [available[p.name] for p in saved_args], grad_positions
+
+
+def _differentiable_outputs(joint) -> tuple[bool, ...] | None:
+    """For each forward output of ``joint``, whether eager would return it requiring grad, propagated through the
+    forward as autograd does: from the inputs' ``requires_grad``, through every differentiable op to floating-point
+    results; not through ``detach`` or code under ``torch.no_grad``; and, for thunder_subclass's own symbols (unrolled
+    subclass operations, inner tensors read with ``x.a``, subclasses built in traced code), as the fake run said
+    (the inner tensors of a computed subclass do not require grad). None when every output is differentiable (thunder's
+    default)."""
+    from thunder.core.proxies import ProxyTag
+
+    ret = joint.bound_symbols[-1].args[0]
+    requires = {p.name: p.requires_grad for p in tree_flatten(ret["flat_args"])[0] if isinstance(p, TensorProxy)}
+    for bsym in joint.bound_symbols:
+        if bsym.sym in (prims.get_grad, prims.put_grad, prims.python_return):
+            continue
+        outs = [o for o in bsym.flat_proxy_outs if isinstance(o, TensorProxy)]
+        if not outs:
+            continue
+        if bsym.sym.executor is subclass_executor or is_subclass_level(bsym):
+            for o in outs:
+                requires.setdefault(o.name, bool(o.requires_grad))
+            continue
+        flows = bsym.sym.name != "detach" and any(
+            requires.get(a.name, False) for a in bsym.flat_proxy_args if isinstance(a, TensorProxy)
+        )
+        for o in outs:
+            requires.setdefault(
+                o.name,
+                flows and dtypes.is_inexact_dtype(o.dtype) and ProxyTag.DETACHED_AUTOGRAD_GRAPH not in o.tags,
+            )
+    outputs = tree_flatten(ret["fw_flat_out"])[0]
+    mask = tuple(requires.get(o.name, True) if isinstance(o, TensorProxy) else False for o in outputs)
+    return None if all(mask) else mask
+
+
+def differentiable_outputs(compiled_backward) -> tuple[bool, ...] | None:
+    """The ``ThunderFunction.forward`` hook's handler: which outputs are differentiable (None: all)."""
+    variants = _variants_of(compiled_backward)
+    return None if variants is None else variants.differentiable
 
 
 def _zeros_of(p):
