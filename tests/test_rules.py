@@ -148,8 +148,14 @@ def test_rule_that_raises_gives_typed_error():
 
 
 def test_unknown_op_is_refused():
-    with pytest.raises(TypeError, match="not a torch operation thunder traces as a symbol"):
-        register_grad_rule(TwoTensor, print, mul_rule)
+    from thunder_subclass import SubclassRegistrationError, TensorSubclassError
+
+    for op in (print, 3):
+        with pytest.raises(SubclassRegistrationError, match="not a torch operation thunder traces as a symbol") as info:
+            register_grad_rule(TwoTensor, op, mul_rule)
+        assert isinstance(info.value, TypeError) and isinstance(info.value, TensorSubclassError)
+    with pytest.raises(SubclassRegistrationError, match="subclass_type must be a torch.Tensor subclass"):
+        register_grad_rule(int, torch.mul, mul_rule)
 
 
 def test_executor_claims_subclass_op():

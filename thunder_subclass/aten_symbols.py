@@ -33,6 +33,7 @@ from thunder.core.pytree import tree_flatten, tree_map
 from thunder.core.symbol import Symbol
 
 from thunder_subclass._thunder_internals import allow_torch_compile_fusion
+from thunder_subclass.errors import SubclassRegistrationError
 from thunder_subclass.executor import register_constant_symbol, subclass_executor, unique_operator_name
 from thunder_subclass.fake import FakeEnv, fake_execution, remember_stride, torch_device, torch_dtype
 
@@ -129,7 +130,7 @@ def register_aten_symbol(op: OpOverload, symbol: Symbol) -> Callable[[], None]:
     executor's symbol and your executor runs it (e.g. a backend's kernels, see
     ``thunder_subclass.examples.python_device``). Returns a function that removes the registration."""
     if not isinstance(op, OpOverload):
-        raise TypeError(f"register_aten_symbol needs an OpOverload such as torch.ops.aten.mm.default, got {op!r}")
+        raise SubclassRegistrationError(f"register_aten_symbol needs an OpOverload such as torch.ops.aten.mm.default, got {op!r}")
     if op in _registered and _registered[op] is not symbol:
         raise ValueError(f"{op} is already recorded as {_registered[op].name}; remove that registration first")
     _registered[op] = symbol

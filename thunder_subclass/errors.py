@@ -13,6 +13,7 @@ __all__ = [
     "UnsupportedSubclassOperationError",
     "SubclassGradientError",
     "SubclassGradRuleError",
+    "SubclassRegistrationError",
     "ThunderVersionError",
 ]
 
@@ -45,6 +46,11 @@ class SubclassGradientError(TensorSubclassError, TypeError):
 class SubclassGradRuleError(TensorSubclassError, RuntimeError):
     """A grad rule or executor implementation registered for a (subclass, op) pair raised while tracing; the message
     names the rule, the subclass and the op, and the original exception is chained as ``__cause__``."""
+
+
+class SubclassRegistrationError(TensorSubclassError, TypeError):
+    """A registration (``register_grad_rule``, ``register_implementation``, ``register_aten_symbol``) got something
+    that is not what it registers for: not a torch operation, not a tensor subclass, no executor."""
 
 
 class ThunderVersionError(TensorSubclassError, ImportError):

@@ -132,8 +132,7 @@ class FakeEnv:
         requires_grad = bool(x.requires_grad) if requires_grad is None else requires_grad
         if isinstance(x, SubclassTensorProxy):
             inner = {a: self.to_fake(p) for a, p in x.inner.items()}
-            fake = x.subclass_type.__tensor_unflatten__(inner, x.flatten_ctx, tuple(x._shape), x.outer_stride)
-            check_unflattened(x.subclass_type, fake, tuple(x._shape))
+            fake = unflatten_fake(x.subclass_type, inner, x.flatten_ctx, tuple(x._shape), x.outer_stride)
             restore_python_attributes(fake, x.python_attrs)
             self.subclass_inputs.append(x)
         else:
@@ -178,6 +177,20 @@ def restore_python_attributes(fake: torch.Tensor, python_attrs: dict) -> None:
     for name, value in python_attrs.items():
         if name not in fake.__dict__:
             fake.__dict__[name] = value
+
+
+def unflatten_fake(cls: type, inner: dict, ctx: Any, shape: tuple, stride: tuple) -> torch.Tensor:
+    """``cls.__tensor_unflatten__`` on fake inner tensors, checked (:func:`check_unflattened`); its exceptions become
+    :class:`SubclassProtocolError` naming the class."""
+    try:
+        fake = cls.__tensor_unflatten__(inner, ctx, shape, stride)
+    except Exception as e:
+        raise SubclassProtocolError(
+            f"{cls.__qualname__}.__tensor_unflatten__ raised {type(e).__name__}: {e} (rebuilding a {cls.__qualname__} "
+            f"of shape {tuple(shape)} from inner tensors {sorted(inner)} and flatten context {ctx!r})"
+        ) from e
+    check_unflattened(cls, fake, shape)
+    return fake
 
 
 def check_unflattened(cls: type, t: Any, shape: tuple) -> None:

@@ -26,7 +26,7 @@ from thunder.core.proxies import TensorProxy
 from thunder_subclass import _thunder_internals
 from thunder_subclass.errors import SubclassProtocolError
 from thunder_subclass.executor import subclass_executor
-from thunder_subclass.fake import FakeEnv, torch_device, torch_dtype
+from thunder_subclass.fake import FakeEnv, torch_device, torch_dtype, unflatten_fake
 from thunder_subclass.proxy import (
     PLAIN_TENSOR_TYPES,
     OpaqueObjectProxy,
@@ -144,8 +144,8 @@ def _not_restored_by_unflatten(p: SubclassTensorProxy) -> dict[str, Any]:
     if not p.python_attrs:
         return {}
     env = FakeEnv()
-    rebuilt = p.subclass_type.__tensor_unflatten__(
-        {a: env.to_fake(q) for a, q in p.inner.items()}, p.flatten_ctx, tuple(p._shape), p.outer_stride
+    rebuilt = unflatten_fake(
+        p.subclass_type, {a: env.to_fake(q) for a, q in p.inner.items()}, p.flatten_ctx, tuple(p._shape), p.outer_stride
     )
     d = getattr(rebuilt, "__dict__", {})
     return {k: v for k, v in p.python_attrs.items() if not is_same_value(d.get(k, _MISSING), v)}

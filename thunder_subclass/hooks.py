@@ -23,6 +23,7 @@ import thunder.core.prims as prims
 from thunder.core.trace import get_tracectx
 
 from thunder_subclass import _thunder_internals, autograd, guards, interpretation, tangents
+from thunder_subclass.errors import SubclassProtocolError, format_location
 from thunder_subclass.executor import subclass_executor
 from thunder_subclass.proxy import SubclassTensorProxy, has_subclass_proxy
 
@@ -32,8 +33,12 @@ __all__ = ["install", "uninstall", "is_installed"]
 def _symbol_call(sym, args: tuple, kwargs: dict):
     if sym.id == prims.PrimIDs.UPDATE_ALIASES:
         return _update_aliases(args, kwargs)
-    if not has_subclass_proxy(args, kwargs):
-        return _thunder_internals.NOT_HANDLED
+    try:
+        if not has_subclass_proxy(args, kwargs):
+            return _thunder_internals.NOT_HANDLED
+    except SubclassProtocolError as e:  # an input whose subclass cannot be compiled, first used here
+        location = format_location(*_thunder_internals.source_location())
+        raise SubclassProtocolError(f"{e} (the tensor is an argument of {sym.name} at {location})") from e
     autograd.ensure_grad_rule(sym)
     return interpretation.unroll_symbol_call(sym, args, kwargs)
 

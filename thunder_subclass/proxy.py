@@ -218,9 +218,20 @@ def flatten_tensor(t: torch.Tensor) -> tuple[list[str], Any]:
     """``__tensor_flatten__`` of ``t``, checked: names of tensor attributes, and the context."""
     cls = type(t)
     try:
-        attrs, ctx = t.__tensor_flatten__()
+        result = t.__tensor_flatten__()
     except Exception as e:
         raise SubclassProtocolError(f"{cls.__qualname__}.__tensor_flatten__ raised {type(e).__name__}: {e}") from e
+    if not (
+        isinstance(result, (tuple, list))
+        and len(result) == 2
+        and isinstance(result[0], (tuple, list))
+        and all(isinstance(a, str) for a in result[0])
+    ):
+        raise SubclassProtocolError(
+            f"{cls.__qualname__}.__tensor_flatten__ returned {result!r}; it must return a pair (names of the inner "
+            "tensor attributes, context), e.g. (['a', 'b'], None) as torch.testing._internal.two_tensor.TwoTensor does."
+        )
+    attrs, ctx = result
     for a in attrs:
         v = getattr(t, a, None)
         if not isinstance(v, torch.Tensor) and not is_opaque_object(v):

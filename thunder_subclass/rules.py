@@ -47,7 +47,7 @@ from thunder.core.pytree import tree_flatten
 from thunder.core.symbol import Symbol
 
 from thunder_subclass._thunder_internals import torch_to_thunder_symbols
-from thunder_subclass.errors import SubclassGradRuleError, TensorSubclassError
+from thunder_subclass.errors import SubclassGradRuleError, SubclassRegistrationError, format_location
 from thunder_subclass.interpretation import construct_subclass
 from thunder_subclass.proxy import SubclassTensorProxy
 
@@ -104,7 +104,7 @@ def resolve_symbol(op: Any) -> Symbol:
         return op
     sym = torch_to_thunder_symbols().get(op) if _hashable(op) else None
     if not isinstance(sym, Symbol):
-        raise TypeError(
+        raise SubclassRegistrationError(
             f"{getattr(op, '__qualname__', op)!r} is not a torch operation thunder traces as a symbol; pass a torch "
             "function or Tensor method (torch.mul, torch.nn.functional.linear, torch.Tensor.mul) or a thunder.torch "
             "symbol."
@@ -122,7 +122,7 @@ def _hashable(x) -> bool:
 
 def _check_subclass_type(subclass_type) -> None:
     if not (isinstance(subclass_type, type) and issubclass(subclass_type, torch.Tensor)):
-        raise TypeError(f"subclass_type must be a torch.Tensor subclass, got {subclass_type!r}")
+        raise SubclassRegistrationError(f"subclass_type must be a torch.Tensor subclass, got {subclass_type!r}")
 
 
 def _register(table, kind, subclass_type, op, fn, executor, allow_override, checker=None) -> RuleHandle:
@@ -164,7 +164,7 @@ def register_implementation(subclass_type: type, op: Any, execution_transform: C
     Returns a :class:`RuleHandle`; usable as a decorator like :func:`register_grad_rule`.
     """
     if executor is None:
-        raise TypeError("register_implementation needs the executor that claims the operation (executor=...)")
+        raise SubclassRegistrationError("register_implementation needs the executor that claims the operation (executor=...)")
     if execution_transform is None:
         return lambda fn: register_implementation(subclass_type, op, fn, executor=executor, checker=checker,
                                                   allow_override=allow_override)
@@ -213,13 +213,29 @@ def find_implementation(sym_id, args, kwargs) -> _Entry | None:
 
 
 def call_rule(entry: _Entry, args, kwargs):
-    """Run a user's rule, turning its exceptions into :class:`SubclassGradRuleError` naming rule, subclass, op."""
+    """Run a user's rule, turning its exceptions (including typed errors of the subclass operations it calls) into
+    :class:`SubclassGradRuleError` naming the rule, its source line, the subclass and the op."""
     try:
         return entry.fn(*args, **kwargs)
-    except TensorSubclassError:
+    except SubclassGradRuleError:
         raise
     except Exception as e:
         raise SubclassGradRuleError(
             f"{entry.kind} {entry.name} for ({entry.subclass_type.__qualname__}, {entry.op_name}) raised "
-            f"{type(e).__name__}: {e}. Fix the rule, or remove it (handle.remove()) to use the default."
+            f"{type(e).__name__} at {_rule_location(entry.fn, e)}: {e}\nFix the rule, or remove it "
+            "(handle.remove()) to use the default."
         ) from e
+
+
+def _rule_location(fn: Callable, e: BaseException) -> str:
+    """The rule's source line where ``e`` left it (its innermost frame in the traceback), else its definition."""
+    code = getattr(fn, "__code__", None)
+    lineno = None
+    tb = e.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code is code:
+            lineno = tb.tb_lineno
+        tb = tb.tb_next
+    if code is None:
+        return format_location(None, None)
+    return format_location(code.co_filename, lineno if lineno is not None else code.co_firstlineno)
