@@ -186,3 +186,38 @@ def test_malformed_tensor_flatten_is_a_protocol_error():
                        match=rf"NamesOnly.__tensor_flatten__ returned \['a', 'b'\]; it must return a pair .* "
                              rf"argument of sin at .*test_parity\.py:{line}"):
         thunder_subclass.jit(f)(NamesOnly(torch.randn(3), torch.randn(3)))
+
+
+# -- dispatch modes ---------------------------------------------------------------------------------------------
+
+
+def test_torch_dispatch_mode_around_the_call_is_a_typed_error_never_ignored():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from thunder_subclass import UnsupportedSubclassOperationError
+
+    class Log(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(func)
+            return func(*args, **(kwargs or {}))
+
+    def f(t):
+        return (t * 2).sin()
+
+    x = _two(3)
+    jf = thunder_subclass.jit(f)
+    assert_same(jf(x), f(x))  # compiled outside the mode
+    line = f.__code__.co_firstlineno + 1
+    for _ in range(2):  # the cached trace is not reused under the mode; tracing under it raises
+        with Log() as mode:
+            with pytest.raises(UnsupportedSubclassOperationError,
+                               match=rf"mul on TwoTensor at .*test_parity\.py:{line} runs under the TorchDispatchMode "
+                                     r"Log.*Call the compiled function outside the mode"):
+                jf(x)
+        assert mode.ops == []  # nothing ran under the mode
+    assert_same(jf(x), f(x))  # and outside it the first trace serves again
+    assert thunder.cache_hits(jf) >= 1

@@ -202,6 +202,26 @@ def is_called_from_user_code() -> bool:
     return not frame.code.co_filename.startswith(os.path.dirname(thunder.__file__))
 
 
+def active_dispatch_modes() -> list:
+    """The user's ``TorchDispatchMode`` s active now, innermost last (``torch.utils._python_dispatch``'s stack)."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    return list(_get_current_dispatch_mode_stack())
+
+
+def add_prologue_check(check, *args) -> None:
+    """Make the prologue of the jit being traced call ``check(*args)`` (an operator that raises to reject the cache
+    entry), once: ``JitCtx.add_constraint`` of thunder's current jit context (``jit_ext.get_jit_ctx``). Nothing
+    when no jit is interpreting (e.g. while autodiff runs a grad rule: the prologue is made already)."""
+    from thunder.core.jit_ext import get_jit_ctx
+
+    try:
+        ctx = get_jit_ctx()
+    except LookupError:
+        return
+    ctx.add_constraint((check, *args))
+
+
 def interpret_call(fn, *wrapped_args):
     """Call ``fn`` under thunder's interpreter from inside a lookaside (``interpreter._interpret_call``): its body is
     traced like user code. Arguments and result are the interpreter's wrapped values."""

@@ -24,7 +24,7 @@ import thunder.core.prims as prims
 from thunder.core.proxies import TensorProxy
 
 from thunder_subclass import _thunder_internals
-from thunder_subclass.errors import SubclassProtocolError
+from thunder_subclass.errors import SubclassProtocolError, UnsupportedSubclassOperationError, format_location
 from thunder_subclass.executor import subclass_executor
 from thunder_subclass.fake import FakeEnv, torch_device, torch_dtype, unflatten_fake
 from thunder_subclass.proxy import (
@@ -188,6 +188,34 @@ check_plain_tensor = subclass_executor.register_operator(
 )
 
 
+def _check_no_dispatch_mode_impl() -> None:
+    if torch._C._len_torch_dispatch_stack():
+        raise SubclassGuardFailure("a TorchDispatchMode is active")  # traced again: the trace-time check raises
+
+
+check_no_dispatch_mode = subclass_executor.register_operator(
+    "check_no_dispatch_mode", meta=lambda: None, fn=_check_no_dispatch_mode_impl, tags=[prims.OpTags.DONT_DCE]
+)
+
+
+def require_no_dispatch_mode(what: str) -> None:
+    """A trace that involves subclasses may not be made, nor reused, while a ``TorchDispatchMode`` is active: eager
+    shows the mode the aten calls on the subclasses, the compiled program would show it the flattened calls on inner
+    tensors. Raises :class:`UnsupportedSubclassOperationError` naming the modes; adds the prologue check."""
+    modes = _thunder_internals.active_dispatch_modes()
+    if modes:
+        names = ", ".join(type(m).__name__ for m in modes)
+        filename, lineno = _thunder_internals.source_location()
+        raise UnsupportedSubclassOperationError(
+            f"{what} at {format_location(filename, lineno)} runs under the TorchDispatchMode {names}, active around "
+            "the call of a thunder_subclass-compiled function. Eager shows such a mode the aten operations on tensor "
+            "subclasses; the compiled program runs the flattened operations on their inner tensors, which the mode "
+            "would see instead, so thunder_subclass does not run it. Call the compiled function outside the mode, or "
+            "the original function inside it."
+        )
+    _thunder_internals.add_prologue_check(check_no_dispatch_mode)
+
+
 def add_plain_tensor_guard(jit_ctx, p) -> None:
     """A plain tensor input of a plugin jit must stay a plain tensor for the trace to be reused."""
     if isinstance(p, TensorProxy) and not isinstance(p, SubclassTensorProxy):
@@ -224,6 +252,7 @@ def proxify_input(jit_ctx, value, original):
 
 def _proxify_subclass(jit_ctx, value) -> SubclassTensorProxy:
     t = value.value
+    _thunder_internals.add_prologue_check(check_no_dispatch_mode)  # the first operation on it raises under a mode
     name = _thunder_internals.input_proxy_name(jit_ctx, value)
     p = subclass_proxy_from_tensor(
         t, name=name, history=value.provenance,

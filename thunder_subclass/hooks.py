@@ -26,6 +26,7 @@ from thunder_subclass import _thunder_internals, autograd, guards, interpretatio
 from thunder_subclass.errors import SubclassProtocolError, format_location
 from thunder_subclass.executor import subclass_executor
 from thunder_subclass.proxy import SubclassTensorProxy, has_subclass_proxy
+from thunder_subclass.recording import subclass_names
 
 __all__ = ["install", "uninstall", "is_installed"]
 
@@ -39,6 +40,7 @@ def _symbol_call(sym, args: tuple, kwargs: dict):
     except SubclassProtocolError as e:  # an input whose subclass cannot be compiled, first used here
         location = format_location(*_thunder_internals.source_location())
         raise SubclassProtocolError(f"{e} (the tensor is an argument of {sym.name} at {location})") from e
+    guards.require_no_dispatch_mode(f"{sym.name} on {subclass_names(args, kwargs)}")
     autograd.ensure_grad_rule(sym)
     return interpretation.unroll_symbol_call(sym, args, kwargs)
 
