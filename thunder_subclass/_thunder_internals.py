@@ -209,17 +209,16 @@ def active_dispatch_modes() -> list:
     return list(_get_current_dispatch_mode_stack())
 
 
-def add_prologue_check(check, *args) -> None:
-    """Make the prologue of the jit being traced call ``check(*args)`` (an operator that raises to reject the cache
-    entry), once: ``JitCtx.add_constraint`` of thunder's current jit context (``jit_ext.get_jit_ctx``). Nothing
-    when no jit is interpreting (e.g. while autodiff runs a grad rule: the prologue is made already)."""
+def jit_state() -> dict | None:
+    """A dict the plugin keeps on thunder's jit context of the trace being interpreted (``jit_ext.get_jit_ctx``), or
+    None when no jit is interpreting (e.g. while autodiff runs a grad rule)."""
     from thunder.core.jit_ext import get_jit_ctx
 
     try:
         ctx = get_jit_ctx()
     except LookupError:
-        return
-    ctx.add_constraint((check, *args))
+        return None
+    return ctx.__dict__.setdefault("_thunder_subclass_state", {})
 
 
 def interpret_call(fn, *wrapped_args):

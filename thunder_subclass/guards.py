@@ -188,20 +188,52 @@ check_plain_tensor = subclass_executor.register_operator(
 )
 
 
-def _check_no_dispatch_mode_impl() -> None:
-    if torch._C._len_torch_dispatch_stack():
+class TraceFlags:
+    """What the trace of one jit call turned out to involve, filled while tracing, read by its prologue checks."""
+
+    __slots__ = ("involves_subclasses",)
+
+    def __init__(self):
+        self.involves_subclasses = False
+
+    def __repr__(self) -> str:
+        return f"TraceFlags(involves_subclasses={self.involves_subclasses})"
+
+
+def _check_no_dispatch_mode_impl(t, flags: TraceFlags) -> None:
+    if flags.involves_subclasses and torch._C._len_torch_dispatch_stack():
         raise SubclassGuardFailure("a TorchDispatchMode is active")  # traced again: the trace-time check raises
 
 
+# on the first tensor input of each trace (a check needs an input: thunder's PrunePrologueChecks requires one)
 check_no_dispatch_mode = subclass_executor.register_operator(
-    "check_no_dispatch_mode", meta=lambda: None, fn=_check_no_dispatch_mode_impl, tags=[prims.OpTags.DONT_DCE]
+    "check_no_dispatch_mode", meta=lambda t, flags: None, fn=_check_no_dispatch_mode_impl, tags=[prims.OpTags.DONT_DCE]
 )
+
+
+def _trace_flags(jit_ctx=None, first_input=None) -> TraceFlags | None:
+    """The current trace's flags; made, with their prologue check on ``first_input``, by the first input."""
+    state = _thunder_internals.jit_state()
+    if state is None:
+        return None
+    flags = state.get("flags")
+    if flags is None and first_input is not None:
+        flags = state["flags"] = TraceFlags()
+        jit_ctx.add_constraint((check_no_dispatch_mode, first_input, flags))
+    return flags
+
+
+def mark_involves_subclasses() -> None:
+    flags = _trace_flags()
+    if flags is not None:
+        flags.involves_subclasses = True
 
 
 def require_no_dispatch_mode(what: str) -> None:
     """A trace that involves subclasses may not be made, nor reused, while a ``TorchDispatchMode`` is active: eager
     shows the mode the aten calls on the subclasses, the compiled program would show it the flattened calls on inner
-    tensors. Raises :class:`UnsupportedSubclassOperationError` naming the modes; adds the prologue check."""
+    tensors. Raises :class:`UnsupportedSubclassOperationError` naming the modes; the trace's prologue check (on its
+    first tensor input) makes a cached trace a miss under a mode, so that this raises again."""
     modes = _thunder_internals.active_dispatch_modes()
     if modes:
         names = ", ".join(type(m).__name__ for m in modes)
@@ -213,7 +245,7 @@ def require_no_dispatch_mode(what: str) -> None:
             "would see instead, so thunder_subclass does not run it. Call the compiled function outside the mode, or "
             "the original function inside it."
         )
-    _thunder_internals.add_prologue_check(check_no_dispatch_mode)
+    mark_involves_subclasses()
 
 
 def add_plain_tensor_guard(jit_ctx, p) -> None:
@@ -246,13 +278,13 @@ def proxify_input(jit_ctx, value, original):
     p = original(jit_ctx, value)
     if isinstance(p, TensorProxy):
         mark_leaf(p, t)
+        _trace_flags(jit_ctx, first_input=p)
     add_plain_tensor_guard(jit_ctx, p)
     return p
 
 
 def _proxify_subclass(jit_ctx, value) -> SubclassTensorProxy:
     t = value.value
-    _thunder_internals.add_prologue_check(check_no_dispatch_mode)  # the first operation on it raises under a mode
     name = _thunder_internals.input_proxy_name(jit_ctx, value)
     p = subclass_proxy_from_tensor(
         t, name=name, history=value.provenance,
@@ -260,5 +292,6 @@ def _proxify_subclass(jit_ctx, value) -> SubclassTensorProxy:
     )
     _thunder_internals.register_input_proxy(value, p)
     mark_leaf(p, t)
+    _trace_flags(jit_ctx, first_input=p).involves_subclasses = True  # its first operation raises under a mode
     add_subclass_guards(jit_ctx, p)
     return p
