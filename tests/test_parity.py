@@ -221,3 +221,137 @@ def test_torch_dispatch_mode_around_the_call_is_a_typed_error_never_ignored():
         assert mode.ops == []  # nothing ran under the mode
     assert_same(jf(x), f(x))  # and outside it the first trace serves again
     assert thunder.cache_hits(jf) >= 1
+
+
+# -- subclasses that override only __torch_function__ (non-wrapper) ---------------------------------------------
+
+
+class Plain(torch.Tensor):
+    """No overrides: PyTorch's default __torch_function__ keeps results Plain."""
+
+
+class ExpForSigmoid(torch.Tensor):
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func is torch.Tensor.sigmoid:
+            func = torch.Tensor.exp
+        return super().__torch_function__(func, types, args, kwargs)
+
+
+class TenDims(torch.Tensor):
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func == torch.Tensor.ndim.__get__:
+            return 10
+        return super().__torch_function__(func, types, args, kwargs)
+
+
+class Scaled(torch.Tensor):
+    def __new__(cls, data, scale=2.0):
+        return super().__new__(cls, data)
+
+    def __init__(self, data, scale=2.0):
+        self.scale = scale
+
+    def scaled(self):
+        return self * self.scale
+
+
+def _same_typed(actual, expected):
+    assert type(actual) is type(expected), (type(actual), type(expected))
+    if isinstance(expected, torch.Tensor):
+        torch.testing.assert_close(actual.as_subclass(torch.Tensor), expected.as_subclass(torch.Tensor))
+        assert actual.requires_grad == expected.requires_grad
+    else:
+        assert actual == expected
+
+
+@pytest.mark.parametrize(
+    "fn, make",
+    [
+        (lambda x: x * 2 + 1, lambda t: t.as_subclass(Plain)),
+        (lambda x: (x.sigmoid(), torch.sigmoid(x)), lambda t: t.as_subclass(ExpForSigmoid)),
+        (lambda x: x * x.ndim, lambda t: t.as_subclass(TenDims)),
+        (lambda x: (x.T + 1, x.sum(), x.shape[0] * x), lambda t: t.reshape(2, 3).as_subclass(Plain)),
+        (lambda x: x * 2 if isinstance(x, Plain) and type(x) is Plain else x * 3, lambda t: t.as_subclass(Plain)),
+        (lambda x: x * x.scale, lambda t: Scaled(t, 4.0)),
+        (lambda t: t.as_subclass(Plain) * 2, lambda t: t),
+        (lambda t: Plain(t) * 2, lambda t: t),
+        (lambda t: torch.Tensor._make_subclass(Plain, t) + 1, lambda t: t),
+        (lambda t: Scaled(t, 3.0).scaled(), lambda t: t),
+        (lambda t: (t.as_subclass(Plain).as_subclass(torch.Tensor) * 2), lambda t: t),
+    ],
+    ids=["default", "custom-func", "property", "views-reductions", "isinstance-type", "input-attribute",
+         "as_subclass-inside", "constructor-inside", "make_subclass-inside", "new-init-method-inside", "back-to-plain"],
+)
+def test_torch_function_subclass_as_eager(fn, make):
+    x = make(torch.randn(6))
+    jf = thunder_subclass.jit(fn)
+    out, expected = jf(x), fn(x)
+    for o, e in zip(*((out, expected) if isinstance(out, tuple) else ((out,), (expected,)))):
+        _same_typed(o, e)
+    jf(make(torch.randn(6)))
+    assert thunder.cache_hits(jf) == 1  # same type: the trace is reused
+
+
+def test_torch_function_subclass_type_and_attributes_are_guarded():
+    def f(x):
+        return x * x.scale
+
+    jf = thunder_subclass.jit(f)
+    t = torch.randn(3)
+    for x in (Scaled(t, 2.0), Scaled(t, 2.0), Scaled(t, 5.0), t.as_subclass(Plain)):
+        if isinstance(x, Scaled):
+            _same_typed(jf(x), f(x))
+    assert thunder.cache_misses(jf) == 2 and thunder.cache_hits(jf) == 1
+    with pytest.raises(Exception, match="scale"):  # a Plain has no .scale: a new trace, which fails as eager does
+        jf(t.as_subclass(Plain))
+
+
+def test_torch_function_subclass_runs_no_torch_function_at_run_time():
+    calls = []
+
+    class Counting(torch.Tensor):
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            if not isinstance(getattr(func, "__self__", None), type(torch.Tensor.shape)):  # property reads aside
+                calls.append(func)
+            return super().__torch_function__(func, types, args, kwargs)
+
+    def f(x):
+        return (x * 2).sin()
+
+    x = torch.randn(3).as_subclass(Counting)
+    expected = f(x)
+    eager_calls = len(calls)  # __mul__, sin
+    jf = thunder_subclass.jit(f)
+    calls.clear()
+    out = jf(x)
+    assert len(calls) == eager_calls  # traced: __torch_function__ ran once per operation, as in eager
+    calls.clear()
+    out = jf(x)
+    assert calls == []  # the compiled program runs none: its values are plain tensors inside (thunder's prologue
+    # reads the input's shape/dtype/device, which eager passes through __torch_function__ as property reads)
+    _same_typed(out, expected)
+    assert "untyped" in [b.sym.name for b in thunder.last_traces(jf)[-1].bound_symbols]
+
+
+def test_torch_function_subclass_training_as_eager():
+    w = torch.randn(3, requires_grad=True)
+    ew = w.detach().clone().requires_grad_()
+
+    def f(x):
+        return (x * x).sum(), x * 3
+
+    (loss, y), (eloss, ey) = thunder_subclass.jit(f)(w.as_subclass(Plain)), f(ew.as_subclass(Plain))
+    _same_typed(loss, eloss)
+    _same_typed(y, ey)
+    (loss + y.sum()).backward()
+    (eloss + ey.sum()).backward()
+    torch.testing.assert_close(w.grad, ew.grad)
+    # a typed leaf that requires grad: its gradient is plain, as in eager
+    x = torch.randn(3).as_subclass(Plain).requires_grad_()
+    ex = x.detach().clone().as_subclass(Plain).requires_grad_()
+    thunder_subclass.jit(lambda x: (x * 3).sum())(x).backward()
+    (ex * 3).sum().backward()
+    _same_typed(x.grad, ex.grad)

@@ -229,6 +229,32 @@ def interpret_call(fn, *wrapped_args):
     return _interpret_call(fn, *wrapped_args)
 
 
+def is_interpreting() -> bool:
+    """Whether thunder's interpreter is tracing user code now (not a later pass re-running symbols)."""
+    from thunder.core.interpreter import _interpretercompilectx
+
+    try:
+        _interpretercompilectx.get()
+    except LookupError:
+        return False
+    return True
+
+
+def interpret_native_call(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` traced by thunder's interpreter (its body like user code), called from plain Python
+    that thunder's interpreter is running opaquely (a symbol call, a lookaside's body): arguments are wrapped as
+    constants, the result unwrapped, an exception raised inside is raised here."""
+    from thunder.core.interpreter import INTERPRETER_SIGNALS, _interpret_call, get_interpreterruntimectx, unwrap, wrap_const
+
+    result = _interpret_call(wrap_const(fn), *(wrap_const(a) for a in args),
+                             **{k: wrap_const(v) for k, v in kwargs.items()})
+    if result is INTERPRETER_SIGNALS.EXCEPTION_RAISED:
+        runtime = get_interpreterruntimectx()
+        exc, runtime.curexc = runtime.curexc, None
+        raise exc
+    return unwrap(result)
+
+
 def is_torch_level_symbol(sym) -> bool:
     """A thunder torch-language symbol: a composite (``ltorch.mul``) or one of thunder's auto-registered torch
     fallbacks (prims tagged AUTO_REGISTERED, run eagerly by torch; in thunder 0.2.6 under torch 2.13 even

@@ -248,6 +248,49 @@ def require_no_dispatch_mode(what: str) -> None:
     mark_involves_subclasses()
 
 
+class TensorTypeSpec:
+    """What a typed input (a subclass overriding only ``__torch_function__``) looked like when traced: its exact class
+    and the instance attributes traced code read (added while tracing)."""
+
+    __slots__ = ("cls", "python_attrs")
+
+    def __init__(self, cls: type):
+        self.cls = cls
+        self.python_attrs: dict[str, Any] = {}
+
+    def __repr__(self) -> str:
+        return f"TensorTypeSpec({self.cls.__qualname__})"
+
+
+def _check_tensor_type_impl(t, spec: TensorTypeSpec) -> None:
+    if type(t) is not spec.cls:
+        raise SubclassGuardFailure(f"expected a {spec.cls.__qualname__}, got {type(t).__name__}")
+    if spec.python_attrs:
+        d = t.__dict__
+        for name, value in spec.python_attrs.items():
+            if not is_same_value(d.get(name, _MISSING), value):
+                raise SubclassGuardFailure(f"{spec.cls.__qualname__}.{name} changed")
+
+
+check_tensor_type = subclass_executor.register_operator(
+    "check_tensor_type", meta=lambda t, spec: None, fn=_check_tensor_type_impl, tags=[prims.OpTags.DONT_DCE]
+)
+
+
+def add_tensor_type_guard(jit_ctx, p) -> None:
+    """Input ``p`` is typed (``thunder_subclass.torch_function``): its exact class is checked every call."""
+    spec = p.__dict__["_thunder_subclass_type_spec"] = TensorTypeSpec(p.__dict__["_thunder_subclass_tensor_type"].cls)
+    jit_ctx.add_constraint((check_tensor_type, p, spec))
+    _trace_flags(jit_ctx, first_input=p)
+
+
+def guard_tensor_type_attribute(p, name: str) -> None:
+    """Traced code read instance attribute ``name`` of typed value ``p``: for an input, a change is a cache miss."""
+    spec = p.__dict__.get("_thunder_subclass_type_spec")
+    if spec is not None:
+        spec.python_attrs[name] = p.__dict__["_thunder_subclass_tensor_type"].python_attrs[name]
+
+
 def add_plain_tensor_guard(jit_ctx, p) -> None:
     """A plain tensor input of a plugin jit must stay a plain tensor for the trace to be reused."""
     if isinstance(p, TensorProxy) and not isinstance(p, SubclassTensorProxy):

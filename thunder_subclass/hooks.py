@@ -3,13 +3,16 @@
 ``_thunder_internals`` (the bottom layer) knows thunder's side of every hook and nothing of the stages; this module,
 above the stages, hands it one :class:`~thunder_subclass._thunder_internals.Handlers` naming the stage functions:
 
-* an input tensor being proxified -> ``guards.proxify_input`` (subclass proxies with prologue guards);
+* an input tensor being proxified -> ``guards.proxify_input`` (subclass proxies with prologue guards), or
+  ``torch_function.proxify_typed_input`` for a subclass that overrides only ``__torch_function__``;
+* a torch-level symbol called with such a typed value -> ``torch_function.dispatch`` (its ``__torch_function__``);
 * thunder's in-place alias bookkeeping (``prims.update_aliases``, new alias proxies) on a subclass value -> a
   subclass proxy for its new version (here);
 * a torch-level symbol called with a subclass proxy -> ``autograd.ensure_grad_rule`` (so autodiff differentiates
   it as PyTorch would) then ``interpretation.unroll_symbol_call`` (``__torch_dispatch__`` unrolled on fakes);
 * interpreter lookasides -> ``autograd.function_apply_lookaside`` (``torch.autograd.Function`` over subclasses),
-  else ``interpretation.subclass_lookaside`` (construction, ``isinstance``, ``type``, attributes);
+  ``torch_function.lookaside`` (typed values, ``as_subclass``, construction of such subclasses), else
+  ``interpretation.subclass_lookaside`` (construction, ``isinstance``, ``type``, attributes);
 * before executors claim operations -> ``tangents.flatten_for_executors`` (the flatten pass);
 * a thunder forward call connected to autograd -> ``tangents.differentiable_outputs`` (``requires_grad`` of the
   outputs as in eager);
@@ -22,18 +25,28 @@ from __future__ import annotations
 import thunder.core.prims as prims
 from thunder.core.trace import get_tracectx
 
-from thunder_subclass import _thunder_internals, autograd, guards, interpretation, tangents
+from thunder_subclass import _thunder_internals, autograd, guards, interpretation, tangents, torch_function
 from thunder_subclass.errors import SubclassProtocolError, format_location
 from thunder_subclass.executor import subclass_executor
 from thunder_subclass.proxy import SubclassTensorProxy, has_subclass_proxy
-from thunder_subclass.recording import subclass_names
+from thunder_subclass.recording import denormalize, subclass_names, torch_callable_for
 
 __all__ = ["install", "uninstall", "is_installed"]
+
+
+def _proxify(jit_ctx, value, original):
+    if torch_function.is_torch_function_subclass_value(value.value):
+        return torch_function.proxify_typed_input(jit_ctx, value, original)
+    return guards.proxify_input(jit_ctx, value, original)
 
 
 def _symbol_call(sym, args: tuple, kwargs: dict):
     if sym.id == prims.PrimIDs.UPDATE_ALIASES:
         return _update_aliases(args, kwargs)
+    if torch_function.has_typed_proxy(args, kwargs):
+        result = torch_function.dispatch(sym, args, kwargs, torch_callable_for, denormalize)
+        if result is not _thunder_internals.NOT_HANDLED:
+            return result
     try:
         if not has_subclass_proxy(args, kwargs):
             return _thunder_internals.NOT_HANDLED
@@ -62,12 +75,16 @@ def _update_aliases(args: tuple, kwargs: dict):
 
 
 def _lookaside(fn, wrapped_args: tuple):
-    return autograd.function_apply_lookaside(fn, wrapped_args) or interpretation.subclass_lookaside(fn, wrapped_args)
+    return (
+        autograd.function_apply_lookaside(fn, wrapped_args)
+        or torch_function.lookaside(fn, wrapped_args)
+        or interpretation.subclass_lookaside(fn, wrapped_args)
+    )
 
 
 HANDLERS = _thunder_internals.Handlers(
     executor=subclass_executor,
-    proxify=guards.proxify_input,
+    proxify=_proxify,
     symbol_call=_symbol_call,
     prim_ids=frozenset({prims.PrimIDs.UPDATE_ALIASES}),
     new_alias=_new_alias,

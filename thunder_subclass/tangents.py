@@ -39,6 +39,7 @@ from thunder_subclass.errors import SubclassGradientError
 from thunder_subclass.executor import register_symbol, subclass_executor
 from thunder_subclass.fake import FakeEnv, fake_execution, torch_device, torch_dtype
 from thunder_subclass.flatten import Flattener, flatten_subclasses, is_subclass_level
+from thunder_subclass.subclass_symbols import is_flatten_bsym, is_unflatten_bsym
 from thunder_subclass.proxy import OpaqueObjectProxy, SubclassTensorProxy, proxy_kind, runtime_kind, subclass_proxy_from_tensor
 
 __all__ = [
@@ -219,7 +220,7 @@ def _differentiable_outputs(joint) -> tuple[bool, ...] | None:
         outs = [o for o in bsym.flat_proxy_outs if isinstance(o, TensorProxy)]
         if not outs:
             continue
-        if bsym.sym.executor is subclass_executor or is_subclass_level(bsym):
+        if is_subclass_level(bsym) or is_flatten_bsym(bsym) or is_unflatten_bsym(bsym):
             for o in outs:
                 requires.setdefault(o.name, bool(o.requires_grad))
             continue
