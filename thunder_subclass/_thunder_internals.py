@@ -21,6 +21,12 @@ Hooks (thunder 0.2.6 paths, relative to the installed ``thunder/``):
 * ``core/update_aliases.py`` ``_get_new_alias`` and ``prims.update_aliases`` (through the ``Symbol.__call__`` hook) —
   thunder's bookkeeping for in-place ops makes plain ``TensorProxy(like=x)`` versions of mutated values; a subclass
   value's new version stays a subclass proxy (``Handlers.new_alias``).
+* ``core/interpreter.py`` ``wrap_args_from_list`` — ``f(*args)`` with an iterable that is not a list or tuple (a
+  generator: ``torch.nn.utils.parametrize``'s ``ParametrizationList.forward``) fails in thunder's interpreter
+  (``len()`` of a generator); it is made a tuple first, as CPython does.
+* ``thunder/__init__.py`` ``_with_cache_info_ctx`` — for a plugin jit, the per-call cache info groups tensor
+  arguments as aliases only when they are the same view (thunder groups any that share a storage and replaces one by
+  a reshape of the other: a wrong value for ``f(x[:, :2], x[:, 2:])`` with an in-place op).
 * ``executors/passes.py`` ``_transform_for_operator_executor_execution`` — the point after autograd and before
   executors claim operations (looked up at call time by ``thunder/__init__.py`` and by ``transform_for_execution``):
   subclass-level bound symbols are replaced by their flat subsymbols (``Handlers.before_executors``:
@@ -178,14 +184,26 @@ def new_trace(name: str, args: list, *, names) -> Any:
 
 
 def source_location() -> tuple[str | None, int | None]:
-    """The user's source file and line of the call being traced (thunder records it on the trace)."""
+    """The user's source file and line of the call being traced (thunder records it on the trace while it records
+    symbols; otherwise the line the interpreter is at in the innermost frame of user code)."""
     from thunder.core.trace import get_tracectx
 
     trace = get_tracectx()
-    if trace is None:
+    if trace is not None and trace._current_source_filename is not None:
+        positions = trace._current_source_positions
+        return trace._current_source_filename, getattr(positions, "lineno", None)
+    if not is_interpreting():
         return None, None
-    positions = trace._current_source_positions
-    return trace._current_source_filename, getattr(positions, "lineno", None)
+    import os
+
+    import thunder
+    from thunder.core.interpreter import get_interpreterruntimectx
+
+    thunder_dir = os.path.dirname(thunder.__file__)
+    for frame in reversed(get_interpreterruntimectx().frame_stack):
+        if not frame.code.co_filename.startswith(thunder_dir):
+            return frame.code.co_filename, getattr(frame.positions, "lineno", None)
+    return None, None
 
 
 def is_called_from_user_code() -> bool:
@@ -379,11 +397,26 @@ def _hook_symbol_call(original):
     return __call__
 
 
+_native_functions: set = set()
+
+
+def runs_natively(fn: Callable) -> Callable:
+    """Decorator: ``fn`` is a plugin function handed to user code as a value (the bound method behind
+    ``x.transpose_``, ``x.as_subclass``): when user code calls it, thunder's interpreter calls it as Python, instead
+    of tracing its body like user code (where ``isinstance`` and attribute reads answer as for the user)."""
+    _native_functions.add(fn)
+    return fn
+
+
 def _hook_general_jit_lookaside(original):
     # wraps thunder.core.jit_ext.general_jit_lookaside
     @functools.wraps(original)
     def general_jit_lookaside(fn, *args, **kwargs):
         if is_plugin_active():
+            if fn in _native_functions:
+                from thunder.core.interpreter import interpreter_needs_wrap
+
+                return interpreter_needs_wrap(fn)
             lookaside = _handlers.lookaside(fn, args)
             if lookaside is not None:
                 return lookaside
@@ -406,6 +439,76 @@ def _hook_get_new_alias(original):
         return original(alias, trace)
 
     return _get_new_alias
+
+
+def _hook_wrap_args_from_list(original):
+    # wraps thunder.core.interpreter.wrap_args_from_list, which CALL_FUNCTION_EX (f(*args)) uses and which takes len()
+    # of the arguments: CPython makes a tuple of any iterable there (f(*generator), as torch's parametrizations do)
+    @functools.wraps(original)
+    def wrap_args_from_list(lst):
+        from thunder.core.interpreter import INTERPRETER_SIGNALS, _interpret_call, get_interpreterruntimectx, unwrap
+
+        if not isinstance(unwrap(lst), (list, tuple)) and is_plugin_active():
+            lst = _interpret_call(tuple, lst)
+            if lst is INTERPRETER_SIGNALS.EXCEPTION_RAISED:
+                raise get_interpreterruntimectx().curexc
+        return original(lst)
+
+    return wrap_args_from_list
+
+
+class _ViewAwareCacheInfo(dict):
+    """thunder's per-call cache info (``thunder._cache_info_ctx``) for a plugin jit: thunder groups tensor arguments
+    that share a storage as aliases of one another and then replaces all but the first by a reshape of it
+    (``core/update_aliases.py`` ``replace_args_with_alias_map``), which is wrong for distinct views of one storage
+    (``x[:, :2]`` and ``x[:, 2:]``: the second would read the first's values). Here only arguments that are the same
+    view (same storage, offset, and shape and strides, or both contiguous of the same size) are grouped."""
+
+    def __init__(self, args, kwargs):
+        super().__init__()
+        self._args = (args, kwargs)
+
+    def __setitem__(self, key, value):
+        if key == "alias_tensor_indices" and value:
+            value = _same_view_groups(*self._args)
+        super().__setitem__(key, value)
+
+
+def _same_view_groups(args, kwargs) -> str:
+    from torch.utils._pytree import tree_leaves
+
+    groups: dict = {}
+    for i, t in enumerate(tree_leaves((args, kwargs))):
+        if type(t) is torch.Tensor and t.layout is torch.strided:
+            contiguous = t.is_contiguous()
+            view = (t.numel(),) if contiguous else (tuple(t.shape), tuple(t.stride()))
+            groups.setdefault((t.untyped_storage().data_ptr(), t.storage_offset(), contiguous, view), []).append(i)
+    return "-".join(",".join(map(str, g)) for g in groups.values() if len(g) > 1)
+
+
+def _hook_with_cache_info_ctx(original):
+    # wraps thunder._with_cache_info_ctx, the decorator thunder.jit puts on its per-call function; called inside
+    # thunder.jit (its local `cd`, the jit's compile data, tells whether the jit uses the plugin)
+    @functools.wraps(original)
+    def _with_cache_info_ctx(fn):
+        import sys
+
+        import thunder
+
+        cd = sys._getframe(1).f_locals.get("cd")
+        if _handlers is None or cd is None or _handlers.executor not in getattr(cd, "executors_list", ()):
+            return original(fn)
+
+        def cache_info_wrapper(*args, **kwargs):
+            token = thunder._cache_info_ctx.set(_ViewAwareCacheInfo(args, kwargs))
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                thunder._cache_info_ctx.reset(token)
+
+        return cache_info_wrapper
+
+    return _with_cache_info_ctx
 
 
 def _hook_operator_executor_execution(original):
@@ -477,6 +580,8 @@ def _take_saved_tensors(ctx) -> list:
 
 
 def _targets() -> list[tuple[Any, str, Callable]]:
+    import thunder
+    import thunder.core.interpreter as interpreter
     import thunder.core.jit_ext as jit_ext
     import thunder.core.symbol as symbol
     import thunder.core.update_aliases as update_aliases
@@ -488,6 +593,8 @@ def _targets() -> list[tuple[Any, str, Callable]]:
         (symbol.Symbol, "__call__", _hook_symbol_call),
         (jit_ext, "general_jit_lookaside", _hook_general_jit_lookaside),
         (update_aliases, "_get_new_alias", _hook_get_new_alias),
+        (interpreter, "wrap_args_from_list", _hook_wrap_args_from_list),
+        (thunder, "_with_cache_info_ctx", _hook_with_cache_info_ctx),
         (passes, "_transform_for_operator_executor_execution", _hook_operator_executor_execution),
         (torch_autograd.ThunderFunction, "forward", _hook_thunder_function_forward),
         (torch_autograd.ThunderFunction, "backward", _hook_thunder_function_backward),

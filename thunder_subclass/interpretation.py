@@ -27,18 +27,21 @@ import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass_type
 
 import thunder.core.dtypes as dtypes
+import thunder.core.prims as prims
 from thunder.core.proxies import TensorProxy
 from thunder.core.pytree import tree_flatten
 from thunder.core.symbol import Symbol
 from thunder.core.trace import get_tracectx
 
-from thunder_subclass._thunder_internals import interpret_call, is_called_from_user_code
+from thunder_subclass._thunder_internals import interpret_call, is_called_from_user_code, runs_natively, source_location
+from thunder_subclass.errors import UnsupportedSubclassOperationError, format_location
+from thunder_subclass.executor import register_symbol
 from thunder_subclass.fake import FakeEnv
 from thunder_subclass.guards import guard_python_attribute
 from thunder_subclass.proxy import SubclassTensorProxy
 from thunder_subclass.recording import bind_unrolled, denormalize, op_name, record_call, subclass_names, torch_callable_for
 
-__all__ = ["unroll_symbol_call", "construct_subclass", "subclass_lookaside"]
+__all__ = ["unroll_symbol_call", "construct_subclass", "subclass_lookaside", "inplace_view_call", "is_inplace_view_bsym"]
 
 
 def unroll_symbol_call(sym: Symbol, args: tuple, kwargs: dict):
@@ -159,6 +162,8 @@ def subclass_lookaside(fn: Any, wrapped_args: tuple) -> Callable | None:
         obj, name = unwrap(wrapped_args[0]), unwrap(wrapped_args[1])
         if not isinstance(obj, TensorProxy) or not isinstance(name, str):
             return None
+        if name in INPLACE_VIEW_OPS:
+            return interpreter_needs_wrap(lambda o, n, *d: functools.partial(inplace_view_call, obj, name))
         if isinstance(obj, SubclassTensorProxy):
             lookaside = attribute_lookaside(obj, name)
             if lookaside is not None:
@@ -172,3 +177,65 @@ def subclass_lookaside(fn: Any, wrapped_args: tuple) -> Callable | None:
         if any(isinstance(a, TensorProxy) for a in tree_flatten([unwrap(a) for a in wrapped_args])[0]):
             return interpreter_needs_wrap(functools.partial(construct_subclass, fn))
     return None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# In-place view ops (x.transpose_(0, 1)): thunder 0.2.6 has no symbols for them
+# ---------------------------------------------------------------------------------------------------------------
+
+INPLACE_VIEW_OPS = {
+    "transpose_": "transpose", "t_": "t", "unsqueeze_": "unsqueeze", "squeeze_": "squeeze", "swapdims_": "swapdims",
+    "swapaxes_": "swapaxes", "as_strided_": "as_strided",
+}
+
+
+def _inplace_view_meta(x, y, name, args, kwargs):
+    return type(y)(like=y) if isinstance(y, SubclassTensorProxy) else TensorProxy(like=y)
+
+
+def _inplace_view_impl(x, y, name, args, kwargs):
+    # eager's in-place op on the tensor itself: the caller sees an input's new view metadata, as in eager
+    return getattr(x, name)(*args, **kwargs)
+
+
+def _inplace_view_grad(x, y, name, args, kwargs):
+    from thunder.core.transforms import get_grad, put_grad
+
+    z = inplace_view(x, y, name, args, kwargs)
+    put_grad(y, get_grad(z))  # the value after the op is the out-of-place view y
+    return z
+
+
+def _register_inplace_view():
+    from thunder.core.transforms import register_grad
+
+    sym = register_symbol("inplace_view", meta=_inplace_view_meta, fn=_inplace_view_impl,
+                          tags=[prims.OpTags.IN_PLACE, prims.OpTags.DONT_DCE])
+    register_grad(sym, _inplace_view_grad)
+    return sym
+
+
+# IN_PLACE: thunder's alias pass (core/update_aliases.py) then swaps later uses of x for the result, which is how
+# the Python variable x comes to denote the new view
+inplace_view = _register_inplace_view()
+
+
+def is_inplace_view_bsym(bsym) -> bool:
+    return bsym.sym.id == inplace_view.id
+
+
+@runs_natively
+def inplace_view_call(x: TensorProxy, name: str, *args, **kwargs):
+    """``x.<name>(*args, **kwargs)`` for an in-place view op: the out-of-place view (``x.transpose(0, 1)``, through
+    ``__torch_dispatch__`` for subclasses) followed by ``inplace_view``, which stands for ``x`` from then on. At run time
+    a plain tensor gets the real in-place op (an input's new metadata is visible to the caller, as in eager); a
+    subclass value is its out-of-place view inside the flattened program."""
+    if isinstance(x, SubclassTensorProxy) and x.history is not None:
+        raise UnsupportedSubclassOperationError(
+            f"torch.Tensor.{name} on the {x.subclass_type.__qualname__} input at "
+            f"{format_location(*source_location())} would change the metadata of the caller's object, which a "
+            f"compiled program cannot do for a tensor subclass; use the out-of-place {INPLACE_VIEW_OPS[name]} "
+            "and return the result."
+        )
+    y = getattr(x, INPLACE_VIEW_OPS[name])(*args, **kwargs)
+    return inplace_view(x, y, name, tuple(args), dict(kwargs))

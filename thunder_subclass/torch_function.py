@@ -36,6 +36,7 @@ from thunder.core.transform_common import Transform
 from thunder_subclass import _thunder_internals
 from thunder_subclass.executor import register_symbol
 from thunder_subclass.guards import add_tensor_type_guard, guard_tensor_type_attribute
+from thunder_subclass.interpretation import INPLACE_VIEW_OPS, inplace_view_call
 from thunder_subclass.proxy import PLAIN_TENSOR_TYPES, mark_leaf
 
 __all__ = [
@@ -253,6 +254,9 @@ def _call(func, args: tuple, kwargs: dict):
     prop = _is_tensor_property_getter(func)
     if prop is not None:
         return getattr(args[0], prop)
+    name = getattr(func, "__name__", None)
+    if name in INPLACE_VIEW_OPS and getattr(torch.Tensor, name, None) is func:
+        return inplace_view_call(*args, **kwargs)
     operator_method = _tensor_operators_on_proxies().get(func) if _is_hashable(func) else None
     if operator_method is not None:
         return operator_method(*args, **kwargs)
@@ -275,6 +279,7 @@ def _is_hashable(x) -> bool:
 # ---------------------------------------------------------------------------------------------------------------
 
 
+@_thunder_internals.runs_natively
 def _as_subclass(t, cls):
     if cls is torch.Tensor or cls in PLAIN_TENSOR_TYPES:
         return record_typed(t, torch.Tensor) if tensor_type(t) is None else _plain_alias(t)
@@ -395,6 +400,7 @@ def _tensor_operators_on_proxies() -> dict:
     return {tensor_op: proxy_op for proxy_op, tensor_op in _proxy_operators().items()}
 
 
+@_thunder_internals.runs_natively
 def torch_api_call(func: Callable, *args, **kwargs):
     """A torch API call (a function, a tensor method or operator) with typed arguments, as eager makes it: through
     the classes' ``__torch_function__`` when subclass handling is enabled, else on the plain tensors."""
