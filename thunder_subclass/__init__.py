@@ -22,6 +22,7 @@ from thunder_subclass.errors import (  # noqa: E402
     SubclassRegistrationError,
     TensorSubclassError,
     ThunderVersionError,
+    TorchFeatureUnavailableError,
     UnsupportedSubclassOperationError,
 )
 from thunder_subclass.plugin import PLUGIN_NAME, TensorSubclassPlugin, jit  # noqa: E402
@@ -59,6 +60,7 @@ __all__ = [
     "register_aten_symbol",
     "RuleHandle",
     "ThunderVersionError",
+    "TorchFeatureUnavailableError",
     "install_hooks",
     "uninstall_hooks",
 ]
