@@ -226,7 +226,7 @@ def test_plain_thunder_is_unchanged_after_using_and_removing_the_plugin():
     import subprocess
     import sys
 
-    # never enabled: a fresh interpreter that imports thunder_subclass (for the torch 2.13 shim) but never jits
+    # never enabled: a fresh interpreter that imports thunder_subclass (for the torch shims) but never jits
     code = (
         "import sys; sys.path.insert(0, %r); import thunder_subclass; import test_reliability as t; "
         "print(t._plain_trace_text())" % __file__.rsplit("/", 1)[0]

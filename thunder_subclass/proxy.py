@@ -27,7 +27,13 @@ from thunder.core.pytree import tree_iter
 from thunder.core.symbol import Symbol
 from thunder.core.trace import get_tracectx
 
-from thunder_subclass._thunder_internals import attribute_provenance, is_opaque_reference_object, opaque_guard_fn
+from thunder_subclass._thunder_internals import (
+    attribute_provenance,
+    is_opaque_reference_object,
+    opaque_attributes_supported,
+    opaque_attributes_unavailable,
+    opaque_guard_fn,
+)
 from thunder_subclass.errors import SubclassProtocolError
 from thunder_subclass.executor import register_symbol
 
@@ -248,8 +254,6 @@ def flatten_tensor(t: torch.Tensor) -> tuple[list[str], Any]:
 def _check_opaque_attributes_supported(cls: type, attr: str, v: Any) -> None:
     """Where torch has no opaque reference attributes (torch 2.10), a non-tensor attribute of a class that could be
     registered as one (not a builtin type) raises the typed error naming the torch version that has them."""
-    from thunder_subclass._thunder_internals import opaque_attributes_supported, opaque_attributes_unavailable
-
     if type(v).__module__ != "builtins" and not opaque_attributes_supported():
         raise opaque_attributes_unavailable(
             f"{cls.__qualname__}.__tensor_flatten__ names attribute {attr!r} ({type(v).__qualname__}), not a tensor"
