@@ -226,19 +226,43 @@ def test_symbolic_values_cache_recompiles_per_batch_size_correctly():
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Opaque attributes (torch 2.13: OpaqueBase + register_opaque_type, as DeviceMesh)
+# Opaque attributes (torch >= 2.11, as DeviceMesh): a class derived from torch's opaque base and registered as a
+# reference type (torch 2.11-2.13: OpaqueBase + register_opaque_type(typ="reference"); torch >= 2.14:
+# CustomClassBase + register_custom_class(typ="symbolic"), the old names deprecated in 2.15). torch 2.10 has none.
 # ---------------------------------------------------------------------------------------------------------------
 
-from torch._library.opaque_object import register_opaque_type  # noqa: E402
-from torch._opaque_base import OpaqueBase  # noqa: E402
+from thunder_subclass import TorchFeatureUnavailableError  # noqa: E402
+from thunder_subclass._thunder_internals import opaque_attributes_supported  # noqa: E402
+
+OPAQUE_ATTRIBUTES = opaque_attributes_supported()
+needs_opaque_attributes = pytest.mark.skipif(
+    not OPAQUE_ATTRIBUTES, reason=f"opaque reference attributes need torch >= 2.11 (found torch {torch.__version__})"
+)
 
 
-class Mesh(OpaqueBase):
+def _opaque_base_and_register():
+    if not OPAQUE_ATTRIBUTES:
+        return object, lambda cls, guard_fn: None
+    try:
+        from torch._custom_class_base import CustomClassBase
+        from torch._library.opaque_object import register_custom_class
+    except ImportError:
+        from torch._library.opaque_object import register_opaque_type
+        from torch._opaque_base import OpaqueBase
+
+        return OpaqueBase, lambda cls, guard_fn: register_opaque_type(cls, typ="reference", guard_fn=guard_fn)
+    return CustomClassBase, lambda cls, guard_fn: register_custom_class(cls, typ="symbolic", guard_fn=guard_fn)
+
+
+_OpaqueBase, _register_opaque = _opaque_base_and_register()
+
+
+class Mesh(_OpaqueBase):
     def __init__(self, size):
         self.size = size
 
 
-register_opaque_type(Mesh, typ="reference", guard_fn=lambda m: [m.size])
+_register_opaque(Mesh, guard_fn=lambda m: [m.size])
 
 
 class MeshTensor(torch.Tensor):
@@ -271,6 +295,7 @@ def _on(mesh, requires_grad=False):
     return MeshTensor(torch.randn(4), mesh).requires_grad_(requires_grad)
 
 
+@needs_opaque_attributes
 def test_opaque_attribute_is_an_input_not_a_constant():
     f = lambda x, y: (x * y).sin()  # noqa: E731
     jf = thunder_subclass.jit(f)
@@ -285,6 +310,7 @@ def test_opaque_attribute_is_an_input_not_a_constant():
     assert thunder.cache_misses(jf) == 1 and thunder.cache_hits(jf) == 1
 
 
+@needs_opaque_attributes
 def test_opaque_guard_fn_value_change_is_a_cache_miss():
     jf = thunder_subclass.jit(lambda x: x * 2)
     jf(_on(Mesh(2)))
@@ -293,12 +319,14 @@ def test_opaque_guard_fn_value_change_is_a_cache_miss():
     assert thunder.cache_misses(jf) == 2
 
 
+@needs_opaque_attributes
 def test_opaque_object_shared_by_two_inputs_stays_one_object():
     m = Mesh(4)
     out = thunder_subclass.jit(lambda x, y: x + y)(_on(m), _on(m))
     assert out.mesh is m
 
 
+@needs_opaque_attributes
 def test_opaque_attribute_with_backward():
     m = Mesh(2)
     x, y = _on(m, True), _on(m, True)
@@ -308,6 +336,14 @@ def test_opaque_attribute_with_backward():
     assert type(x.grad) is MeshTensor and x.grad.mesh is m
     torch.testing.assert_close(x.grad.elem, ex.grad.elem)
     torch.testing.assert_close(y.grad.elem, ey.grad.elem)
+
+
+@pytest.mark.skipif(OPAQUE_ATTRIBUTES, reason=f"torch {torch.__version__} has opaque reference attributes")
+def test_opaque_attribute_without_torch_support_names_the_torch_version():
+    with pytest.raises(TorchFeatureUnavailableError, match=r"MeshTensor.__tensor_flatten__ names attribute 'mesh' "
+                       r"\(Mesh\).*need torch >= 2.11") as info:
+        thunder_subclass.jit(lambda x: x * 2)(_on(Mesh(2)))
+    assert info.value.needs_torch == "2.11"
 
 
 class Placed(torch.Tensor):

@@ -1,7 +1,7 @@
 """thunder_subclass: compile models holding PyTorch tensor wrapper subclasses with lightning-thunder.
 
-Import ``thunder_subclass`` before (or instead of) ``thunder``: under torch 2.13, thunder 0.2.6 only imports after
-the compatibility shim in ``thunder_subclass._thunder_internals`` has run.
+Import ``thunder_subclass`` before (or instead of) ``thunder``: under torch 2.13-2.15, thunder 0.2.6 only imports after
+the compatibility shims in ``thunder_subclass._thunder_internals`` has run.
 
 Pipeline (module per stage): ``plugin`` (entry) -> ``guards`` (input proxies, prologue) -> ``interpretation``
 (unroll ``__torch_dispatch__`` on fakes, with ``recording``) -> ``aten_symbols`` -> ``autograd`` / ``rules`` ->
@@ -22,6 +22,7 @@ from thunder_subclass.errors import (  # noqa: E402
     SubclassRegistrationError,
     TensorSubclassError,
     ThunderVersionError,
+    TorchFeatureUnavailableError,
     UnsupportedSubclassOperationError,
 )
 from thunder_subclass.plugin import PLUGIN_NAME, TensorSubclassPlugin, jit  # noqa: E402
@@ -59,6 +60,7 @@ __all__ = [
     "register_aten_symbol",
     "RuleHandle",
     "ThunderVersionError",
+    "TorchFeatureUnavailableError",
     "install_hooks",
     "uninstall_hooks",
 ]

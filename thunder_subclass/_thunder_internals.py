@@ -46,13 +46,29 @@ Hooks (thunder 0.2.6 paths, relative to the installed ``thunder/``):
 Accessors for private state (also only here): thunder's torch-callable -> symbol table
 (``thunder.torch._torch_to_thunder_function_map``, :func:`torch_to_thunder_symbols`), the current compile data
 (``thunder.core.compile_data._compile_data``), a trace's signature (``TraceCtx._siginfo``, :func:`new_trace`),
-``ctx.maybe_clear_saved_tensors`` in the backward hook, and torch 2.13's opaque-object registry
-(``torch._library.opaque_object``: :func:`is_opaque_reference_object`, :func:`opaque_guard_fn`).
+``ctx.maybe_clear_saved_tensors`` in the backward hook, and torch's opaque-object registry
+(``torch._library.opaque_object``: :func:`is_opaque_reference_object`, :func:`opaque_guard_fn`; torch >= 2.11).
 
-Compatibility shim (:func:`ensure_thunder_importable`): thunder 0.2.6's ``thunder/torch/default_torch_ops.py`` lists
-named-tensor methods that torch 2.13 removed (``torch.Tensor.align_as``, ``align_to``, ``has_names``,
-``refine_names``, ``rename``), so ``import thunder`` fails. Inert placeholders for exactly those names, which raise if
-called, are defined on ``torch.Tensor`` before thunder is imported. They stay (thunder's tables refer to them).
+Supported stack: torch >= 2.10, < 2.16 (:data:`TORCH_SUPPORTED`) with lightning-thunder 0.2.6. Compatibility shims
+(:data:`SHIMS`), run by :func:`ensure_thunder_importable` before ``import thunder``, each naming the torch versions it
+serves and why; each is idempotent and acts only where what it stands in for is missing:
+
+* torch 2.13-2.15: thunder 0.2.6's ``thunder/torch/default_torch_ops.py`` lists named-tensor methods that torch 2.13
+  removed (``torch.Tensor.align_as``, ``align_to``, ``has_names``, ``refine_names``, ``rename``), so ``import thunder``
+  fails. Inert placeholders for exactly those names, which raise if called, are defined on ``torch.Tensor``. They
+  stay (thunder's tables refer to them).
+* torch 2.14-2.15: ``torch.autograd.Function.apply`` is the C classmethod of ``torch._C._FunctionBase`` (no
+  ``__func__``), and thunder 0.2.6's ``core/jit_ext.py`` registers its autograd.Function lookaside under
+  ``Function.apply.__func__`` at import. ``apply`` is rebound as a Python classmethod that calls that same C method,
+  so eager behaviour (setup_context, functorch transforms, torch.compile) is unchanged.
+* torch 2.10 with nvFuser (``nvfuser-cu128-torch210``, the only nvFuser build for a supported torch): the wheel ships
+  the module ``nvfuser_direct`` and no ``nvfuser``. thunder 0.2.6 uses ``nvfuser_direct`` for nvFuser >= 0.2.34
+  (``executors/nvfuserex_impl.py``) except in ``compute_contiguity``, run on every call of an nvFuser region, which
+  does ``from nvfuser import compute_tensor_descriptor``. Where CUDA is available and only ``nvfuser_direct`` is
+  installed, a module ``nvfuser`` holding just that function (``nvfuser_direct``'s) is registered.
+
+Features that need a newer torch raise :class:`~thunder_subclass.errors.TorchFeatureUnavailableError` naming it:
+opaque reference attributes in ``__tensor_flatten__`` need torch >= 2.11 (:data:`OPAQUE_ATTRIBUTES_TORCH`).
 """
 
 from __future__ import annotations
@@ -67,8 +83,20 @@ import torch
 
 from thunder_subclass.errors import ThunderVersionError
 
-SUPPORTED_TORCH = ("2.13.",)
+TORCH_SUPPORTED = ((2, 10), (2, 16))  # torch >= 2.10, < 2.16, as (major, minor)
 SUPPORTED_THUNDER = ("0.2.6",)
+OPAQUE_ATTRIBUTES_TORCH = (2, 11)  # the first torch with opaque reference attributes in __tensor_flatten__
+
+
+def torch_version() -> tuple[int, int]:
+    """(major, minor) of the installed torch (``2.10.0+cu128`` -> ``(2, 10)``)."""
+    major, minor = torch.__version__.split(".")[:2]
+    return int(major), int(minor)
+
+
+def _fmt(version: tuple[int, int]) -> str:
+    return f"{version[0]}.{version[1]}"
+
 
 _REMOVED_NAMED_TENSOR_METHODS = ("align_as", "align_to", "has_names", "refine_names", "rename")
 
@@ -86,6 +114,74 @@ def _removed_named_tensor_method(name: str) -> Callable:
     return placeholder
 
 
+def _define_removed_named_tensor_methods() -> None:
+    for name in _REMOVED_NAMED_TENSOR_METHODS:
+        if not hasattr(torch.Tensor, name):
+            setattr(torch.Tensor, name, _removed_named_tensor_method(name))
+
+
+def _function_apply_as_classmethod() -> None:
+    function = torch.autograd.Function
+    c_apply = function.__dict__.get("apply")
+    if c_apply is None or isinstance(c_apply, classmethod):
+        return
+
+    def apply(cls, *args, **kwargs):
+        return c_apply(cls, *args, **kwargs)
+
+    apply.__name__ = "apply"
+    apply.__qualname__ = "Function.apply"
+    apply.__doc__ = c_apply.__doc__
+    apply._thunder_subclass_shim = True
+    function.apply = classmethod(apply)
+
+
+def _nvfuser_module_for_direct_bindings() -> None:
+    import importlib.util
+    import sys
+    import types
+
+    if "nvfuser" in sys.modules or importlib.util.find_spec("nvfuser") is not None:
+        return
+    if importlib.util.find_spec("nvfuser_direct") is None or not torch.cuda.is_available():
+        return  # thunder 0.2.6 looks for nvFuser only where CUDA is available
+    import nvfuser_direct
+
+    module = types.ModuleType(
+        "nvfuser",
+        "thunder_subclass's stand-in holding nvfuser_direct's compute_tensor_descriptor, which thunder 0.2.6 "
+        "imports from `nvfuser` (executors/nvfuserex_impl.py, compute_contiguity).",
+    )
+    module.compute_tensor_descriptor = nvfuser_direct.compute_tensor_descriptor
+    module._thunder_subclass_shim = True
+    sys.modules["nvfuser"] = module
+
+
+@dataclasses.dataclass(frozen=True)
+class Shim:
+    """A compatibility shim run before ``import thunder`` under torch ``first`` to ``last`` (inclusive)."""
+
+    first: tuple[int, int]
+    last: tuple[int, int]
+    apply: Callable[[], None]
+    why: str
+
+    def serves(self, version: tuple[int, int]) -> bool:
+        return self.first <= version <= self.last
+
+
+SHIMS = (
+    Shim((2, 13), (2, 15), _define_removed_named_tensor_methods,
+         "torch 2.13 removed named-tensor methods that thunder 0.2.6's thunder/torch/default_torch_ops.py lists"),
+    Shim((2, 14), (2, 15), _function_apply_as_classmethod,
+         "torch 2.14 made torch.autograd.Function.apply a C classmethod without __func__, which thunder 0.2.6's "
+         "core/jit_ext.py reads at import (Function.apply.__func__)"),
+    Shim((2, 10), (2, 10), _nvfuser_module_for_direct_bindings,
+         "nvfuser-cu128-torch210 ships only nvfuser_direct; thunder 0.2.6's nvFuser executor imports "
+         "compute_tensor_descriptor from nvfuser on every region call"),
+)
+
+
 def _version(dist: str) -> str | None:
     try:
         return metadata.version(dist)
@@ -93,12 +189,13 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def ensure_thunder_importable() -> None:
-    """Check the torch / thunder versions and make ``import thunder`` work under torch 2.13. Idempotent."""
-    if not torch.__version__.startswith(SUPPORTED_TORCH):
+def check_versions() -> None:
+    """Raise :class:`ThunderVersionError` unless torch is in :data:`TORCH_SUPPORTED` and thunder is 0.2.6."""
+    first, below = TORCH_SUPPORTED
+    if not first <= torch_version() < below:
         raise ThunderVersionError(
-            f"thunder_subclass supports torch {SUPPORTED_TORCH[0]}x, found {torch.__version__}. "
-            "Install the pinned version: pip install torch==2.13.0"
+            f"thunder_subclass supports torch >= {_fmt(first)}, < {_fmt(below)}, found {torch.__version__}. "
+            "Install a supported torch, e.g. pip install torch==2.13.0"
         )
     thunder_version = _version("lightning-thunder")
     if thunder_version not in SUPPORTED_THUNDER:
@@ -106,9 +203,16 @@ def ensure_thunder_importable() -> None:
             f"thunder_subclass supports lightning-thunder {', '.join(SUPPORTED_THUNDER)}, found {thunder_version}. "
             "Install the pinned version: pip install lightning-thunder==0.2.6"
         )
-    for name in _REMOVED_NAMED_TENSOR_METHODS:
-        if not hasattr(torch.Tensor, name):
-            setattr(torch.Tensor, name, _removed_named_tensor_method(name))
+
+
+def ensure_thunder_importable() -> None:
+    """Check the torch / thunder versions, run the :data:`SHIMS` that serve this torch, and import thunder.
+    Idempotent."""
+    check_versions()
+    version = torch_version()
+    for shim in SHIMS:
+        if shim.serves(version):
+            shim.apply()
     import thunder  # noqa: F401  (the import is the point)
 
 
@@ -151,22 +255,61 @@ def torch_to_thunder_symbols() -> dict:
     return table
 
 
-def is_opaque_reference_object(v: Any) -> bool:
-    """An object of a type registered with torch 2.13's ``torch._library.opaque_object.register_opaque_type(...,
-    typ="reference")`` (DeviceMesh is one)."""
-    from torch._library.opaque_object import is_opaque_reference_type
-
+@functools.cache
+def _opaque_registry() -> tuple[Callable, Callable] | None:
+    """``(is_reference_type, get_info)`` from ``torch._library.opaque_object``, or None where torch has no opaque
+    reference attributes (torch 2.10: no ``get_opaque_obj_info``, no ``guard_fn``). torch 2.15 calls reference types
+    "symbolic" (``is_opaque_symbolic_type``; the old name still works there but logs a deprecation on each call)."""
     try:
-        return bool(is_opaque_reference_type(type(v)))
+        from torch._library import opaque_object
+    except ImportError:
+        return None
+    get_info = getattr(opaque_object, "get_opaque_obj_info", None)
+    is_reference = getattr(opaque_object, "is_opaque_symbolic_type", None) or getattr(
+        opaque_object, "is_opaque_reference_type", None
+    )
+    if get_info is None or is_reference is None:
+        return None
+    return is_reference, get_info
+
+
+def opaque_attributes_supported() -> bool:
+    """Whether this torch lets ``__tensor_flatten__`` list opaque reference objects (torch >= 2.11)."""
+    return _opaque_registry() is not None
+
+
+def opaque_attributes_unavailable(what: str) -> Exception:
+    """The :class:`TorchFeatureUnavailableError` for ``what`` (an opaque attribute) where torch lacks them."""
+    from thunder_subclass.errors import TorchFeatureUnavailableError
+
+    needs = _fmt(OPAQUE_ATTRIBUTES_TORCH)
+    return TorchFeatureUnavailableError(
+        f"{what}: opaque reference attributes in __tensor_flatten__ need torch >= {needs} (torch._opaque_base, "
+        f"torch._library.opaque_object.get_opaque_obj_info); found torch {torch.__version__}.",
+        feature="opaque reference attributes",
+        needs_torch=needs,
+    )
+
+
+def is_opaque_reference_object(v: Any) -> bool:
+    """An object of a type registered with ``torch._library.opaque_object.register_opaque_type(...,
+    typ="reference")`` (torch 2.15: ``register_custom_class(..., typ="symbolic")``; DeviceMesh is one). Always False
+    where torch has no opaque reference attributes."""
+    registry = _opaque_registry()
+    if registry is None:
+        return False
+    try:
+        return bool(registry[0](type(v)))
     except Exception:
         return False
 
 
 def opaque_guard_fn(typ: type):
     """The ``guard_fn`` registered for opaque type ``typ`` (``torch._library.opaque_object``), or None."""
-    from torch._library.opaque_object import get_opaque_obj_info
-
-    return getattr(get_opaque_obj_info(typ), "guard_fn", None)
+    registry = _opaque_registry()
+    if registry is None:
+        return None
+    return getattr(registry[1](typ), "guard_fn", None)
 
 
 def new_trace(name: str, args: list, *, names) -> Any:

@@ -15,6 +15,7 @@ __all__ = [
     "SubclassGradRuleError",
     "SubclassRegistrationError",
     "ThunderVersionError",
+    "TorchFeatureUnavailableError",
 ]
 
 
@@ -55,6 +56,17 @@ class SubclassRegistrationError(TensorSubclassError, TypeError):
 
 class ThunderVersionError(TensorSubclassError, ImportError):
     """The installed thunder or torch version is not one whose internals thunder_subclass knows."""
+
+
+class TorchFeatureUnavailableError(SubclassProtocolError, NotImplementedError):
+    """A subclass uses a part of the protocol that the installed (supported) torch lacks; ``needs_torch`` names the
+    first torch version that has it (opaque reference attributes in ``__tensor_flatten__``: torch 2.11). Raised where
+    a :class:`SubclassProtocolError` would be."""
+
+    def __init__(self, message: str, *, feature: str, needs_torch: str):
+        super().__init__(message)
+        self.feature = feature
+        self.needs_torch = needs_torch
 
 
 def format_location(filename: str | None, lineno: int | None) -> str:

@@ -52,7 +52,10 @@ def _symbol_call(sym, args: tuple, kwargs: dict):
             return _thunder_internals.NOT_HANDLED
     except SubclassProtocolError as e:  # an input whose subclass cannot be compiled, first used here
         location = format_location(*_thunder_internals.source_location())
-        raise SubclassProtocolError(f"{e} (the tensor is an argument of {sym.name} at {location})") from e
+        # the same error type and attributes (e.g. TorchFeatureUnavailableError.needs_torch), with the location
+        located = type(e).__new__(type(e), f"{e} (the tensor is an argument of {sym.name} at {location})")
+        located.__dict__.update(e.__dict__)
+        raise located from e
     guards.require_no_dispatch_mode(f"{sym.name} on {subclass_names(args, kwargs)}")
     autograd.ensure_grad_rule(sym)
     return interpretation.unroll_symbol_call(sym, args, kwargs)

@@ -27,7 +27,13 @@ from thunder.core.pytree import tree_iter
 from thunder.core.symbol import Symbol
 from thunder.core.trace import get_tracectx
 
-from thunder_subclass._thunder_internals import attribute_provenance, is_opaque_reference_object, opaque_guard_fn
+from thunder_subclass._thunder_internals import (
+    attribute_provenance,
+    is_opaque_reference_object,
+    opaque_attributes_supported,
+    opaque_attributes_unavailable,
+    opaque_guard_fn,
+)
 from thunder_subclass.errors import SubclassProtocolError
 from thunder_subclass.executor import register_symbol
 
@@ -235,6 +241,7 @@ def flatten_tensor(t: torch.Tensor) -> tuple[list[str], Any]:
     for a in attrs:
         v = getattr(t, a, None)
         if not isinstance(v, torch.Tensor) and not is_opaque_object(v):
+            _check_opaque_attributes_supported(cls, a, v)
             raise SubclassProtocolError(
                 f"{cls.__qualname__}.__tensor_flatten__ names attribute {a!r}, which is not a tensor "
                 f"(got {type(v).__name__}); only tensor attributes, and objects of opaque reference types "
@@ -244,8 +251,17 @@ def flatten_tensor(t: torch.Tensor) -> tuple[list[str], Any]:
     return list(attrs), ctx
 
 
+def _check_opaque_attributes_supported(cls: type, attr: str, v: Any) -> None:
+    """Where torch has no opaque reference attributes (torch 2.10), a non-tensor attribute of a class that could be
+    registered as one (not a builtin type) raises the typed error naming the torch version that has them."""
+    if type(v).__module__ != "builtins" and not opaque_attributes_supported():
+        raise opaque_attributes_unavailable(
+            f"{cls.__qualname__}.__tensor_flatten__ names attribute {attr!r} ({type(v).__qualname__}), not a tensor"
+        )
+
+
 def is_opaque_object(v: Any) -> bool:
-    """An object of an opaque *reference* type (torch 2.13: ``torch._library.opaque_object``), which
+    """An object of an opaque *reference* type (torch >= 2.11: ``torch._library.opaque_object``), which
     ``__tensor_flatten__`` may list next to tensors (DeviceMesh works this way)."""
     if v is None or isinstance(v, (torch.Tensor, int, float, bool, str)):
         return False
