@@ -355,3 +355,107 @@ def test_torch_function_subclass_training_as_eager():
     thunder_subclass.jit(lambda x: (x * 3).sum())(x).backward()
     (ex * 3).sum().backward()
     _same_typed(x.grad, ex.grad)
+
+
+# -- parametrizations, in-place view ops, aliasing ----------------------------------------------------------------
+
+
+def test_module_prepared_with_unwrap_tensor_subclass_parameters():
+    import copy
+
+    from torch._functorch._aot_autograd.subclass_parametrization import unwrap_tensor_subclass_parameters
+
+    m = nn.Linear(4, 3)
+    m.weight = nn.Parameter(_two(3, 4))
+    unwrap_tensor_subclass_parameters(m)  # parametrizations rebuild the TwoTensor from plain parameters
+    em = copy.deepcopy(m)
+    x = torch.randn(2, 4)
+    out, expected = thunder_subclass.jit(m)(x), em(x)
+    assert_same(out.detach(), expected.detach())
+    out.sum().backward()
+    expected.sum().backward()
+    for (name, p), (_, ep) in zip(m.named_parameters(), em.named_parameters()):
+        assert (p.grad is None) == (ep.grad is None), name
+        if ep.grad is not None:
+            assert_same(p.grad, ep.grad)
+
+
+@pytest.mark.parametrize("op", ["transpose_", "t_", "unsqueeze_", "swapdims_"])
+def test_in_place_view_ops(op):
+    args = {"transpose_": (0, 1), "t_": (), "unsqueeze_": (0,), "swapdims_": (0, 1)}[op]
+
+    def on_intermediate(x, y):
+        z = x * 2
+        getattr(z, op)(*args)
+        return z + 1, z.shape
+
+    def on_plain_input(p, y):
+        getattr(p, op)(*args)
+        return p * 2 + getattr(y, op.rstrip("_"))(*args).a
+
+    x, y = _two(3, 4), _two(3, 4)
+    out, expected = thunder_subclass.jit(on_intermediate)(x, y), on_intermediate(x, y)
+    assert_same(out[0], expected[0])
+    p, ep = torch.randn(3, 4), None
+    ep = p.clone()
+    out, expected = thunder_subclass.jit(on_plain_input)(p, y), on_plain_input(ep, y)
+    assert_same(out, expected)
+    assert p.shape == ep.shape and p.stride() == ep.stride()  # the caller's tensor changed as in eager
+    torch.testing.assert_close(p, ep)
+
+
+def test_in_place_view_op_on_a_subclass_input_is_a_typed_error():
+    from thunder_subclass import UnsupportedSubclassOperationError
+
+    def f(x):
+        x.transpose_(0, 1)
+        return x * 2
+
+    line = f.__code__.co_firstlineno + 1
+    with pytest.raises(UnsupportedSubclassOperationError,
+                       match=rf"torch\.Tensor\.transpose_ on the TwoTensor input at .*test_parity\.py:{line} would "
+                             r"change the metadata of the caller's object.*out-of-place transpose"):
+        thunder_subclass.jit(f)(_two(3, 4))
+
+
+def test_distinct_views_of_one_storage_are_not_merged():
+    def f(p, q, y):
+        p.add_(1)
+        return q * 2 + y.a, p
+
+    x, ex = torch.randn(3, 4), None
+    ex = x.clone()
+    y = _two(3, 2)
+    out, expected = thunder_subclass.jit(f)(x[:, :2], x[:, 2:], y), f(ex[:, :2], ex[:, 2:], y)
+    for o, e in zip(out, expected):
+        assert_same(o, e)
+    torch.testing.assert_close(x, ex)
+    # the same tensor passed twice is still one value: the in-place update is seen through both
+    z, ez = torch.randn(3, 2), None
+    ez = z.clone()
+    out, expected = thunder_subclass.jit(f)(z, z, y), f(ez, ez, y)
+    for o, e in zip(out, expected):
+        assert_same(o, e)
+
+
+def test_input_mutated_inside_autograd_function_forward_is_visible():
+    class CountingDouble(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, counter):
+            counter.add_(1)
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2, None
+
+    x = _two(3, requires_grad=True)
+    ex = _clone_leaf(x)
+    counter, ecounter = torch.zeros(1), torch.zeros(1)
+    out = thunder_subclass.jit(lambda x, c: CountingDouble.apply(x, c))(x, counter)
+    expected = CountingDouble.apply(ex, ecounter)
+    assert_same(out.detach(), expected.detach())
+    torch.testing.assert_close(counter, ecounter)
+    out.sum().backward()
+    expected.sum().backward()
+    assert_same(x.grad, ex.grad)

@@ -390,6 +390,22 @@ def interpret_call(fn, *wrapped_args):
     return _interpret_call(fn, *wrapped_args)
 
 
+def raise_in_interpreter(e: BaseException):
+    """Raise ``e`` in the traced program from inside a lookaside (``interpreter.do_raise``): it reaches the user as
+    itself, not wrapped in an ``InterpreterError``."""
+    from thunder.core.interpreter import do_raise
+
+    return do_raise(e)
+
+
+def rebind_wrapped_value(wrapped, value) -> None:
+    """Make the interpreter's wrapped value ``wrapped`` hold ``value`` from now on: every Python reference to it in the
+    traced code (a local variable, a list item) then denotes ``value``, as after an in-place op on an object in eager.
+    Its cached attribute reads are dropped (``WrappedValue.attribute_wrappers``)."""
+    wrapped.value = value
+    wrapped.attribute_wrappers.clear()
+
+
 def is_interpreting() -> bool:
     """Whether thunder's interpreter is tracing user code now (not a later pass re-running symbols)."""
     from thunder.core.interpreter import _interpretercompilectx

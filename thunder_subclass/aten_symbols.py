@@ -227,6 +227,15 @@ def _opaque_wrapper(op: OpOverload, name: str) -> OpOverload:
     return getattr(torch.ops.thunder_subclass_opaque, name).default
 
 
+def _writes_and_returns_first_argument(op: OpOverload) -> bool:
+    """``add_``-like: the op writes to its first argument and returns it."""
+    schema = op._schema
+    if not schema.arguments or len(schema.returns) != 1:
+        return False
+    first, ret = schema.arguments[0].alias_info, schema.returns[0].alias_info
+    return first is not None and first.is_write and ret is not None and ret.is_write
+
+
 def _same_metadata(p: Any, fake: Any) -> bool:
     if isinstance(fake, torch.Tensor):
         return (
@@ -260,10 +269,15 @@ def record_aten_call(op: OpOverload, args: tuple, kwargs: dict, fake_out: Any, e
 
     flat_fake, spec = pytree.tree_flatten(fake_out)
     flat_out = [proxy_from_fake(f) for f in flat_fake]
-    for p, f in zip(flat_out, flat_fake):
-        if isinstance(f, torch.Tensor):
-            env.bind(p, f)
     out = pytree.tree_unflatten(flat_out, spec)
     bsym = _registered.get(op, None) or aten_symbol(op)
     bsym = bsym.bind(*args, **kwargs, output=out)
     get_tracectx().peek_scope().append(bsym)
+    if _writes_and_returns_first_argument(op) and isinstance(args[0], TensorProxy) and isinstance(out, TensorProxy):
+        # the new version of the argument: thunder's copy_ into it, a no-op at run time (copy_ of a tensor into itself
+        # returns at once) that tells thunder the op writes to args[0], so its forward/backward split keeps the op in
+        # the forward (an op whose result the forward does not use would otherwise run with the backward)
+        flat_out = [prims.copy_(out, args[0], grad_enabled=torch.is_grad_enabled())]
+    for p, f in zip(flat_out, flat_fake):
+        if isinstance(f, torch.Tensor):
+            env.bind(p, f)

@@ -34,7 +34,6 @@ from thunder.core.trace import TraceProvenance, from_trace, tracectx
 from thunder_subclass._thunder_internals import is_torch_level_symbol, new_trace
 from thunder_subclass.autograd import is_container_bsym, is_grad_bsym, record_backward
 from thunder_subclass.errors import UnsupportedSubclassOperationError
-from thunder_subclass.interpretation import is_inplace_view_bsym
 from thunder_subclass.proxy import SubclassTensorProxy, proxy_kind
 from thunder_subclass.recording import ARG_KINDS, record_call, subclass_names, traced_grad_mode
 from thunder_subclass.rules import call_rule, find_implementation
@@ -116,10 +115,6 @@ class Flattener:
             self.cotangents.add(variableify(nb.output))
         elif is_unflatten_bsym(nb):
             self.inner_of[variableify(nb.output)] = tuple(nb.args[0])
-        elif is_inplace_view_bsym(nb) and any(isinstance(p, SubclassTensorProxy) for p in nb.flat_proxy_args):
-            # a subclass value after an in-place view op is its out-of-place view (recorded before it)
-            self.alias(nb.output, nb.args[1])
-            return
         elif nb.sym.id == prims.PrimIDs.UPDATE_ALIASES and any(
             isinstance(p, SubclassTensorProxy) for p in nb.flat_proxy_args
         ):

@@ -33,7 +33,13 @@ from thunder.core.pytree import tree_flatten
 from thunder.core.symbol import Symbol
 from thunder.core.trace import get_tracectx
 
-from thunder_subclass._thunder_internals import interpret_call, is_called_from_user_code, runs_natively, source_location
+from thunder_subclass._thunder_internals import (
+    interpret_call,
+    is_called_from_user_code,
+    raise_in_interpreter,
+    rebind_wrapped_value,
+    source_location,
+)
 from thunder_subclass.errors import UnsupportedSubclassOperationError, format_location
 from thunder_subclass.executor import register_symbol
 from thunder_subclass.fake import FakeEnv
@@ -41,7 +47,7 @@ from thunder_subclass.guards import guard_python_attribute
 from thunder_subclass.proxy import SubclassTensorProxy
 from thunder_subclass.recording import bind_unrolled, denormalize, op_name, record_call, subclass_names, torch_callable_for
 
-__all__ = ["unroll_symbol_call", "construct_subclass", "subclass_lookaside", "inplace_view_call", "is_inplace_view_bsym"]
+__all__ = ["unroll_symbol_call", "construct_subclass", "subclass_lookaside", "inplace_view_call"]
 
 
 def unroll_symbol_call(sym: Symbol, args: tuple, kwargs: dict):
@@ -150,6 +156,8 @@ def subclass_lookaside(fn: Any, wrapped_args: tuple) -> Callable | None:
     """A lookaside for ``fn`` when it involves subclasses, else ``None`` (thunder's own lookaside applies)."""
     from thunder.core.interpreter import interpreter_needs_wrap, unwrap
 
+    if isinstance(fn, InplaceViewMethod):
+        return fn.call
     if fn is isinstance or fn is type:
         if (
             len(wrapped_args) >= 1
@@ -163,7 +171,8 @@ def subclass_lookaside(fn: Any, wrapped_args: tuple) -> Callable | None:
         if not isinstance(obj, TensorProxy) or not isinstance(name, str):
             return None
         if name in INPLACE_VIEW_OPS:
-            return interpreter_needs_wrap(lambda o, n, *d: functools.partial(inplace_view_call, obj, name))
+            wrapped_obj = wrapped_args[0]
+            return interpreter_needs_wrap(lambda o, n, *d: InplaceViewMethod(wrapped_obj, name))
         if isinstance(obj, SubclassTensorProxy):
             lookaside = attribute_lookaside(obj, name)
             if lookaside is not None:
@@ -189,47 +198,50 @@ INPLACE_VIEW_OPS = {
 }
 
 
-def _inplace_view_meta(x, y, name, args, kwargs):
-    return type(y)(like=y) if isinstance(y, SubclassTensorProxy) else TensorProxy(like=y)
+def _write_back_meta(x, name, args, kwargs):
+    return None
 
 
-def _inplace_view_impl(x, y, name, args, kwargs):
-    # eager's in-place op on the tensor itself: the caller sees an input's new view metadata, as in eager
-    return getattr(x, name)(*args, **kwargs)
+def _write_back_impl(x, name, args, kwargs):
+    # eager's in-place op on the caller's tensor, so that it sees the input's new view metadata as in eager
+    getattr(x, name)(*args, **kwargs)
 
 
-def _inplace_view_grad(x, y, name, args, kwargs):
-    from thunder.core.transforms import get_grad, put_grad
-
-    z = inplace_view(x, y, name, args, kwargs)
-    put_grad(y, get_grad(z))  # the value after the op is the out-of-place view y
-    return z
-
-
-def _register_inplace_view():
-    from thunder.core.transforms import register_grad
-
-    sym = register_symbol("inplace_view", meta=_inplace_view_meta, fn=_inplace_view_impl,
-                          tags=[prims.OpTags.IN_PLACE, prims.OpTags.DONT_DCE])
-    register_grad(sym, _inplace_view_grad)
-    return sym
+# IN_PLACE: thunder's alias pass (core/update_aliases.py) treats it as a write to x; DONT_DCE: it has no output
+inplace_view_write_back = register_symbol(
+    "inplace_view_write_back", meta=_write_back_meta, fn=_write_back_impl,
+    tags=[prims.OpTags.IN_PLACE, prims.OpTags.DONT_DCE],
+)
 
 
-# IN_PLACE: thunder's alias pass (core/update_aliases.py) then swaps later uses of x for the result, which is how
-# the Python variable x comes to denote the new view
-inplace_view = _register_inplace_view()
+class InplaceViewMethod:
+    """``x.transpose_`` (and the other in-place view ops) read in traced code: calling it makes the Python object ``x``
+    denote the new view from then on, as in eager, by rebinding the interpreter's wrapped value of ``x``."""
+
+    def __init__(self, wrapped_x, name: str):
+        self.wrapped_x, self.name = wrapped_x, name
+
+    def __call__(self, *args, **kwargs):  # callable for the interpreter's checks; calls go through call()
+        raise RuntimeError(f"{self.name} of a traced tensor called outside thunder's interpreter")
+
+    def call(self, *wrapped_args, **wrapped_kwargs):
+        from thunder.core.interpreter import unwrap
+
+        x = unwrap(self.wrapped_x)
+        try:
+            y = inplace_view_call(x, self.name, *(unwrap(a) for a in wrapped_args),
+                                  **{k: unwrap(v) for k, v in wrapped_kwargs.items()})
+        except Exception as e:
+            return raise_in_interpreter(e)
+        rebind_wrapped_value(self.wrapped_x, y)
+        return self.wrapped_x  # eager returns x itself
 
 
-def is_inplace_view_bsym(bsym) -> bool:
-    return bsym.sym.id == inplace_view.id
-
-
-@runs_natively
 def inplace_view_call(x: TensorProxy, name: str, *args, **kwargs):
     """``x.<name>(*args, **kwargs)`` for an in-place view op: the out-of-place view (``x.transpose(0, 1)``, through
-    ``__torch_dispatch__`` for subclasses) followed by ``inplace_view``, which stands for ``x`` from then on. At run time
-    a plain tensor gets the real in-place op (an input's new metadata is visible to the caller, as in eager); a
-    subclass value is its out-of-place view inside the flattened program."""
+    ``__torch_dispatch__`` for subclasses), which the caller makes ``x`` denote from then on. For a plain input, the
+    caller's tensor gets the in-place op at run time too (``inplace_view_write_back``); a subclass input cannot (its
+    outer metadata is not part of the flattened program): a typed error."""
     if isinstance(x, SubclassTensorProxy) and x.history is not None:
         raise UnsupportedSubclassOperationError(
             f"torch.Tensor.{name} on the {x.subclass_type.__qualname__} input at "
@@ -238,4 +250,6 @@ def inplace_view_call(x: TensorProxy, name: str, *args, **kwargs):
             "and return the result."
         )
     y = getattr(x, INPLACE_VIEW_OPS[name])(*args, **kwargs)
-    return inplace_view(x, y, name, tuple(args), dict(kwargs))
+    if not isinstance(x, SubclassTensorProxy) and x.history is not None:
+        inplace_view_write_back(x, name, tuple(args), dict(kwargs))
+    return y
