@@ -242,7 +242,8 @@ def test_common_aten_ops_become_thunder_symbols_that_fusion_executors_can_claim(
         _assert_two_tensor_close(actual, expected)
     names = _sym_names(_final_trace_is_flat(jf))
     assert not [n for n in names if n.startswith("aten_")], names
-    for thunder_name in ("sum", "clamp", "cat", "amax", "reciprocal", "to", "unsqueeze", "expand", "permute", "gt", "where", "view"):
+    # aten.view is recorded as thunder's reshape (the same view where view succeeds; see aten_symbols)
+    for thunder_name in ("sum", "clamp", "cat", "amax", "reciprocal", "to", "unsqueeze", "expand", "permute", "gt", "where", "reshape"):
         assert thunder_name in names
 
 

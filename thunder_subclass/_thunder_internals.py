@@ -17,7 +17,10 @@ Hooks (thunder 0.2.6 paths, relative to the installed ``thunder/``):
   interpretation: a torch-level symbol called with a subclass proxy is unrolled through ``__torch_dispatch__``
   (``Handlers.symbol_call``: ``thunder_subclass.interpretation``).
 * ``core/jit_ext.py`` ``general_jit_lookaside`` — calls of a wrapper-subclass class (construction in traced code),
-  ``isinstance`` and ``type`` on subclass proxies behave as in eager (``Handlers.lookaside``).
+  ``isinstance`` and ``type`` on subclass proxies behave as in eager (``Handlers.lookaside``). Two interpreter bugs
+  of thunder 0.2.6 are worked around there for plugin jits: classes with a pybind11 base (DTensor placements under
+  torch 2.13) are called as Python, not interpreted (:func:`is_pybind11_class`: interpreting their ``__init__``
+  aborts the process), and a keyword argument named ``fn`` no longer collides with the lookaside's own parameter.
 * ``core/update_aliases.py`` ``_get_new_alias`` and ``prims.update_aliases`` (through the ``Symbol.__call__`` hook) —
   thunder's bookkeeping for in-place ops makes plain ``TensorProxy(like=x)`` versions of mutated values; a subclass
   value's new version stays a subclass proxy (``Handlers.new_alias``).
@@ -47,7 +50,8 @@ Accessors for private state (also only here): thunder's torch-callable -> symbol
 (``thunder.torch._torch_to_thunder_function_map``, :func:`torch_to_thunder_symbols`), the current compile data
 (``thunder.core.compile_data._compile_data``), a trace's signature (``TraceCtx._siginfo``, :func:`new_trace`),
 ``ctx.maybe_clear_saved_tensors`` in the backward hook, and torch's opaque-object registry
-(``torch._library.opaque_object``: :func:`is_opaque_reference_object`, :func:`opaque_guard_fn`; torch >= 2.11).
+(``torch._library.opaque_object``: :func:`is_opaque_reference_object`, :func:`opaque_guard_fn`; torch >= 2.11) and
+its fake script objects (:func:`real_script_object`).
 
 Supported stack: torch >= 2.10, < 2.16 (:data:`TORCH_SUPPORTED`) with lightning-thunder 0.2.6. Compatibility shims
 (:data:`SHIMS`), run by :func:`ensure_thunder_importable` before ``import thunder``, each naming the torch versions it
@@ -302,6 +306,15 @@ def is_opaque_reference_object(v: Any) -> bool:
         return bool(registry[0](type(v)))
     except Exception:
         return False
+
+
+def real_script_object(v: Any) -> Any:
+    """The real object a ``FakeScriptObject`` stands for (``torch._library.fake_class_registry``), else ``v``. After
+    torch.compile has run on DTensors in the same process, fake DTensors made by a fake run can hold their mesh as
+    one; what the trace records is the mesh itself."""
+    from torch._library.fake_class_registry import FakeScriptObject
+
+    return v.real_obj if isinstance(v, FakeScriptObject) else v
 
 
 def opaque_guard_fn(typ: type):
@@ -567,18 +580,38 @@ def runs_natively(fn: Callable) -> Callable:
     return fn
 
 
+def is_pybind11_class(fn: Any) -> bool:
+    """A Python class with a pybind11 base (torch 2.13's DTensor placements ``Shard``, ``Replicate``, ``Partial``
+    derive from ``torch._C._distributed.*``). thunder 0.2.6's interpreter cannot call one: its type-call lookaside
+    (``core/interpreter.py`` ``_type_call_lookaside``) interprets ``obj.__init__``, whose method unwrapping
+    (``_call_dispatch``) resolves pybind11's ``function_record`` ``__init__`` slot and calls it, and the process
+    aborts in C++ ("UNEXPECTED CALL OF function_record_PyTypeObject_methods::tp_init_impl")."""
+    if not isinstance(fn, type) or issubclass(fn, torch.Tensor):
+        return False
+    return any(t.__module__ == "pybind11_builtins" for t in fn.__mro__)
+
+
+# a keyword argument named like the lookaside's own first parameter, renamed so that thunder's
+# general_jit_lookaside(fn, *args, **kwargs) does not get it twice (it only proxies the keyword arguments' values)
+_FN_KEYWORD = "fn (keyword)"
+
+
 def _hook_general_jit_lookaside(original):
     # wraps thunder.core.jit_ext.general_jit_lookaside
     @functools.wraps(original)
-    def general_jit_lookaside(fn, *args, **kwargs):
+    def general_jit_lookaside(fn, /, *args, **kwargs):
         if is_plugin_active():
-            if fn in _native_functions:
-                from thunder.core.interpreter import interpreter_needs_wrap
+            from thunder.core.interpreter import interpreter_needs_wrap
 
+            if fn in _native_functions or is_pybind11_class(fn):
                 return interpreter_needs_wrap(fn)
             lookaside = _handlers.lookaside(fn, args)
             if lookaside is not None:
                 return lookaside
+            if "fn" in kwargs:
+                # thunder 0.2.6 takes `fn` by name too: f(x, fn=g) in traced code raised "got multiple values for
+                # argument 'fn'" (plain thunder.jit as well)
+                kwargs[_FN_KEYWORD] = kwargs.pop("fn")
         return original(fn, *args, **kwargs)
 
     return general_jit_lookaside

@@ -90,7 +90,11 @@ THUNDER_EQUIVALENTS: dict[OpOverload, Callable[..., Any]] = {
     aten.permute.default: lambda a, dims: ltorch.permute(a, *dims),
     aten.unsqueeze.default: lambda a, dim: ltorch.unsqueeze(a, dim),
     aten.expand.default: lambda a, size, implicit=False: ltorch.expand(a, *size) if not implicit else None,
-    aten.view.default: lambda a, size: ltorch.view(a, *size),
+    # view runs as reshape (the same view wherever view succeeds; thunder's alias analysis treats reshape as maybe a
+    # view). Fakes of plain proxies are contiguous (thunder tracks no strides), so a view recorded on a fake (DTensor's
+    # F.linear on a 3-D input records view(-1, k)) can meet a non-contiguous tensor at run time (after thunder's own
+    # permutes, e.g. its SDPA backward), where Tensor.view raises and eager, seeing the real layout, had copied.
+    aten.view.default: lambda a, size: ltorch.reshape(a, *size),
     # the input itself when already contiguous, else a contiguous copy: the same in thunder
     aten.contiguous.default: lambda a, memory_format=torch.contiguous_format: (
         ltorch.contiguous(a) if memory_format == torch.contiguous_format else None
@@ -175,12 +179,31 @@ def aten_symbol(op: OpOverload) -> Symbol:
         name = unique_operator_name(f"{namespace}_{opname}_{op._overloadname}")  # aten_mul_Tensor, mylib_foo_default
         # an op that writes to its arguments (add_, copy_, out=) must run even if its result is unused
         tags = [prims.OpTags.DONT_DCE, prims.OpTags.IN_PLACE] if op._schema.is_mutable else None
-        sym = subclass_executor.register_operator(name, meta=_fake_meta(op), fn=op, tags=tags)
+        fn = _run_and_wait(op) if _returns_work(op) else op
+        sym = subclass_executor.register_operator(name, meta=_fake_meta(op), fn=fn, tags=tags)
         register_constant_symbol(sym)
         if namespace == "aten" and not op._schema.is_mutable:
             _allow_in_torch_compile_regions(op, sym, name)
         _symbols[op] = sym
     return sym
+
+
+def _returns_work(op: OpOverload) -> bool:
+    """A non-functional c10d collective (``c10d::scatter_``, ``c10d::broadcast_``): it writes into its tensor
+    arguments and returns a ``Work`` to wait on."""
+    return op.namespace == "c10d" and any("Work" in str(r.type) for r in op._schema.returns)
+
+
+def _run_and_wait(op: OpOverload) -> Callable:
+    # eager waits on the Work in Python (dist.scatter(async_op=False) calls work.wait()), which no recorded op shows:
+    # DTensor's distribute_tensor issues these through mesh_scatter / mesh_broadcast
+    def run_and_wait(*args, **kwargs):
+        out = op(*args, **kwargs)
+        out[-1].wait()
+        return out
+
+    run_and_wait.__name__ = f"{op._schema.name.partition('::')[2]}_and_wait"
+    return run_and_wait
 
 
 def _allow_in_torch_compile_regions(op: OpOverload, sym: Symbol, name: str) -> None:

@@ -57,7 +57,8 @@ from thunder_subclass.rules import call_rule, find_grad_rule
 
 __all__ = [
     "GradRecipe", "ensure_grad_rule", "is_grad_bsym", "is_container_bsym", "record_backward", "differentiate_call",
-    "function_apply_lookaside",
+    "record_forward", "record_gradient", "grad_recipe_of", "record_container_again",
+    "function_apply_lookaside", "function_symbol", "record_function_call",
 ]
 
 
@@ -65,7 +66,8 @@ class GradRecipe:
     """What ``grad_<op>`` needs to (re-)record its backward: the fake autograd graph of the forward.
 
     Attributes: ``env`` (proxies <-> fakes of the forward), ``fake_inputs`` / ``fake_outputs`` (the fakes that
-    require grad / carry gradients), ``input_proxies`` (the proxies the gradients are for), ``what`` /
+    require grad / carry gradients), ``input_proxies`` / ``outputs`` (the proxies the gradients are for / of),
+    ``forward_again`` (records the forward again for new arguments, with a new recipe), ``what`` /
     ``subclasses`` (for error messages), ``positions`` (for each output of ``grad_<op>``, the input whose
     gradient it is) and ``grad_kinds`` (the gradient kinds its subsymbols were first recorded for; thunder's autodiff
     substitutes the actual gradients into the bound symbol's arguments later).
@@ -81,6 +83,10 @@ class GradRecipe:
         self.positions: tuple[int, ...] = ()
         self.grad_kinds: tuple = ()
         self.saved: tuple = ()
+        self.outputs: tuple = ()
+        # (args, kwargs) -> (outputs, GradRecipe): the forward recorded again (with grad) for other arguments, in the
+        # current scope; the flatten pass uses it where the arguments' kinds changed after recording
+        self.forward_again: Callable | None = None
 
     def __repr__(self) -> str:
         return f"GradRecipe({self.what})"
@@ -162,18 +168,56 @@ def differentiate_call(sym: Symbol, fn: Callable, args: tuple, kwargs: dict, wha
     """The grad transform: forward (one subclass-level bound symbol), then ``get_grad`` of the outputs,
     ``grad_<op>`` (the unrolled PyTorch derivative) and ``put_grad`` of the inputs. ``fn`` is called with
     ``call_args`` (positional, keyword) when given, else with ``args``/``kwargs`` (those of the bound symbol)."""
+    if call_args is None:
+        def call_for(a, k):
+            return fn, a, k
+    else:
+        def call_for(a, k):
+            if a is args and k is kwargs:
+                return (fn, *call_args)
+            targs, tkwargs = denormalize(sym, a, k)
+            return torch_callable_for(sym, targs), targs, tkwargs
+
+    result, recipe = record_forward(sym, call_for, args, kwargs, what, subclasses)
+    if recipe is None:
+        return result
+    return record_gradient(recipe, result, sym.name)
+
+
+def record_forward(sym: Symbol, call_for: Callable, args: tuple, kwargs: dict, what: str, subclasses: str):
+    """The forward of a grad rule: ``sym(*args, **kwargs)`` recorded as one subclass-level bound symbol in the current
+    scope, its torch callable (``call_for(args, kwargs) -> (fn, call args, call kwargs)``) run on fakes that require
+    grad. Returns the outputs and the :class:`GradRecipe` for its backward (None when nothing is differentiable).
+    The recipe can record the forward again for other arguments (:meth:`GradRecipe.record_forward_again`)."""
     trace = get_tracectx()
     forward: list = []
-    cargs, ckwargs = call_args if call_args is not None else (args, kwargs)
+    fn, cargs, ckwargs = call_for(args, kwargs)
     env, fake_out, result = record_call(fn, cargs, ckwargs, forward, what, subclasses, wants_grad=_wants_grad(trace))
     result = bind_unrolled(sym, args, kwargs, result, forward)
     if isinstance(result, TensorProxy) and any(result is a for a in tree_flatten((args, kwargs))[0]):
-        return result  # the op returned its input: the gradient passes through unchanged
-    return differentiate_fakes(env, args, kwargs, fake_out, result, sym.name, what, subclasses)
+        return result, None  # the op returned its input: the gradient passes through unchanged
+    recipe = _grad_recipe(env, args, kwargs, fake_out, result, what, subclasses)
+    if recipe is not None:
+        recipe.forward_again = lambda a, k: record_forward(sym, call_for, a, k, what, subclasses)
+        # on the output, keyed by the symbol (an output may also be one of a subsymbol's, see grad_recipe_of)
+        recipe.outputs[0].__dict__.setdefault(_RECIPE, {})[sym.id] = recipe
+    return result, recipe
 
 
-def differentiate_fakes(env: FakeEnv, args, kwargs, fake_out, result, op_name: str, what: str, subclasses: str):
-    """Record get_grad / grad_<op_name> / put_grad for a forward already recorded on fakes in ``env``."""
+_RECIPE = "_thunder_subclass_grad_recipes"
+
+
+def grad_recipe_of(bsym) -> GradRecipe | None:
+    """The recipe of the backward that a grad rule recorded with the forward bound symbol ``bsym`` (None for a
+    symbol recorded without one)."""
+    for o in bsym.flat_proxy_outs:
+        recipe = o.__dict__.get(_RECIPE, {}).get(bsym.sym.id)
+        if recipe is not None:
+            return recipe
+    return None
+
+
+def _grad_recipe(env: FakeEnv, args, kwargs, fake_out, result, what: str, subclasses: str) -> GradRecipe | None:
     input_proxies, fake_inputs = [], []
     for a in tree_flatten((args, kwargs))[0]:
         if isinstance(a, TensorProxy):
@@ -187,21 +231,26 @@ def differentiate_fakes(env: FakeEnv, args, kwargs, fake_out, result, op_name: s
             outs.append(p)
             fakes.append(f)
     if not input_proxies or not outs:
-        return result
-
-    grads = [prims.get_grad(p) for p in outs]
+        return None
     recipe = GradRecipe(env, fake_inputs, fakes, input_proxies, what, subclasses)
-    saved = tuple(p for p in (*input_proxies, *outs))
-    recipe.saved = saved  # as recorded; thunder's autodiff may rename them in the bound symbol's arguments
+    recipe.outputs = tuple(outs)
+    recipe.saved = (*input_proxies, *outs)  # as recorded; thunder's autodiff may rename them in the bound symbol
+    return recipe
+
+
+def record_gradient(recipe: GradRecipe, result, op_name: str):
+    """Record get_grad of the outputs / ``grad_<op_name>`` / put_grad of the inputs for a forward recorded on fakes
+    (``recipe``); returns ``result``."""
+    grads = [prims.get_grad(p) for p in recipe.outputs]
     input_grads, subsymbols = record_backward(recipe, grads)
     recipe.grad_kinds = tuple(proxy_kind(g) for g in grads)  # what the subsymbols below are recorded for
     recipe.positions = tuple(
         i for i, g in enumerate(input_grads) if g is not None and not any(g is x for x in grads)
     )
     produced = tuple(input_grads[i] for i in recipe.positions)
-    bsym = grad_symbol(op_name).bind(tuple(grads), saved, recipe, output=produced, subsymbols=subsymbols)
+    bsym = grad_symbol(op_name).bind(tuple(grads), recipe.saved, recipe, output=produced, subsymbols=subsymbols)
     get_tracectx().peek_scope().append(bsym)
-    for p, g in zip(input_proxies, input_grads):
+    for p, g in zip(recipe.input_proxies, input_grads):
         if g is not None:
             prims.put_grad(p, g)
     return result
@@ -235,7 +284,7 @@ def record_backward(recipe: GradRecipe, grads, saved=None) -> tuple[list, list]:
 # ---------------------------------------------------------------------------------------------------------------
 
 _container_ids: set[str] = set()
-_function_symbols: dict[type, Symbol] = {}
+_function_symbols: dict[Callable, Symbol] = {}
 
 
 def is_container_bsym(bsym) -> bool:
@@ -243,25 +292,53 @@ def is_container_bsym(bsym) -> bool:
     return bsym.sym.id in _container_ids
 
 
-def autograd_function_symbol(cls: type) -> Symbol:
-    """``<Function>_apply``: one symbol per ``torch.autograd.Function`` class, differentiated with the class's
-    own ``backward`` (run by PyTorch's autograd on fakes, as in eager)."""
-    sym = _function_symbols.get(cls)
+def function_symbol(fn: Callable, name: str, what: str) -> Symbol:
+    """A container symbol for the Python callable ``fn`` (one per callable): a call of it in traced code is recorded
+    as ONE bound symbol whose subsymbols are the aten calls ``fn`` makes on fakes (the flatten pass inlines them), and
+    it is differentiated by PyTorch's autograd on fakes (``torch.autograd.grad`` through whatever ``fn`` did: a
+    ``torch.autograd.Function``'s own ``backward``, DTensor's ``from_local`` / ``redistribute`` backward
+    collectives). ``name`` names the symbol in traces, ``what`` the callable in error messages."""
+    sym = _function_symbols.get(fn)
     if sym is None:
         sym = subclass_executor.register_operator(
-            unique_operator_name(f"{cls.__name__}_apply"), meta=_not_called_directly, fn=_not_called_directly
-        )  # not constant for autodiff: differentiated with the Function's backward (below)
-        _function_symbols[cls] = sym
+            unique_operator_name(name), meta=_not_called_directly, fn=_not_called_directly
+        )  # not constant for autodiff: differentiated through fn on fakes (below)
+        _function_symbols[fn] = sym
         _container_ids.add(sym.id)
+        _container_calls[sym.id] = (fn, name, what)
 
         def grad_transform(*args, **kwargs):
-            return differentiate_call(sym, cls.apply, args, kwargs, f"{cls.__qualname__}.apply",
-                                      subclass_names(args, kwargs))
+            return differentiate_call(sym, fn, args, kwargs, what, subclass_names(args, kwargs))
 
         from thunder.core.transforms import register_grad
 
         register_grad(sym, grad_transform)
     return sym
+
+
+_container_calls: dict[str, tuple[Callable, str, str]] = {}  # symbol id -> (fn, name, what) of function_symbol
+
+
+def record_container_again(bsym):
+    """Record the container call ``bsym`` (of a :func:`function_symbol`) again in the current scope, for its current
+    arguments; returns its outputs."""
+    fn, name, what = _container_calls[bsym.sym.id]
+    return record_function_call(fn, name, what, *bsym.args, **bsym.kwargs)
+
+
+def record_function_call(fn: Callable, name: str, what: str, /, *args, **kwargs):
+    """``fn(*args, **kwargs)`` in traced code, recorded as one bound symbol of :func:`function_symbol` (``fn``, ``name``)
+    with the aten calls ``fn`` made on fakes as subsymbols; returns its outputs as proxies."""
+    sym = function_symbol(fn, name, what)
+    scope: list = []
+    _, _, result = record_call(fn, args, kwargs, scope, what, subclass_names(args, kwargs))
+    return bind_unrolled(sym, args, kwargs, result, scope)
+
+
+def autograd_function_symbol(cls: type) -> Symbol:
+    """``<Function>_apply``: one symbol per ``torch.autograd.Function`` class, differentiated with the class's
+    own ``backward`` (run by PyTorch's autograd on fakes, as in eager)."""
+    return function_symbol(cls.apply, f"{cls.__name__}_apply", f"{cls.__qualname__}.apply")
 
 
 def involves_subclass(cls: type, args: tuple, kwargs: dict) -> bool:
@@ -282,10 +359,7 @@ def involves_subclass(cls: type, args: tuple, kwargs: dict) -> bool:
 def apply_autograd_function(cls: type, *args, **kwargs):
     """``cls.apply(*args, **kwargs)`` in traced code with subclass inputs or outputs: one bound symbol whose
     subsymbols are the forward's aten calls; its gradient comes from ``cls.backward`` (see autograd_function_symbol)."""
-    sym = autograd_function_symbol(cls)
-    scope: list = []
-    _, _, result = record_call(cls.apply, args, kwargs, scope, f"{cls.__qualname__}.apply", subclass_names(args, kwargs))
-    return bind_unrolled(sym, args, kwargs, result, scope)
+    return record_function_call(cls.apply, f"{cls.__name__}_apply", f"{cls.__qualname__}.apply", *args, **kwargs)
 
 
 def function_apply_lookaside(fn, wrapped_args: tuple) -> Callable | None:

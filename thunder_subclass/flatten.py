@@ -32,10 +32,16 @@ from thunder.core.pytree import tree_flatten
 from thunder.core.trace import TraceProvenance, from_trace, tracectx
 
 from thunder_subclass._thunder_internals import is_torch_level_symbol, new_trace
-from thunder_subclass.autograd import is_container_bsym, is_grad_bsym, record_backward
+from thunder_subclass.autograd import (
+    grad_recipe_of,
+    is_container_bsym,
+    is_grad_bsym,
+    record_backward,
+    record_container_again,
+)
 from thunder_subclass.errors import UnsupportedSubclassOperationError
-from thunder_subclass.proxy import SubclassTensorProxy, proxy_kind
-from thunder_subclass.recording import ARG_KINDS, record_call, subclass_names, traced_grad_mode
+from thunder_subclass.proxy import OpaqueObjectProxy, SubclassTensorProxy, proxy_kind
+from thunder_subclass.recording import record_call, recorded_argument_kinds, subclass_names, traced_grad_mode
 from thunder_subclass.rules import call_rule, find_implementation
 from thunder_subclass.subclass_symbols import cotangent_flatten_symbol, ctx_arg, is_flatten_bsym, is_unflatten_bsym
 
@@ -73,9 +79,11 @@ class Flattener:
         self.swap: dict = {}
         self.inner_of: dict = {}  # variable of a subclass proxy -> its inner proxies (from unflatten / flatten)
         self.cotangents: set = set()  # variables of gradients arriving from outside (get_grad of an output)
+        self.recipes: dict = {}  # id(GradRecipe) -> the recipe of its forward recorded again (_retrace)
 
     def alias(self, old, new) -> None:
-        if isinstance(old, TensorProxy) and old is not new:
+        # opaque inner objects too: a dropped re-flatten's device_mesh output becomes the mesh already at hand
+        if isinstance(old, (TensorProxy, OpaqueObjectProxy)) and old is not new:
             self.swap[variableify(old)] = new
 
     def swapped(self, bsym):
@@ -83,7 +91,7 @@ class Flattener:
 
     def visit(self, bsym) -> None:
         nb = self.swapped(bsym)
-        recorded = bsym.flat_proxy_outs[0].__dict__.get(ARG_KINDS) if bsym.flat_proxy_outs else None
+        recorded = recorded_argument_kinds(bsym)
         changed = (recorded if recorded is not None else _kinds(bsym.flat_proxy_args)) != _kinds(nb.flat_proxy_args)
 
         if is_grad_bsym(bsym):
@@ -95,9 +103,9 @@ class Flattener:
                 for sub in bsym.subsymbols:
                     self.visit(sub)
                 return
-            return self._retrace(nb)
+            return self._retrace(bsym, nb)
         if is_torch_level_symbol(bsym.sym) and changed:
-            return self._retrace(nb)
+            return self._retrace(bsym, nb)
         if is_flatten_bsym(nb):
             v = variableify(nb.args[0])
             known = self.inner_of.get(v)
@@ -176,16 +184,25 @@ class Flattener:
             self.visit(b)
         return True
 
-    def _retrace(self, nb) -> None:
-        # trace the torch-level symbol again with the current arguments (through __torch_dispatch__ when one of
-        # them is now a subclass), and substitute its outputs
+    def _retrace(self, bsym, nb) -> None:
+        # trace the symbol again with the current arguments (through __torch_dispatch__ when one of them is now a
+        # subclass), and substitute its outputs. One recorded by a grad rule is recorded again with its gradient
+        # recipe: its grad_<op>, later in the trace, refers to the forward's intermediates (a transposed weight,
+        # a norm's mean and rstd), which the new recording renames; that grad_<op> is recorded again from the new
+        # recipe (_visit_grad).
         from thunder.core.proxies import ProxyTag
 
         # recorded under torch.no_grad() (its outputs are detached): trace it again the same way
         detached = any(ProxyTag.DETACHED_AUTOGRAD_GRAPH in o.tags for o in nb.flat_proxy_outs)
+        recipe = grad_recipe_of(bsym)
         self.trace.push_scope([])
         with tracectx(self.trace), traced_grad_mode(not detached):
-            result = nb.sym(*nb.args, **nb.kwargs)
+            if recipe is not None:
+                result, self.recipes[id(recipe)] = recipe.forward_again(nb.args, nb.kwargs)
+            elif is_container_bsym(bsym):
+                result = record_container_again(nb)
+            else:
+                result = nb.sym(*nb.args, **nb.kwargs)
         produced = self.trace.pop_scope()
         for old, new in zip(tree_flatten(nb.output)[0], tree_flatten(result)[0]):
             self.alias(old, new)
@@ -194,12 +211,21 @@ class Flattener:
 
     def _visit_grad(self, bsym, nb) -> None:
         grads, recipe = nb.args[0], nb.args[2]
-        if recipe.grad_kinds == _kinds(grads):
+        again = self.recipes.get(id(recipe), recipe)  # the recipe of the forward recorded again, if it was
+        if again is recipe and recipe.grad_kinds == _kinds(grads):
             for sub in bsym.subsymbols:
                 self.visit(sub)
             return
+        if again is not None and len(again.input_proxies) != len(recipe.input_proxies):
+            raise UnsupportedSubclassOperationError(
+                f"the backward of {recipe.what} on {recipe.subclasses}: the forward, traced again for the arguments "
+                "it gets after autograd, differentiates other inputs than when first traced. Please report it."
+            )
         with tracectx(self.trace):
-            input_grads, scope = record_backward(recipe, grads, saved=nb.args[1])
+            if again is None:  # the forward, recorded again, has nothing to differentiate: zero gradients
+                input_grads, scope = [None] * len(recipe.input_proxies), []
+            else:
+                input_grads, scope = record_backward(again, grads, saved=nb.args[1] if again is recipe else None)
             for old, i in zip(nb.output, recipe.positions):
                 new = input_grads[i]
                 if new is None:  # no gradient for this input with these gradient types: zeros, as autograd

@@ -124,6 +124,10 @@ def attribute_lookaside(p: SubclassTensorProxy, name: str) -> Callable | None:
     if name == "__class__":
         return interpreter_needs_wrap(lambda obj, name, *default: p.subclass_type)
     class_attr, found = _subclass_class_attribute(p.subclass_type, name)
+    if found and isinstance(class_attr, types.MemberDescriptorType):  # a __slots__ attribute (DTensor's _spec)
+        if name in p.inner:
+            return interpreter_needs_wrap(_read_inner)
+        return interpreter_needs_wrap(lambda obj, name, *default: _read_slot(p, class_attr))
     if found and _is_data_descriptor(class_attr):
         fget = getattr(class_attr, "fget", None)
         if fget is None:
@@ -140,6 +144,19 @@ def attribute_lookaside(p: SubclassTensorProxy, name: str) -> Callable | None:
             return interpreter_needs_wrap(lambda obj, name, *default: class_attr.__get__(p, p.subclass_type))
         return interpreter_needs_wrap(lambda obj, name, *default: class_attr)
     return None
+
+
+def _read_slot(p: SubclassTensorProxy, slot: types.MemberDescriptorType) -> Any:
+    """A ``__slots__`` attribute that is not an inner tensor, read from a stand-in rebuilt by ``__tensor_unflatten__``
+    (DTensor's ``_spec``: placements and tensor metadata from the flatten context, which the prologue guards, and the
+    mesh). As torch.compile sees it: what ``__tensor_unflatten__`` does not restore is not part of the subclass."""
+    value = slot.__get__(_stand_in(p), p.subclass_type)
+    if any(isinstance(v, torch.Tensor) for v in tree_flatten(value)[0]):
+        raise UnsupportedSubclassOperationError(
+            f"{p.subclass_type.__qualname__}.{slot.__name__} read at {format_location(*source_location())} holds "
+            f"tensors but is not listed by __tensor_flatten__; thunder_subclass cannot trace it."
+        )
+    return value
 
 
 def _read_inner(p: SubclassTensorProxy, name: str, *default):

@@ -33,13 +33,14 @@ from thunder_subclass._thunder_internals import (
     opaque_attributes_supported,
     opaque_attributes_unavailable,
     opaque_guard_fn,
+    real_script_object,
 )
 from thunder_subclass.errors import SubclassProtocolError
 from thunder_subclass.executor import register_symbol
 
 __all__ = [
     "SubclassTensorProxy", "OpaqueObjectProxy", "is_subclass_value", "has_subclass_proxy", "subclass_proxy_from_tensor",
-    "proxy_kind", "runtime_kind", "flatten_symbol", "record_flatten",
+    "proxy_kind", "runtime_kind", "flatten_symbol", "record_flatten", "record_opaque_constant",
 ]
 
 
@@ -239,7 +240,7 @@ def flatten_tensor(t: torch.Tensor) -> tuple[list[str], Any]:
         )
     attrs, ctx = result
     for a in attrs:
-        v = getattr(t, a, None)
+        v = real_script_object(getattr(t, a, None))
         if not isinstance(v, torch.Tensor) and not is_opaque_object(v):
             _check_opaque_attributes_supported(cls, a, v)
             raise SubclassProtocolError(
@@ -292,6 +293,28 @@ class OpaqueObjectProxy(AnyProxy):
         kwargs = dict(name=self.name, history=self.history, tags=self.tags)
         kwargs.update(changes)
         return OpaqueObjectProxy(self._o, **kwargs)
+
+
+def _opaque_constant_meta(obj: Any) -> OpaqueObjectProxy:
+    return OpaqueObjectProxy(obj)
+
+
+def _opaque_constant_impl(obj: Any) -> Any:
+    return obj
+
+
+_opaque_constant: list[Symbol] = []
+
+
+def record_opaque_constant(obj: Any, scope: list) -> OpaqueObjectProxy:
+    """Append ``p = opaque_constant(obj)`` to ``scope`` and return ``p``: an opaque object that is no input of the
+    trace but a constant of the traced code (the ``DeviceMesh`` a tensor-parallel hook holds in a
+    ``functools.partial``, like a module's forward method), for the ``unflatten_<Cls>`` symbols that take it."""
+    if not _opaque_constant:
+        _opaque_constant.append(register_symbol("opaque_constant", meta=_opaque_constant_meta, fn=_opaque_constant_impl))
+    p = OpaqueObjectProxy(obj)
+    scope.append(_opaque_constant[0].bind(obj, output=p))
+    return p
 
 
 def subclass_proxy_from_tensor(t: torch.Tensor, *, name: str | None, history, inner_history=None) -> SubclassTensorProxy:

@@ -36,7 +36,7 @@ from thunder.core.pytree import tree_flatten, tree_map, tree_unflatten
 from thunder.core.symbol import Symbol
 from thunder.core.trace import get_tracectx
 
-from thunder_subclass._thunder_internals import source_location, torch_to_thunder_symbols
+from thunder_subclass._thunder_internals import real_script_object, source_location, torch_to_thunder_symbols
 from thunder_subclass.aten_symbols import record_aten_call
 from thunder_subclass.errors import (
     SubclassDispatchError,
@@ -53,12 +53,14 @@ from thunder_subclass.proxy import (
     proxy_kind,
     python_attributes,
     record_flatten,
+    record_opaque_constant,
 )
 from thunder_subclass.subclass_symbols import record_unflatten
 
 __all__ = [
     "RecordingMode", "torch_callable_for", "denormalize", "op_name", "subclass_names", "run_on_fakes", "record_call",
-    "emit_calls", "bind_unrolled", "dispatch_error", "traced_grad_mode", "is_traced_grad_enabled", "ARG_KINDS",
+    "emit_calls", "bind_unrolled", "dispatch_error", "traced_grad_mode", "is_traced_grad_enabled",
+    "recorded_argument_kinds",
 ]
 
 
@@ -299,15 +301,14 @@ def dispatch_error(what: str, subclasses: str, e: Exception) -> TensorSubclassEr
 
 
 def _proxy_for_result(x: Any, env: FakeEnv, scope: list, what: str) -> Any:
+    x = real_script_object(x)
     if isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
         raise UnsupportedSubclassOperationError(f"{what} returned a data-dependent value {x!r}; not supported.")
     if is_opaque_object(x):
         p = env.proxy_of(x)
-        if p is None:
-            raise UnsupportedSubclassOperationError(
-                f"{what} made a new opaque {type(x).__qualname__} object; thunder_subclass can only pass on opaque "
-                "objects that come from the inputs."
-            )
+        if p is None:  # not from an input: an object the traced code holds (a TP hook's DeviceMesh), a constant
+            p = record_opaque_constant(x, scope)
+            env.to_fake(p)
         return p
     if not isinstance(x, torch.Tensor):
         return x
@@ -442,9 +443,16 @@ ARG_KINDS = "_thunder_subclass_arg_kinds"
 def remember_argument_kinds(bsym) -> None:
     """Record, on the bound symbol's first output proxy, the kinds of the arguments its subsymbols were recorded for.
     thunder's autodiff later substitutes gradients into arguments (a guessed gradient by the actual one); the
-    flatten pass compares and traces the symbol again when the kinds differ."""
+    flatten pass compares and traces the symbol again when the kinds differ. Keyed by the symbol: a container's
+    output can be the output of its last subsymbol too."""
     outs = bsym.flat_proxy_outs
     if outs:
-        outs[0].__dict__[ARG_KINDS] = tuple(proxy_kind(p) for p in bsym.flat_proxy_args)
+        outs[0].__dict__.setdefault(ARG_KINDS, {})[bsym.sym.id] = tuple(proxy_kind(p) for p in bsym.flat_proxy_args)
+
+
+def recorded_argument_kinds(bsym) -> tuple | None:
+    """The argument kinds :func:`remember_argument_kinds` recorded for ``bsym``, or None."""
+    outs = bsym.flat_proxy_outs
+    return outs[0].__dict__.get(ARG_KINDS, {}).get(bsym.sym.id) if outs else None
 
 
