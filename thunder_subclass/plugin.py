@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 
 from thunder.core.recipe import Plugin, PluginPolicy
 
-from thunder_subclass import hooks
+from thunder_subclass import fsdp, hooks
 from thunder_subclass.executor import subclass_executor
 from thunder_subclass.tangents import SavedTensorNames
 from thunder_subclass.torch_function import TypedTensorEdges
@@ -44,6 +44,10 @@ class TensorSubclassPlugin(Plugin):
 def jit(fn: Callable, /, **kwargs) -> Callable:
     """``thunder.jit(fn, **kwargs)`` that can compile functions and modules holding tensor wrapper subclasses.
 
+    A module holding FSDP2 units (``fully_shard``) is compiled between FSDP2's hooks: the result is a
+    :class:`thunder_subclass.fsdp.FSDPCompiledModule` (see ``thunder_subclass.fsdp``); tensor-parallel modules and
+    DTensor code are traced through like any other subclass code.
+
     Takes the same keyword arguments as ``thunder.jit``; ``executors`` (default: thunder's default executors) gets
     the plugin's executor put first, and ``transforms`` gets :class:`thunder_subclass.tangents.SavedTensorNames`
     appended (it lets ``.backward(grad)`` accept gradients of other kinds than the outputs', as eager does), and
@@ -61,6 +65,8 @@ def jit(fn: Callable, /, **kwargs) -> Callable:
     import thunder
     from thunder.extend import resolve_executors
 
+    if fsdp.holds_fsdp_units(fn):
+        return fsdp.compile_between_fsdp_hooks(fn, lambda region_fn: jit(region_fn, **kwargs))
     hooks.install()
     executors: Sequence = resolve_executors(kwargs.pop("executors", None))
     executors = [subclass_executor, *(ex for ex in executors if ex is not subclass_executor)]
