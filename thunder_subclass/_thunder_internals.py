@@ -15,7 +15,9 @@ Hooks (thunder 0.2.6 paths, relative to the installed ``thunder/``):
   ``register_general_jit_callback`` refuses existing keys).
 * ``core/symbol.py`` ``Symbol.__call__`` — the common end of ``torch.mul(x)``, ``x.mul()`` and ``x * y`` during
   interpretation: a torch-level symbol called with a subclass proxy is unrolled through ``__torch_dispatch__``
-  (``Handlers.symbol_call``: ``thunder_subclass.interpretation``).
+  (``Handlers.symbol_call``: ``thunder_subclass.interpretation``). Also where every grad rule puts a gradient
+  (``prims.put_grad``): a gradient put for a 0-dim tensor with more dimensions than it is summed to its shape
+  (:func:`sum_to_scalar_grad`; a thunder 0.2.6 bug, see there).
 * ``core/jit_ext.py`` ``general_jit_lookaside`` — calls of a wrapper-subclass class (construction in traced code),
   ``isinstance`` and ``type`` on subclass proxies behave as in eager (``Handlers.lookaside``). Two interpreter bugs
   of thunder 0.2.6 are worked around there for plugin jits: classes with a pybind11 base (DTensor placements under
@@ -481,6 +483,61 @@ def register_input_proxy(value, p) -> None:
     value.register_proxy(p)
 
 
+def jit_context():
+    """thunder's jit context of the trace being interpreted (``jit_ext.get_jit_ctx``), or None."""
+    from thunder.core.jit_ext import get_jit_ctx
+
+    try:
+        return get_jit_ctx()
+    except LookupError:
+        return None
+
+
+# what thunder's prologue can unpack (core/jit_ext.py unpack_inputs, from_provenance), for values reached from inputs
+_UNPACKABLE_PROVENANCE = {"INPUT_ARGS", "INPUT_KWARGS", "INPUT_FN", "LOAD_ATTR", "BINARY_SUBSCR"}
+
+
+def is_unpackable_provenance(record) -> bool:
+    """Whether thunder's prologue can fetch the value with provenance ``record`` from the inputs (attribute reads and
+    subscripts of arguments or of the jitted callable), so that a prologue check can take it as an argument."""
+    import dis
+
+    from thunder.core.interpreter import ProvenanceRecord
+
+    if not isinstance(record, ProvenanceRecord):
+        return False
+    inst = record.inst.opname if isinstance(record.inst, dis.Instruction) else getattr(record.inst, "name", None)
+    if inst == "CONSTANT":
+        return isinstance(record.value, (int, str))
+    if inst not in _UNPACKABLE_PROVENANCE:
+        return False
+    return all(is_unpackable_provenance(i) for i in record.inputs)
+
+
+def module_forward_hooks(module) -> tuple | None:
+    """``(pre, post)``: the forward pre-hooks and forward hooks of ``module`` as ``(hook, takes_kwargs)`` pairs, in
+    the order ``Module._call_impl`` calls them (``torch/nn/modules/module.py``); None when its call involves more than
+    those (backward hooks, global module hooks, ``torch.jit`` tracing)."""
+    from torch.nn.modules import module as m
+
+    if (
+        module._backward_hooks or module._backward_pre_hooks or m._global_backward_pre_hooks
+        or m._global_backward_hooks or m._global_forward_hooks or m._global_forward_pre_hooks
+        or torch._C._get_tracing_state()
+    ):
+        return None
+    pre, post = module._forward_pre_hooks, module._forward_hooks
+    return (
+        tuple((h, k in module._forward_pre_hooks_with_kwargs) for k, h in pre.items()) if pre else (),
+        tuple((h, k in module._forward_hooks_with_kwargs) for k, h in post.items()) if post else (),
+    )
+
+
+def module_call_impl() -> Callable:
+    """``torch.nn.Module._call_impl``: what thunder's interpreter meets for every module call."""
+    return torch.nn.Module._call_impl
+
+
 def attribute_provenance(history) -> Callable[[str], Any]:
     """``attr -> provenance of getattr(<value with provenance history>, attr)``, for inner tensors of an input
     (the prologue unpacks them as attributes of the input)."""
@@ -556,11 +613,34 @@ def _hook_proxify(original):
     return proxify
 
 
+def sum_to_scalar_grad(target, grad):
+    """The gradient to put for ``target``: ``grad`` summed to shape ``()`` when ``target`` is a 0-dim tensor and
+    ``grad`` is not. thunder 0.2.6 does not broadcast CPU scalar tensors in elementwise operations
+    (``clang/utils.py`` ``maybe_broadcast_impl``: they are treated as numbers), so a primitive sees ``a: f32[6]``
+    next to ``b: f32[]``, and its grad rule (``core/transforms.py``: ``_add_prim_grad`` puts ``b_grad = g``; likewise
+    sub, mul, div, pow, maximum, where, ...) puts a ``f32[6]`` gradient for ``b``, which autodiff accumulates as it is:
+    ``x * 2 + y.sum()`` gave ``y.grad`` 1 instead of 6, with plain ``thunder.jit`` too. A gradient of the right shape
+    is returned unchanged."""
+    from thunder.core.proxies import TensorProxy
+
+    if isinstance(target, TensorProxy) and isinstance(grad, TensorProxy) and target.ndim == 0 < grad.ndim:
+        import thunder.core.prims as prims
+
+        return prims.sum(grad, tuple(range(grad.ndim)))
+    return grad
+
+
 def _hook_symbol_call(original):
     # wraps thunder.core.symbol.Symbol.__call__
+    from thunder.core.prims import PrimIDs
+
+    put_grad_id = PrimIDs.PUT_GRAD
+
     @functools.wraps(original)
     def __call__(self, *args, **kwargs):
-        if (is_torch_level_symbol(self) or (_handlers is not None and self.id in _handlers.prim_ids)) and is_plugin_active():
+        if self.id is put_grad_id and len(args) == 2 and is_plugin_active():
+            args = (args[0], sum_to_scalar_grad(*args))
+        elif (is_torch_level_symbol(self) or (_handlers is not None and self.id in _handlers.prim_ids)) and is_plugin_active():
             result = _handlers.symbol_call(self, args, kwargs)
             if result is not NOT_HANDLED:
                 return result

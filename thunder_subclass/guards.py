@@ -38,7 +38,7 @@ from thunder_subclass.proxy import (
     subclass_proxy_from_tensor,
 )
 
-__all__ = ["SubclassSpec", "add_subclass_guards", "check_subclass", "proxify_input"]
+__all__ = ["SubclassSpec", "add_subclass_guards", "check_subclass", "proxify_input", "add_module_hooks_guard"]
 
 
 def _tensor_meta(p) -> tuple:
@@ -186,6 +186,44 @@ def _check_plain_tensor_impl(t) -> None:
 check_plain_tensor = subclass_executor.register_operator(
     "check_plain_tensor", meta=lambda t: None, fn=_check_plain_tensor_impl, tags=[prims.OpTags.DONT_DCE]
 )
+
+
+class ModuleHooksSpec:
+    """The forward hooks of a module called in traced code, as the trace ran them (``(pre, post)`` of
+    ``_thunder_internals.module_forward_hooks``); the prologue checks each call that they are still those."""
+
+    __slots__ = ("hooks",)
+
+    def __init__(self, hooks: tuple):
+        self.hooks = hooks
+
+    def __repr__(self) -> str:
+        pre, post = self.hooks
+        return f"ModuleHooksSpec({len(pre)} forward pre-hooks, {len(post)} forward hooks)"
+
+
+def _check_module_hooks_impl(module, spec: ModuleHooksSpec) -> None:
+    if _thunder_internals.module_forward_hooks(module) != spec.hooks:
+        raise SubclassGuardFailure(f"the hooks of {type(module).__name__} changed")
+
+
+check_module_hooks = subclass_executor.register_operator(
+    "check_module_hooks", meta=lambda module, spec: None, fn=_check_module_hooks_impl, tags=[prims.OpTags.DONT_DCE]
+)
+
+
+def add_module_hooks_guard(jit_ctx, module, provenance, hooks: tuple) -> None:
+    """A module called in traced code (reached from the inputs by ``provenance``) ran with the forward hooks
+    ``hooks``: a call where it has other hooks (added or removed since, or backward or global hooks) is a cache miss.
+    One check per module and trace."""
+    from thunder.core.proxies import AnyProxy
+
+    state = _thunder_internals.jit_state()
+    guarded = state.setdefault("hooks_guarded", set()) if state is not None else set()
+    if id(module) in guarded:
+        return
+    guarded.add(id(module))
+    jit_ctx.add_constraint((check_module_hooks, AnyProxy(module, history=provenance), ModuleHooksSpec(hooks)))
 
 
 class TraceFlags:

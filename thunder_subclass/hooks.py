@@ -10,7 +10,8 @@ above the stages, hands it one :class:`~thunder_subclass._thunder_internals.Hand
   subclass proxy for its new version (here);
 * a torch-level symbol called with a subclass proxy -> ``autograd.ensure_grad_rule`` (so autodiff differentiates
   it as PyTorch would) then ``interpretation.unroll_symbol_call`` (``__torch_dispatch__`` unrolled on fakes);
-* interpreter lookasides -> ``autograd.function_apply_lookaside`` (``torch.autograd.Function`` over subclasses),
+* interpreter lookasides -> ``module_calls.call_impl_lookaside`` (module calls: forward hooks read at trace time,
+  guarded), ``autograd.function_apply_lookaside`` (``torch.autograd.Function`` over subclasses),
   ``distributed.lookaside`` (DTensor's ``from_local`` / ``to_local`` / ``redistribute`` / ``full_tensor`` /
   ``distribute_tensor`` and tensor-parallel hook functions, each one container symbol),
   ``torch_function.lookaside`` (typed values, ``as_subclass``, construction of such subclasses), else
@@ -27,7 +28,16 @@ from __future__ import annotations
 import thunder.core.prims as prims
 from thunder.core.trace import get_tracectx
 
-from thunder_subclass import _thunder_internals, autograd, distributed, guards, interpretation, tangents, torch_function
+from thunder_subclass import (
+    _thunder_internals,
+    autograd,
+    distributed,
+    guards,
+    interpretation,
+    module_calls,
+    tangents,
+    torch_function,
+)
 from thunder_subclass.errors import SubclassProtocolError, format_location
 from thunder_subclass.executor import subclass_executor
 from thunder_subclass.proxy import SubclassTensorProxy, has_subclass_proxy
@@ -81,7 +91,8 @@ def _update_aliases(args: tuple, kwargs: dict):
 
 def _lookaside(fn, wrapped_args: tuple):
     return (
-        autograd.function_apply_lookaside(fn, wrapped_args)
+        module_calls.call_impl_lookaside(fn, wrapped_args)
+        or autograd.function_apply_lookaside(fn, wrapped_args)
         or distributed.lookaside(fn, wrapped_args)
         or torch_function.lookaside(fn, wrapped_args)
         or interpretation.subclass_lookaside(fn, wrapped_args)
