@@ -163,3 +163,62 @@ def test_dtensor_parameters_forward_and_backward(mesh):
         assert "device_mesh: opaque DeviceMesh" in str(thunder.last_traces(jf)[0])
     else:  # torch 2.10, 2.11: the mesh is in DTensor's flatten context (its DTensorSpec)
         assert "device_mesh: opaque DeviceMesh" not in str(thunder.last_traces(jf)[0])
+
+
+def test_dtensor_forward_traced_again_after_autograd_keeps_its_backward(mesh, monkeypatch):
+    # issue 17: DTensor's flatten context holds requires_grad, which differs between interpretation (a relu output
+    # does not require grad there) and autodiff; the flatten pass then records the linear again for its current
+    # arguments. Its grad_linear must be recorded again from the new forward (it referred to the old forward's
+    # intermediates, undefined in the backward: UnboundLocalError).
+    from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
+
+    from thunder_subclass import flatten
+
+    retraced = []
+    original = flatten.Flattener._retrace
+
+    def counting(self, bsym, nb):
+        retraced.append((bsym.sym.name, flatten.grad_recipe_of(bsym) is not None))
+        return original(self, bsym, nb)
+
+    monkeypatch.setattr(flatten.Flattener, "_retrace", counting)
+
+    def f(x, w):
+        d = DTensor.from_local(torch.relu(x), mesh, [Replicate()])
+        return F.layer_norm(F.linear(d, w), (4,)).to_local().sum()
+
+    w0 = torch.randn(4, 8)
+    x = torch.randn(3, 8, requires_grad=True)
+    ex = x.detach().clone().requires_grad_()
+    w, ew = (torch.nn.Parameter(distribute_tensor(w0.clone(), mesh, [Replicate()])) for _ in range(2))
+    out, expected = thunder_subclass.jit(f)(x, w), f(ex, ew)
+    out.backward()
+    expected.backward()
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(x.grad, ex.grad)
+    torch.testing.assert_close(w.grad.to_local(), ew.grad.to_local())
+    assert ("linear", True) in retraced
+
+
+def test_dtensor_api_in_user_code_single_process(mesh):
+    # issue 17 (the 2-process versions are in test_distributed.py): DTensor.from_local / redistribute / to_local
+    # are container symbols, a placement read in user code (DTensor._spec, a __slots__ attribute) and a pybind11
+    # placement class constructed in traced code behave as in eager
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    def f(x):
+        d = DTensor.from_local(x, mesh, [Shard(0)])
+        if d.placements[0].is_shard():
+            d = d.redistribute(mesh, [Replicate()])
+        return d.to_local() * d.device_mesh.size() + 1
+
+    x = torch.randn(4, 3, requires_grad=True)
+    ex = x.detach().clone().requires_grad_()
+    jf = thunder_subclass.jit(f)
+    out, expected = jf(x), f(ex)
+    torch.testing.assert_close(out, expected)
+    out.sum().backward()
+    expected.sum().backward()
+    torch.testing.assert_close(x.grad, ex.grad)
+    names = {b.sym.name for b in thunder.last_traces(jf)[0].bound_symbols}
+    assert {"DTensor_from_local", "DTensor_redistribute", "DTensor_to_local"} <= names, names

@@ -671,6 +671,13 @@ def is_pybind11_class(fn: Any) -> bool:
     return any(t.__module__ == "pybind11_builtins" for t in fn.__mro__)
 
 
+def _is_native_function(fn) -> bool:
+    try:
+        return fn in _native_functions
+    except TypeError:  # unhashable callables (pybind11's instancemethod)
+        return False
+
+
 # a keyword argument named like the lookaside's own first parameter, renamed so that thunder's
 # general_jit_lookaside(fn, *args, **kwargs) does not get it twice (it only proxies the keyword arguments' values)
 _FN_KEYWORD = "fn (keyword)"
@@ -683,7 +690,7 @@ def _hook_general_jit_lookaside(original):
         if is_plugin_active():
             from thunder.core.interpreter import interpreter_needs_wrap
 
-            if fn in _native_functions or is_pybind11_class(fn):
+            if _is_native_function(fn) or is_pybind11_class(fn):
                 return interpreter_needs_wrap(fn)
             lookaside = _handlers.lookaside(fn, args)
             if lookaside is not None:
