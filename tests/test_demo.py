@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import torch
+from torch.testing._internal.two_tensor import TwoTensor
 
 from thunder_subclass import demo
 
@@ -30,6 +31,9 @@ def test_demo_verdict_is_short_and_mismatch_fails(capsys, monkeypatch):
 
     assert not demo._compare("x", torch.ones(2), torch.zeros(2))
     assert "DIFFERS from eager (max abs difference 1)" in capsys.readouterr().out
+    a = torch.randn(3)  # both inner tensors count (assert_close on a TwoTensor compares only .a)
+    assert not demo._compare("x", TwoTensor(a, a), TwoTensor(a, a + 1))
+    assert not demo._compare("x", torch.ones(3), TwoTensor(a, a))
     monkeypatch.setattr(demo, "training_step", lambda show_traces: False)
     assert demo.main([]) == 1
     assert "FAIL" in capsys.readouterr().out
