@@ -406,6 +406,29 @@ def rebind_wrapped_value(wrapped, value) -> None:
     wrapped.attribute_wrappers.clear()
 
 
+def super_arguments(wrapped_args: tuple) -> tuple[Any, Any]:
+    """The (class, object) of a ``super(...)`` call being interpreted, unwrapped; for the zero-argument form, read
+    from the calling frame's ``__class__`` cell and first argument as thunder's own ``_super_lookaside`` does
+    (``core/interpreter.py``). (None, None) when they cannot be found."""
+    from thunder.core.interpreter import get_interpreterruntimectx, unwrap
+
+    if len(wrapped_args) == 2:
+        return unwrap(wrapped_args[0]), unwrap(wrapped_args[1])
+    if wrapped_args:
+        return None, None
+    frame = get_interpreterruntimectx().frame_stack[-1]
+    if not frame.code.co_varnames:
+        return None, None
+    self_name, cls, obj = frame.code.co_varnames[0], None, None
+    for i in range(len(frame.localsplus)):
+        name, value = frame.get_localsplus_name(i), unwrap(frame.localsplus[i])
+        if name == "__class__" and hasattr(value, "cell_contents"):
+            cls = value.cell_contents
+        elif name == self_name:
+            obj = value.cell_contents if hasattr(value, "cell_contents") else value
+    return cls, obj
+
+
 def is_interpreting() -> bool:
     """Whether thunder's interpreter is tracing user code now (not a later pass re-running symbols)."""
     from thunder.core.interpreter import _interpretercompilectx

@@ -94,6 +94,20 @@ def _torch_dtype_attr(obj, name, *default):
     return dtypes.to_torch_dtype(obj.dtype)
 
 
+def _torch_shape_attr(obj, name, *default):
+    shape = obj.shape
+    return torch.Size(shape) if all(type(s) is int for s in shape) else shape  # symbolic sizes stay thunder's
+
+
+def _torch_device_attr(obj, name, *default):
+    import thunder.core.devices as devices
+
+    return devices.to_torch_device(obj.device)
+
+
+_TORCH_TYPED_ATTRIBUTES = {"dtype": _torch_dtype_attr, "shape": _torch_shape_attr, "device": _torch_device_attr}
+
+
 def _type(obj):
     return obj.subclass_type if isinstance(obj, SubclassTensorProxy) else type(obj)
 
@@ -124,6 +138,8 @@ def attribute_lookaside(p: SubclassTensorProxy, name: str) -> Callable | None:
     if name == "__class__":
         return interpreter_needs_wrap(lambda obj, name, *default: p.subclass_type)
     class_attr, found = _subclass_class_attribute(p.subclass_type, name)
+    if found and isinstance(class_attr, types.MemberDescriptorType):  # a __slots__ attribute: the instance's value
+        found = False
     if found and _is_data_descriptor(class_attr):
         fget = getattr(class_attr, "fget", None)
         if fget is None:
@@ -178,9 +194,10 @@ def subclass_lookaside(fn: Any, wrapped_args: tuple) -> Callable | None:
             if lookaside is not None:
                 return lookaside
         # thunder 0.2.6 gives user code thunder dtypes, which compare unequal to torch dtypes
-        # (`y.dtype == torch.float32` is False even in plain thunder); eager code expects torch dtypes.
-        if name == "dtype" and is_called_from_user_code():
-            return interpreter_needs_wrap(_torch_dtype_attr)
+        # (`y.dtype == torch.float32` is False even in plain thunder), a tuple for .shape and thunder devices; eager
+        # code gets torch's types (a torch.Size it may return or put in a flatten context, a torch.device)
+        if name in _TORCH_TYPED_ATTRIBUTES and is_called_from_user_code():
+            return interpreter_needs_wrap(_TORCH_TYPED_ATTRIBUTES[name])
         return None
     if isinstance(fn, type) and is_traceable_wrapper_subclass_type(fn):
         if any(isinstance(a, TensorProxy) for a in tree_flatten([unwrap(a) for a in wrapped_args])[0]):
