@@ -518,6 +518,8 @@ class Handlers:
     * ``proxify(jit_ctx, value, original)``: a proxy for the tensor ``value`` (a wrapped value) of a plugin jit.
     * ``symbol_call(sym, args, kwargs)``: the result of a torch-level symbol call, or ``NOT_HANDLED``; also called
       for the prims listed in ``prim_ids`` (thunder's alias bookkeeping for in-place ops: ``prims.update_aliases``).
+    * ``plain_symbol_result(sym, args, kwargs, result)``: called after thunder recorded a torch-level symbol the
+      plugin did not handle (e.g. to set its outputs' ``requires_grad`` as eager would).
     * ``new_alias(proxy)``: the proxy thunder's in-place alias pass makes for a new version of ``proxy``
       (``core/update_aliases.py`` ``_get_new_alias``), or ``NOT_HANDLED``.
     * ``lookaside(fn, wrapped_args)``: a lookaside for ``fn`` (as thunder's ``general_jit_lookaside`` returns),
@@ -535,6 +537,7 @@ class Handlers:
     executor: Any
     proxify: Callable
     symbol_call: Callable
+    plain_symbol_result: Callable
     prim_ids: frozenset
     new_alias: Callable
     lookaside: Callable
@@ -570,10 +573,15 @@ def _hook_symbol_call(original):
     # wraps thunder.core.symbol.Symbol.__call__
     @functools.wraps(original)
     def __call__(self, *args, **kwargs):
-        if (is_torch_level_symbol(self) or (_handlers is not None and self.id in _handlers.prim_ids)) and is_plugin_active():
+        torch_level = is_torch_level_symbol(self)
+        if (torch_level or (_handlers is not None and self.id in _handlers.prim_ids)) and is_plugin_active():
             result = _handlers.symbol_call(self, args, kwargs)
             if result is not NOT_HANDLED:
                 return result
+            result = original(self, *args, **kwargs)
+            if torch_level:
+                _handlers.plain_symbol_result(self, args, kwargs, result)
+            return result
         return original(self, *args, **kwargs)
 
     return __call__

@@ -89,6 +89,7 @@ HANDLERS = _thunder_internals.Handlers(
     executor=subclass_executor,
     proxify=_proxify,
     symbol_call=_symbol_call,
+    plain_symbol_result=interpretation.set_requires_grad_as_eager,
     prim_ids=frozenset({prims.PrimIDs.UPDATE_ALIASES}),
     new_alias=_new_alias,
     lookaside=_lookaside,

@@ -37,6 +37,7 @@ from thunder_subclass._thunder_internals import (
     interpret_call,
     is_called_from_user_code,
     raise_in_interpreter,
+    is_interpreting,
     rebind_wrapped_value,
     source_location,
 )
@@ -45,7 +46,15 @@ from thunder_subclass.executor import register_symbol
 from thunder_subclass.fake import FakeEnv
 from thunder_subclass.guards import guard_python_attribute
 from thunder_subclass.proxy import SubclassTensorProxy
-from thunder_subclass.recording import bind_unrolled, denormalize, op_name, record_call, subclass_names, torch_callable_for
+from thunder_subclass.recording import (
+    bind_unrolled,
+    denormalize,
+    is_traced_grad_enabled,
+    op_name,
+    record_call,
+    subclass_names,
+    torch_callable_for,
+)
 
 __all__ = ["unroll_symbol_call", "construct_subclass", "subclass_lookaside", "inplace_view_call"]
 
@@ -58,6 +67,22 @@ def unroll_symbol_call(sym: Symbol, args: tuple, kwargs: dict):
     subsymbols: list = []
     _, _, result = record_call(fn, targs, tkwargs, subsymbols, op_name(fn), subclass_names(args, kwargs))
     return bind_unrolled(sym, args, kwargs, result, subsymbols)
+
+
+def set_requires_grad_as_eager(sym: Symbol, args: tuple, kwargs: dict, result: Any) -> None:
+    """thunder's proxies of intermediate values do not say whether eager's tensor would require grad (``(w * 2)``
+    reads ``requires_grad=False`` in traced code; fakes made from it would too, so a subclass built from it would not
+    match eager's). While interpreting user code, a torch-level symbol's tensor results require grad as autograd
+    decides: grad mode on, a tensor argument that requires grad, a floating-point result, not ``detach``."""
+    if not is_interpreting() or len(get_tracectx().scopes) > 1:  # user code's own calls, not those inside a symbol
+        return  # (in particular not the aten calls recorded below a subclass's dispatch: inner tensors don't require grad)
+    if sym.name == "detach" or not is_traced_grad_enabled():
+        return
+    if not any(isinstance(a, TensorProxy) and a.requires_grad for a in tree_flatten((args, kwargs))[0]):
+        return
+    for out in tree_flatten(result)[0]:
+        if isinstance(out, TensorProxy) and not out.requires_grad and dtypes.is_inexact_dtype(out.dtype):
+            out._requires_grad = True
 
 
 def construct_subclass(cls: type, *args, **kwargs):
