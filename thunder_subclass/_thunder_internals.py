@@ -291,6 +291,14 @@ def opaque_attributes_unavailable(what: str) -> Exception:
     )
 
 
+def thunder_resolves_method(name: str) -> bool:
+    """Whether thunder's torch language context has a tensor method ``name`` (what ``TensorProxy.__getattr__``
+    looks up: ``core/langctxs.py`` ``resolve_method``)."""
+    from thunder.core.langctxs import resolve_method
+
+    return resolve_method(name) is not None
+
+
 def is_opaque_reference_object(v: Any) -> bool:
     """An object of a type registered with ``torch._library.opaque_object.register_opaque_type(...,
     typ="reference")`` (torch 2.15: ``register_custom_class(..., typ="symbolic")``; DeviceMesh is one). Always False
@@ -590,6 +598,14 @@ def _hook_symbol_call(original):
 _native_functions: set = set()
 
 
+def _is_hashable(x) -> bool:
+    try:
+        hash(x)
+    except TypeError:
+        return False
+    return True
+
+
 def runs_natively(fn: Callable) -> Callable:
     """Decorator: ``fn`` is a plugin function handed to user code as a value (the bound method behind
     ``x.transpose_``, ``x.as_subclass``): when user code calls it, thunder's interpreter calls it as Python, instead
@@ -601,15 +617,19 @@ def runs_natively(fn: Callable) -> Callable:
 def _hook_general_jit_lookaside(original):
     # wraps thunder.core.jit_ext.general_jit_lookaside
     @functools.wraps(original)
-    def general_jit_lookaside(fn, *args, **kwargs):
+    def general_jit_lookaside(fn, /, *args, **kwargs):
         if is_plugin_active():
-            if fn in _native_functions:
+            if _is_hashable(fn) and fn in _native_functions:
                 from thunder.core.interpreter import interpreter_needs_wrap
 
                 return interpreter_needs_wrap(fn)
             lookaside = _handlers.lookaside(fn, args)
             if lookaside is not None:
                 return lookaside
+            if "fn" in kwargs:
+                # thunder's own takes the callable as a parameter named fn, so a call f(fn=...) in traced code would
+                # fail there ("got multiple values for argument 'fn'"); such calls are interpreted without it
+                return None
         return original(fn, *args, **kwargs)
 
     return general_jit_lookaside

@@ -26,6 +26,7 @@ The forward of a rule is recorded with the same machinery as unrolling (``thunde
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -53,11 +54,13 @@ from thunder_subclass.recording import (
     subclass_names,
     torch_callable_for,
 )
+from thunder_subclass.interpretation import INPLACE_VIEW_OPS, subclass_class_attribute
 from thunder_subclass.rules import call_rule, find_grad_rule
+from thunder_subclass._thunder_internals import runs_natively, thunder_resolves_method, torch_to_thunder_symbols
 
 __all__ = [
     "GradRecipe", "ensure_grad_rule", "is_grad_bsym", "is_container_bsym", "record_backward", "differentiate_call",
-    "function_apply_lookaside",
+    "function_apply_lookaside", "torch_api_lookaside", "apply_torch_callable",
 ]
 
 
@@ -243,25 +246,82 @@ def is_container_bsym(bsym) -> bool:
     return bsym.sym.id in _container_ids
 
 
-def autograd_function_symbol(cls: type) -> Symbol:
-    """``<Function>_apply``: one symbol per ``torch.autograd.Function`` class, differentiated with the class's
-    own ``backward`` (run by PyTorch's autograd on fakes, as in eager)."""
-    sym = _function_symbols.get(cls)
+def container_symbol(fn: Callable, name: str, what: str) -> Symbol:
+    """``<name>``: one symbol per callable whose calls thunder_subclass records itself (a ``torch.autograd.Function``'s
+    ``apply``, a torch operation thunder has no symbol for, a custom op called from user code): its subsymbols are
+    the aten calls the callable made on fakes, and it is differentiated as PyTorch differentiates the callable (a
+    Function with its own ``backward``), on fakes. ``what`` names it in errors."""
+    sym = _function_symbols.get(fn)
     if sym is None:
         sym = subclass_executor.register_operator(
-            unique_operator_name(f"{cls.__name__}_apply"), meta=_not_called_directly, fn=_not_called_directly
-        )  # not constant for autodiff: differentiated with the Function's backward (below)
-        _function_symbols[cls] = sym
+            unique_operator_name(name), meta=_not_called_directly, fn=_not_called_directly
+        )  # not constant for autodiff: differentiated as PyTorch differentiates fn (below)
+        _function_symbols[fn] = sym
         _container_ids.add(sym.id)
 
         def grad_transform(*args, **kwargs):
-            return differentiate_call(sym, cls.apply, args, kwargs, f"{cls.__qualname__}.apply",
-                                      subclass_names(args, kwargs))
+            return differentiate_call(sym, fn, args, kwargs, what, subclass_names(args, kwargs))
 
         from thunder.core.transforms import register_grad
 
         register_grad(sym, grad_transform)
     return sym
+
+
+def autograd_function_symbol(cls: type) -> Symbol:
+    """``<Function>_apply``: one symbol per ``torch.autograd.Function`` class, differentiated with the class's
+    own ``backward`` (run by PyTorch's autograd on fakes, as in eager)."""
+    return container_symbol(cls.apply, f"{cls.__name__}_apply", f"{cls.__qualname__}.apply")
+
+
+@runs_natively
+def apply_torch_callable(fn: Callable, *args, **kwargs):
+    """``fn(*args, **kwargs)`` in traced code, recorded by thunder_subclass (:func:`container_symbol`) because thunder
+    has no symbol for it: a torch operation on subclass values (``x.fill_(1.0)``), a custom op (``torch.ops.ns.op``)."""
+    what = op_name(fn)
+    sym = container_symbol(fn, "torch_" + "".join(c if c.isalnum() else "_" for c in what.split(".")[-1]), what)
+    scope: list = []
+    _, _, result = record_call(fn, args, kwargs, scope, what, subclass_names(args, kwargs))
+    return bind_unrolled(sym, args, kwargs, result, scope)
+
+
+def _thunder_has(fn: Callable) -> bool:
+    try:
+        return fn in torch_to_thunder_symbols()
+    except TypeError:
+        return False
+
+
+def _op_namespace(op) -> str:
+    return op._schema.name.split("::")[0] if hasattr(op, "_schema") else op._qualified_op_name.split("::")[0]
+
+
+def torch_api_lookaside(fn, wrapped_args: tuple, wrapped_kwargs: dict | None = None) -> Callable | None:
+    """Lookasides for torch APIs thunder 0.2.6 has no symbol for, recorded by :func:`apply_torch_callable`:
+    custom ops (``torch.ops.<ns>.<op>``, e.g. torchao's ``dequantize_affine`` that a subclass method calls) with
+    tensor arguments, and torch functions / tensor methods (``x.fill_``) with subclass arguments."""
+    from thunder.core.interpreter import interpreter_needs_wrap, unwrap
+
+    from torch._ops import OpOverload, OpOverloadPacket
+
+    if fn is getattr and len(wrapped_args) in (2, 3):
+        obj, name = unwrap(wrapped_args[0]), unwrap(wrapped_args[1])
+        if isinstance(obj, SubclassTensorProxy) and isinstance(name, str) and not name.startswith("__") \
+                and name not in INPLACE_VIEW_OPS:  # those rebind the caller's variable (interpretation)
+            method = getattr(torch.Tensor, name, None)
+            if callable(method) and not _thunder_has(method) and not thunder_resolves_method(name) \
+                    and not subclass_class_attribute(obj.subclass_type, name)[1] and name not in obj.inner:
+                return interpreter_needs_wrap(lambda o, n, *d: functools.partial(apply_torch_callable, method, obj))
+        return None
+    if isinstance(fn, (OpOverload, OpOverloadPacket)) and _op_namespace(fn) not in ("aten", "prim", "prims"):
+        if any(isinstance(unwrap(a), TensorProxy) for a in tree_flatten(list(wrapped_args))[0]):
+            return interpreter_needs_wrap(functools.partial(apply_torch_callable, fn))
+        return None
+    if getattr(fn, "__module__", None) in ("torch", "torch._C._VariableFunctions", "torch.nn.functional") \
+            and callable(fn) and not isinstance(fn, type) and not _thunder_has(fn):
+        if has_subclass_proxy([unwrap(a) for a in wrapped_args], {}):
+            return interpreter_needs_wrap(functools.partial(apply_torch_callable, fn))
+    return None
 
 
 def involves_subclass(cls: type, args: tuple, kwargs: dict) -> bool:

@@ -80,6 +80,7 @@ def _update_aliases(args: tuple, kwargs: dict):
 def _lookaside(fn, wrapped_args: tuple):
     return (
         autograd.function_apply_lookaside(fn, wrapped_args)
+        or autograd.torch_api_lookaside(fn, wrapped_args)
         or torch_function.lookaside(fn, wrapped_args)
         or interpretation.subclass_lookaside(fn, wrapped_args)
     )

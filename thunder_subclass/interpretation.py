@@ -137,7 +137,7 @@ def _type(obj):
     return obj.subclass_type if isinstance(obj, SubclassTensorProxy) else type(obj)
 
 
-def _subclass_class_attribute(cls: type, name: str) -> tuple[Any, bool]:
+def subclass_class_attribute(cls: type, name: str) -> tuple[Any, bool]:
     """``name`` as defined by the subclass's own Python classes (those before ``torch.Tensor`` in its MRO)."""
     for c in cls.__mro__:
         if c is torch.Tensor or c is torch._C.TensorBase or c is object:
@@ -162,7 +162,7 @@ def attribute_lookaside(p: SubclassTensorProxy, name: str) -> Callable | None:
 
     if name == "__class__":
         return interpreter_needs_wrap(lambda obj, name, *default: p.subclass_type)
-    class_attr, found = _subclass_class_attribute(p.subclass_type, name)
+    class_attr, found = subclass_class_attribute(p.subclass_type, name)
     if found and isinstance(class_attr, types.MemberDescriptorType):  # a __slots__ attribute: the instance's value
         found = False
     if found and _is_data_descriptor(class_attr):
