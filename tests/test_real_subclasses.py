@@ -197,7 +197,9 @@ def test_dtensor_forward_traced_again_after_autograd_keeps_its_backward(mesh, mo
     torch.testing.assert_close(out, expected)
     torch.testing.assert_close(x.grad, ex.grad)
     torch.testing.assert_close(w.grad.to_local(), ew.grad.to_local())
-    assert ("linear", True) in retraced
+    # since intermediates get eager's requires_grad while tracing, the linear is usually recorded right the first
+    # time; when it is recorded again, it is with its recipe
+    assert all(has_recipe for name, has_recipe in retraced if name == "linear")
 
 
 def test_dtensor_api_in_user_code_single_process(mesh):

@@ -297,6 +297,14 @@ def opaque_attributes_unavailable(what: str) -> Exception:
     )
 
 
+def thunder_resolves_method(name: str) -> bool:
+    """Whether thunder's torch language context has a tensor method ``name`` (what ``TensorProxy.__getattr__``
+    looks up: ``core/langctxs.py`` ``resolve_method``)."""
+    from thunder.core.langctxs import resolve_method
+
+    return resolve_method(name) is not None
+
+
 def is_opaque_reference_object(v: Any) -> bool:
     """An object of a type registered with ``torch._library.opaque_object.register_opaque_type(...,
     typ="reference")`` (torch 2.15: ``register_custom_class(..., typ="symbolic")``; DeviceMesh is one). Always False
@@ -419,6 +427,29 @@ def rebind_wrapped_value(wrapped, value) -> None:
     Its cached attribute reads are dropped (``WrappedValue.attribute_wrappers``)."""
     wrapped.value = value
     wrapped.attribute_wrappers.clear()
+
+
+def super_arguments(wrapped_args: tuple) -> tuple[Any, Any]:
+    """The (class, object) of a ``super(...)`` call being interpreted, unwrapped; for the zero-argument form, read
+    from the calling frame's ``__class__`` cell and first argument as thunder's own ``_super_lookaside`` does
+    (``core/interpreter.py``). (None, None) when they cannot be found."""
+    from thunder.core.interpreter import get_interpreterruntimectx, unwrap
+
+    if len(wrapped_args) == 2:
+        return unwrap(wrapped_args[0]), unwrap(wrapped_args[1])
+    if wrapped_args:
+        return None, None
+    frame = get_interpreterruntimectx().frame_stack[-1]
+    if not frame.code.co_varnames:
+        return None, None
+    self_name, cls, obj = frame.code.co_varnames[0], None, None
+    for i in range(len(frame.localsplus)):
+        name, value = frame.get_localsplus_name(i), unwrap(frame.localsplus[i])
+        if name == "__class__" and hasattr(value, "cell_contents"):
+            cls = value.cell_contents
+        elif name == self_name:
+            obj = value.cell_contents if hasattr(value, "cell_contents") else value
+    return cls, obj
 
 
 def is_interpreting() -> bool:
@@ -565,6 +596,8 @@ class Handlers:
     * ``proxify(jit_ctx, value, original)``: a proxy for the tensor ``value`` (a wrapped value) of a plugin jit.
     * ``symbol_call(sym, args, kwargs)``: the result of a torch-level symbol call, or ``NOT_HANDLED``; also called
       for the prims listed in ``prim_ids`` (thunder's alias bookkeeping for in-place ops: ``prims.update_aliases``).
+    * ``plain_symbol_result(sym, args, kwargs, result)``: called after thunder recorded a torch-level symbol the
+      plugin did not handle (e.g. to set its outputs' ``requires_grad`` as eager would).
     * ``new_alias(proxy)``: the proxy thunder's in-place alias pass makes for a new version of ``proxy``
       (``core/update_aliases.py`` ``_get_new_alias``), or ``NOT_HANDLED``.
     * ``lookaside(fn, wrapped_args)``: a lookaside for ``fn`` (as thunder's ``general_jit_lookaside`` returns),
@@ -582,6 +615,7 @@ class Handlers:
     executor: Any
     proxify: Callable
     symbol_call: Callable
+    plain_symbol_result: Callable
     prim_ids: frozenset
     new_alias: Callable
     lookaside: Callable
@@ -638,18 +672,31 @@ def _hook_symbol_call(original):
 
     @functools.wraps(original)
     def __call__(self, *args, **kwargs):
+        torch_level = is_torch_level_symbol(self)
         if self.id is put_grad_id and len(args) == 2 and is_plugin_active():
             args = (args[0], sum_to_scalar_grad(*args))
-        elif (is_torch_level_symbol(self) or (_handlers is not None and self.id in _handlers.prim_ids)) and is_plugin_active():
+        elif (torch_level or (_handlers is not None and self.id in _handlers.prim_ids)) and is_plugin_active():
             result = _handlers.symbol_call(self, args, kwargs)
             if result is not NOT_HANDLED:
                 return result
+            result = original(self, *args, **kwargs)
+            if torch_level:
+                _handlers.plain_symbol_result(self, args, kwargs, result)
+            return result
         return original(self, *args, **kwargs)
 
     return __call__
 
 
 _native_functions: set = set()
+
+
+def _is_hashable(x) -> bool:
+    try:
+        hash(x)
+    except TypeError:
+        return False
+    return True
 
 
 def runs_natively(fn: Callable) -> Callable:

@@ -26,6 +26,7 @@ The forward of a rule is recorded with the same machinery as unrolling (``thunde
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -53,12 +54,15 @@ from thunder_subclass.recording import (
     subclass_names,
     torch_callable_for,
 )
+from thunder_subclass.interpretation import INPLACE_VIEW_OPS, subclass_class_attribute
 from thunder_subclass.rules import call_rule, find_grad_rule
+from thunder_subclass._thunder_internals import runs_natively, thunder_resolves_method, torch_to_thunder_symbols
 
 __all__ = [
     "GradRecipe", "ensure_grad_rule", "is_grad_bsym", "is_container_bsym", "record_backward", "differentiate_call",
     "record_forward", "record_gradient", "grad_recipe_of", "record_container_again",
-    "function_apply_lookaside", "function_symbol", "record_function_call",
+    "function_apply_lookaside", "container_symbol", "record_function_call", "torch_api_lookaside",
+    "apply_torch_callable",
 ]
 
 
@@ -292,12 +296,14 @@ def is_container_bsym(bsym) -> bool:
     return bsym.sym.id in _container_ids
 
 
-def function_symbol(fn: Callable, name: str, what: str) -> Symbol:
-    """A container symbol for the Python callable ``fn`` (one per callable): a call of it in traced code is recorded
-    as ONE bound symbol whose subsymbols are the aten calls ``fn`` makes on fakes (the flatten pass inlines them), and
-    it is differentiated by PyTorch's autograd on fakes (``torch.autograd.grad`` through whatever ``fn`` did: a
-    ``torch.autograd.Function``'s own ``backward``, DTensor's ``from_local`` / ``redistribute`` backward
-    collectives). ``name`` names the symbol in traces, ``what`` the callable in error messages."""
+def container_symbol(fn: Callable, name: str, what: str) -> Symbol:
+    """A container symbol for the Python callable ``fn`` (one per callable) whose calls thunder_subclass records
+    itself (a ``torch.autograd.Function``'s ``apply``, DTensor's ``from_local`` / ``redistribute``, a torch operation
+    thunder has no symbol for, a custom op called from user code): a call of it in traced code is recorded as ONE bound
+    symbol whose subsymbols are the aten calls ``fn`` makes on fakes (the flatten pass inlines them), and it is
+    differentiated by PyTorch's autograd on fakes (``torch.autograd.grad`` through whatever ``fn`` did: a Function's
+    own ``backward``, DTensor's backward collectives). ``name`` names the symbol in traces, ``what`` the callable in
+    error messages."""
     sym = _function_symbols.get(fn)
     if sym is None:
         sym = subclass_executor.register_operator(
@@ -316,20 +322,20 @@ def function_symbol(fn: Callable, name: str, what: str) -> Symbol:
     return sym
 
 
-_container_calls: dict[str, tuple[Callable, str, str]] = {}  # symbol id -> (fn, name, what) of function_symbol
+_container_calls: dict[str, tuple[Callable, str, str]] = {}  # symbol id -> (fn, name, what) of container_symbol
 
 
 def record_container_again(bsym):
-    """Record the container call ``bsym`` (of a :func:`function_symbol`) again in the current scope, for its current
+    """Record the container call ``bsym`` (of a :func:`container_symbol`) again in the current scope, for its current
     arguments; returns its outputs."""
     fn, name, what = _container_calls[bsym.sym.id]
     return record_function_call(fn, name, what, *bsym.args, **bsym.kwargs)
 
 
 def record_function_call(fn: Callable, name: str, what: str, /, *args, **kwargs):
-    """``fn(*args, **kwargs)`` in traced code, recorded as one bound symbol of :func:`function_symbol` (``fn``, ``name``)
+    """``fn(*args, **kwargs)`` in traced code, recorded as one bound symbol of :func:`container_symbol` (``fn``, ``name``)
     with the aten calls ``fn`` made on fakes as subsymbols; returns its outputs as proxies."""
-    sym = function_symbol(fn, name, what)
+    sym = container_symbol(fn, name, what)
     scope: list = []
     _, _, result = record_call(fn, args, kwargs, scope, what, subclass_names(args, kwargs))
     return bind_unrolled(sym, args, kwargs, result, scope)
@@ -338,7 +344,55 @@ def record_function_call(fn: Callable, name: str, what: str, /, *args, **kwargs)
 def autograd_function_symbol(cls: type) -> Symbol:
     """``<Function>_apply``: one symbol per ``torch.autograd.Function`` class, differentiated with the class's
     own ``backward`` (run by PyTorch's autograd on fakes, as in eager)."""
-    return function_symbol(cls.apply, f"{cls.__name__}_apply", f"{cls.__qualname__}.apply")
+    return container_symbol(cls.apply, f"{cls.__name__}_apply", f"{cls.__qualname__}.apply")
+
+
+@runs_natively
+def apply_torch_callable(fn: Callable, *args, **kwargs):
+    """``fn(*args, **kwargs)`` in traced code, recorded by thunder_subclass (:func:`container_symbol`) because thunder
+    has no symbol for it: a torch operation on subclass values (``x.fill_(1.0)``), a custom op (``torch.ops.ns.op``)."""
+    what = op_name(fn)
+    return record_function_call(fn, "torch_" + "".join(c if c.isalnum() else "_" for c in what.split(".")[-1]), what,
+                                *args, **kwargs)
+
+
+def _thunder_has(fn: Callable) -> bool:
+    try:
+        return fn in torch_to_thunder_symbols()
+    except TypeError:
+        return False
+
+
+def _op_namespace(op) -> str:
+    return op._schema.name.split("::")[0] if hasattr(op, "_schema") else op._qualified_op_name.split("::")[0]
+
+
+def torch_api_lookaside(fn, wrapped_args: tuple, wrapped_kwargs: dict | None = None) -> Callable | None:
+    """Lookasides for torch APIs thunder 0.2.6 has no symbol for, recorded by :func:`apply_torch_callable`:
+    custom ops (``torch.ops.<ns>.<op>``, e.g. torchao's ``dequantize_affine`` that a subclass method calls) with
+    tensor arguments, and torch functions / tensor methods (``x.fill_``) with subclass arguments."""
+    from thunder.core.interpreter import interpreter_needs_wrap, unwrap
+
+    from torch._ops import OpOverload, OpOverloadPacket
+
+    if fn is getattr and len(wrapped_args) in (2, 3):
+        obj, name = unwrap(wrapped_args[0]), unwrap(wrapped_args[1])
+        if isinstance(obj, SubclassTensorProxy) and isinstance(name, str) and not name.startswith("__") \
+                and name not in INPLACE_VIEW_OPS:  # those rebind the caller's variable (interpretation)
+            method = getattr(torch.Tensor, name, None)
+            if callable(method) and not _thunder_has(method) and not thunder_resolves_method(name) \
+                    and not subclass_class_attribute(obj.subclass_type, name)[1] and name not in obj.inner:
+                return interpreter_needs_wrap(lambda o, n, *d: functools.partial(apply_torch_callable, method, obj))
+        return None
+    if isinstance(fn, (OpOverload, OpOverloadPacket)) and _op_namespace(fn) not in ("aten", "prim", "prims"):
+        if any(isinstance(unwrap(a), TensorProxy) for a in tree_flatten(list(wrapped_args))[0]):
+            return interpreter_needs_wrap(functools.partial(apply_torch_callable, fn))
+        return None
+    if getattr(fn, "__module__", None) in ("torch", "torch._C._VariableFunctions", "torch.nn.functional") \
+            and callable(fn) and not isinstance(fn, type) and not _thunder_has(fn):
+        if has_subclass_proxy([unwrap(a) for a in wrapped_args], {}):
+            return interpreter_needs_wrap(functools.partial(apply_torch_callable, fn))
+    return None
 
 
 def involves_subclass(cls: type, args: tuple, kwargs: dict) -> bool:

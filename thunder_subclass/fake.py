@@ -143,9 +143,13 @@ class FakeEnv:
         if requires_grad != fake.requires_grad and fake.is_leaf:
             fake.requires_grad_(requires_grad)
         if fake.requires_grad and fake.is_leaf and not is_marked_leaf(x):
-            leaf, fake = fake, _NonLeaf.apply(fake)
-            self._leaf_of[id(fake)] = leaf
-            self._bind_inner(x, fake)  # the detached inner tensors stand for the same inner proxies
+            non_leaf = _NonLeaf.apply(fake)
+            # through dispatch for a subclass: usable only if it kept the value's kind (detach may give a plain tensor)
+            if type(non_leaf) is type(fake) and (not isinstance(x, SubclassTensorProxy) or
+                                                  non_leaf.__tensor_flatten__()[0] == fake.__tensor_flatten__()[0]):
+                self._leaf_of[id(non_leaf)] = fake
+                fake = non_leaf
+                self._bind_inner(x, fake)  # the detached inner tensors stand for the same inner proxies
         self.bind(x, fake)
         return fake
 
@@ -174,9 +178,25 @@ class _NonLeaf(torch.autograd.Function):
 def restore_python_attributes(fake: torch.Tensor, python_attrs: dict) -> None:
     """Give a fake rebuilt by ``__tensor_unflatten__`` the instance attributes the value had and the rebuild did not
     restore (e.g. ``nn.Parameter``'s ``_is_param``, a ``quant_type`` set by the user)."""
+    d = getattr(fake, "__dict__", None)
     for name, value in python_attrs.items():
-        if name not in fake.__dict__:
-            fake.__dict__[name] = value
+        if d is not None and name in d:
+            continue
+        try:
+            missing = not hasattr(fake, name)
+        except Exception:
+            missing = True
+        if not missing:
+            continue
+        if d is None or name in _slots(fake):
+            setattr(fake, name, value)
+        else:
+            d[name] = value
+
+
+def _slots(t) -> set:
+    return {n for c in type(t).__mro__ for n in ([vars(c)["__slots__"]] if isinstance(vars(c).get("__slots__"), str)
+                                               else vars(c).get("__slots__", ()))}
 
 
 def unflatten_fake(cls: type, inner: dict, ctx: Any, shape: tuple, stride: tuple) -> torch.Tensor:

@@ -111,9 +111,8 @@ class SubclassSpec:
             if type(obj) is not typ or opaque_guard_values(obj) != values:
                 return False
         if self.python_attrs:
-            d = t.__dict__
             for name, value in self.python_attrs.items():
-                if not is_same_value(d.get(name, _MISSING), value):
+                if not is_same_value(getattr(t, name, _MISSING), value):  # __dict__ or __slots__
                     return False
         if self._metadata_guard is not None:
             return bool(self._metadata_guard(self.flatten_ctx, ctx))
@@ -147,8 +146,7 @@ def _not_restored_by_unflatten(p: SubclassTensorProxy) -> dict[str, Any]:
     rebuilt = unflatten_fake(
         p.subclass_type, {a: env.to_fake(q) for a, q in p.inner.items()}, p.flatten_ctx, tuple(p._shape), p.outer_stride
     )
-    d = getattr(rebuilt, "__dict__", {})
-    return {k: v for k, v in p.python_attrs.items() if not is_same_value(d.get(k, _MISSING), v)}
+    return {k: v for k, v in p.python_attrs.items() if not is_same_value(getattr(rebuilt, k, _MISSING), v)}
 
 
 def guard_python_attribute(p: SubclassTensorProxy, name: str) -> None:
@@ -304,9 +302,8 @@ def _check_tensor_type_impl(t, spec: TensorTypeSpec) -> None:
     if type(t) is not spec.cls:
         raise SubclassGuardFailure(f"expected a {spec.cls.__qualname__}, got {type(t).__name__}")
     if spec.python_attrs:
-        d = t.__dict__
         for name, value in spec.python_attrs.items():
-            if not is_same_value(d.get(name, _MISSING), value):
+            if not is_same_value(getattr(t, name, _MISSING), value):
                 raise SubclassGuardFailure(f"{spec.cls.__qualname__}.{name} changed")
 
 
@@ -322,11 +319,15 @@ def add_tensor_type_guard(jit_ctx, p) -> None:
     _trace_flags(jit_ctx, first_input=p)
 
 
-def guard_tensor_type_attribute(p, name: str) -> None:
-    """Traced code read instance attribute ``name`` of typed value ``p``: for an input, a change is a cache miss."""
+def guard_tensor_type_attribute(p, name: str, value: Any) -> None:
+    """Traced code read instance attribute ``name`` of typed value ``p`` and found ``value`` (``MISSING``: absent)
+    before setting it: for an input, another value (or presence) is a cache miss."""
     spec = p.__dict__.get("_thunder_subclass_type_spec")
-    if spec is not None:
-        spec.python_attrs[name] = p.__dict__["_thunder_subclass_tensor_type"].python_attrs[name]
+    if spec is not None and name not in spec.python_attrs:
+        spec.python_attrs[name] = value
+
+
+MISSING = _MISSING
 
 
 def add_plain_tensor_guard(jit_ctx, p) -> None:

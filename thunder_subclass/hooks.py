@@ -94,6 +94,7 @@ def _lookaside(fn, wrapped_args: tuple):
         module_calls.call_impl_lookaside(fn, wrapped_args)
         or autograd.function_apply_lookaside(fn, wrapped_args)
         or distributed.lookaside(fn, wrapped_args)
+        or autograd.torch_api_lookaside(fn, wrapped_args)
         or torch_function.lookaside(fn, wrapped_args)
         or interpretation.subclass_lookaside(fn, wrapped_args)
     )
@@ -103,6 +104,7 @@ HANDLERS = _thunder_internals.Handlers(
     executor=subclass_executor,
     proxify=_proxify,
     symbol_call=_symbol_call,
+    plain_symbol_result=interpretation.set_requires_grad_as_eager,
     prim_ids=frozenset({prims.PrimIDs.UPDATE_ALIASES}),
     new_alias=_new_alias,
     lookaside=_lookaside,

@@ -37,6 +37,7 @@ from thunder_subclass._thunder_internals import (
     interpret_call,
     is_called_from_user_code,
     raise_in_interpreter,
+    is_interpreting,
     rebind_wrapped_value,
     source_location,
 )
@@ -45,7 +46,15 @@ from thunder_subclass.executor import register_symbol
 from thunder_subclass.fake import FakeEnv
 from thunder_subclass.guards import guard_python_attribute
 from thunder_subclass.proxy import SubclassTensorProxy
-from thunder_subclass.recording import bind_unrolled, denormalize, op_name, record_call, subclass_names, torch_callable_for
+from thunder_subclass.recording import (
+    bind_unrolled,
+    denormalize,
+    is_traced_grad_enabled,
+    op_name,
+    record_call,
+    subclass_names,
+    torch_callable_for,
+)
 
 __all__ = ["unroll_symbol_call", "construct_subclass", "subclass_lookaside", "inplace_view_call"]
 
@@ -58,6 +67,22 @@ def unroll_symbol_call(sym: Symbol, args: tuple, kwargs: dict):
     subsymbols: list = []
     _, _, result = record_call(fn, targs, tkwargs, subsymbols, op_name(fn), subclass_names(args, kwargs))
     return bind_unrolled(sym, args, kwargs, result, subsymbols)
+
+
+def set_requires_grad_as_eager(sym: Symbol, args: tuple, kwargs: dict, result: Any) -> None:
+    """thunder's proxies of intermediate values do not say whether eager's tensor would require grad (``(w * 2)``
+    reads ``requires_grad=False`` in traced code; fakes made from it would too, so a subclass built from it would not
+    match eager's). While interpreting user code, a torch-level symbol's tensor results require grad as autograd
+    decides: grad mode on, a tensor argument that requires grad, a floating-point result, not ``detach``."""
+    if not is_interpreting() or len(get_tracectx().scopes) > 1:  # user code's own calls, not those inside a symbol
+        return  # (in particular not the aten calls recorded below a subclass's dispatch: inner tensors don't require grad)
+    if sym.name == "detach" or not is_traced_grad_enabled():
+        return
+    if not any(isinstance(a, TensorProxy) and a.requires_grad for a in tree_flatten((args, kwargs))[0]):
+        return
+    for out in tree_flatten(result)[0]:
+        if isinstance(out, TensorProxy) and not out.requires_grad and dtypes.is_inexact_dtype(out.dtype):
+            out._requires_grad = True
 
 
 def construct_subclass(cls: type, *args, **kwargs):
@@ -94,11 +119,25 @@ def _torch_dtype_attr(obj, name, *default):
     return dtypes.to_torch_dtype(obj.dtype)
 
 
+def _torch_shape_attr(obj, name, *default):
+    shape = obj.shape
+    return torch.Size(shape) if all(type(s) is int for s in shape) else shape  # symbolic sizes stay thunder's
+
+
+def _torch_device_attr(obj, name, *default):
+    import thunder.core.devices as devices
+
+    return devices.to_torch_device(obj.device)
+
+
+_TORCH_TYPED_ATTRIBUTES = {"dtype": _torch_dtype_attr, "shape": _torch_shape_attr, "device": _torch_device_attr}
+
+
 def _type(obj):
     return obj.subclass_type if isinstance(obj, SubclassTensorProxy) else type(obj)
 
 
-def _subclass_class_attribute(cls: type, name: str) -> tuple[Any, bool]:
+def subclass_class_attribute(cls: type, name: str) -> tuple[Any, bool]:
     """``name`` as defined by the subclass's own Python classes (those before ``torch.Tensor`` in its MRO)."""
     for c in cls.__mro__:
         if c is torch.Tensor or c is torch._C.TensorBase or c is object:
@@ -123,11 +162,13 @@ def attribute_lookaside(p: SubclassTensorProxy, name: str) -> Callable | None:
 
     if name == "__class__":
         return interpreter_needs_wrap(lambda obj, name, *default: p.subclass_type)
-    class_attr, found = _subclass_class_attribute(p.subclass_type, name)
-    if found and isinstance(class_attr, types.MemberDescriptorType):  # a __slots__ attribute (DTensor's _spec)
+    class_attr, found = subclass_class_attribute(p.subclass_type, name)
+    if found and isinstance(class_attr, types.MemberDescriptorType):  # a __slots__ attribute: the instance's value
         if name in p.inner:
             return interpreter_needs_wrap(_read_inner)
-        return interpreter_needs_wrap(lambda obj, name, *default: _read_slot(p, class_attr))
+        if name not in p.python_attrs:  # not captured from the value (DTensor's _spec): from __tensor_unflatten__
+            return interpreter_needs_wrap(lambda obj, name, *default: _read_slot(p, class_attr))
+        found = False
     if found and _is_data_descriptor(class_attr):
         fget = getattr(class_attr, "fget", None)
         if fget is None:
@@ -195,9 +236,10 @@ def subclass_lookaside(fn: Any, wrapped_args: tuple) -> Callable | None:
             if lookaside is not None:
                 return lookaside
         # thunder 0.2.6 gives user code thunder dtypes, which compare unequal to torch dtypes
-        # (`y.dtype == torch.float32` is False even in plain thunder); eager code expects torch dtypes.
-        if name == "dtype" and is_called_from_user_code():
-            return interpreter_needs_wrap(_torch_dtype_attr)
+        # (`y.dtype == torch.float32` is False even in plain thunder), a tuple for .shape and thunder devices; eager
+        # code gets torch's types (a torch.Size it may return or put in a flatten context, a torch.device)
+        if name in _TORCH_TYPED_ATTRIBUTES and is_called_from_user_code():
+            return interpreter_needs_wrap(_TORCH_TYPED_ATTRIBUTES[name])
         return None
     if isinstance(fn, type) and is_traceable_wrapper_subclass_type(fn):
         if any(isinstance(a, TensorProxy) for a in tree_flatten([unwrap(a) for a in wrapped_args])[0]):

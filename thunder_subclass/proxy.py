@@ -11,6 +11,7 @@ In a trace it prints as ``TwoTensor[cpu f32[4, 4]] (a: cpu f32[4, 4], b: cpu f32
 
 from __future__ import annotations
 
+import functools
 import operator
 import types
 from collections.abc import Callable, Mapping
@@ -376,11 +377,31 @@ def python_attributes(t: torch.Tensor, attrs) -> dict[str, Any]:
     """The non-tensor instance attributes of subclass value ``t`` other than those ``__tensor_flatten__`` lists
     (``attrs``): what eager code may read besides inner tensors (tensors among them cannot be traced, so they are left
     out; reading one raises)."""
-    d = getattr(t, "__dict__", None)
-    if not d:
-        return {}
     skip = set(attrs)
-    return {k: v for k, v in d.items() if k not in skip and not isinstance(v, torch.Tensor)}
+    found = {}
+    for name in _slot_names(type(t)):  # __slots__ of the subclass's own classes
+        if name not in skip and hasattr(t, name):
+            found[name] = getattr(t, name)
+    found.update(getattr(t, "__dict__", None) or {})
+    return {k: v for k, v in found.items()
+            if k not in skip and not isinstance(v, torch.Tensor) and not _is_torch_bookkeeping(k)}
+
+
+def _is_torch_bookkeeping(name: str) -> bool:
+    # torch caches sizes/strides of "sizes"-policy subclasses in the instance __dict__ (_sym_sizes_capsule,
+    # _sym_sizes_capsule_len, _sym_strides_capsule, ...): not attributes of the value
+    return name.startswith(("_sym_sizes_capsule", "_sym_strides_capsule"))
+
+
+@functools.cache
+def _slot_names(cls: type) -> tuple[str, ...]:
+    names = []
+    for c in cls.__mro__:
+        if c is torch.Tensor or c is torch._C.TensorBase or c is object:
+            break
+        slots = vars(c).get("__slots__", ())
+        names.extend([slots] if isinstance(slots, str) else slots)
+    return tuple(n for n in names if n not in ("__dict__", "__weakref__"))
 
 
 def subclass_method(p: SubclassTensorProxy, attr: str) -> Callable | None:

@@ -220,13 +220,17 @@ def _differentiable_outputs(joint) -> tuple[bool, ...] | None:
         outs = [o for o in bsym.flat_proxy_outs if isinstance(o, TensorProxy)]
         if not outs:
             continue
-        if is_subclass_level(bsym) or is_flatten_bsym(bsym) or is_unflatten_bsym(bsym):
-            for o in outs:
-                requires.setdefault(o.name, bool(o.requires_grad))
-            continue
         flows = bsym.sym.name != "detach" and any(
             requires.get(a.name, False) for a in bsym.flat_proxy_args if isinstance(a, TensorProxy)
         )
+        if is_flatten_bsym(bsym) or is_unflatten_bsym(bsym):
+            for o in outs:
+                requires.setdefault(o.name, bool(o.requires_grad))
+            continue
+        if is_subclass_level(bsym):  # the fake run knows which results are differentiable; the arguments, whether any
+            for o in outs:  # of them requires grad here (a grad rule's fake run treats every float input as if)
+                requires.setdefault(o.name, flows and bool(o.requires_grad))
+            continue
         for o in outs:
             requires.setdefault(
                 o.name,

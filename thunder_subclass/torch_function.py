@@ -34,8 +34,9 @@ from thunder.core.trace import TraceProvenance, from_trace
 from thunder.core.transform_common import Transform
 
 from thunder_subclass import _thunder_internals
+from thunder_subclass.errors import UnsupportedSubclassOperationError, format_location
 from thunder_subclass.executor import register_symbol
-from thunder_subclass.guards import add_tensor_type_guard, guard_tensor_type_attribute
+from thunder_subclass.guards import MISSING, add_tensor_type_guard, guard_tensor_type_attribute
 from thunder_subclass.interpretation import INPLACE_VIEW_OPS, inplace_view_call
 from thunder_subclass.proxy import PLAIN_TENSOR_TYPES, mark_leaf
 
@@ -50,11 +51,12 @@ _TAG = "_thunder_subclass_tensor_type"
 class TensorType:
     """The Python type of a typed plain proxy: the class and the instance attributes (``vars(x)``) it has."""
 
-    __slots__ = ("cls", "python_attrs")
+    __slots__ = ("cls", "python_attrs", "written")
 
     def __init__(self, cls: type, python_attrs: dict | None = None):
         self.cls = cls
         self.python_attrs = dict(python_attrs or {})
+        self.written: set[str] = set()  # attributes set by the traced code
 
     def __repr__(self) -> str:
         attrs = "" if not self.python_attrs else f", {self.python_attrs!r}"
@@ -128,6 +130,17 @@ def _retyped_impl(t, typ):
 
 
 typed = register_symbol("typed", meta=_typed_meta, fn=_typed_impl)
+
+
+def _set_input_attribute_impl(x, name, value):
+    setattr(x, name, value)
+
+
+# DONT_DCE: no output; kept on the caller's object (not swapped for the plain alias by TypedTensorEdges)
+set_input_attribute = register_symbol(
+    "set_input_attribute", meta=lambda x, name, value: None, fn=_set_input_attribute_impl,
+    tags=[prims.OpTags.DONT_DCE],
+)
 untyped = register_symbol("untyped", meta=lambda t: TensorProxy(like=t), fn=_untyped_impl)
 retyped = register_symbol("retyped", meta=lambda t, typ: TensorProxy(like=t), fn=_retyped_impl)
 
@@ -175,21 +188,34 @@ def proxify_typed_input(jit_ctx, value, original):
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _overloaded_types(args, kwargs) -> list[type]:
-    """The classes whose ``__torch_function__`` PyTorch would try, in its order: subclasses before their bases,
-    otherwise left to right."""
-    found: list[type] = []
+def _overloaded_args(args, kwargs) -> list[TensorProxy]:
+    """The arguments whose class's ``__torch_function__`` PyTorch would try, in its order: one per class,
+    subclasses before their bases, otherwise left to right."""
+    found: list[TensorProxy] = []
     for a in tree_flatten((args, kwargs))[0]:
         typ = tensor_type(a)
-        if typ is None or typ.cls in found:
+        if typ is None or _is_disabled(typ.cls) or any(tensor_type(f).cls is typ.cls for f in found):
             continue
         for i, other in enumerate(found):
-            if issubclass(typ.cls, other):
-                found.insert(i, typ.cls)
+            if issubclass(typ.cls, tensor_type(other).cls):
+                found.insert(i, a)
                 break
         else:
-            found.append(typ.cls)
+            found.append(a)
     return found
+
+
+def _torch_function_of(arg: TensorProxy) -> Callable:
+    """``arg.__torch_function__`` as PyTorch takes it: bound to the class for a classmethod, to the value for an
+    instance method."""
+    cls = tensor_type(arg).cls
+    for c in cls.__mro__:
+        raw = vars(c).get("__torch_function__")
+        if raw is not None:
+            break
+    if isinstance(raw, (classmethod, staticmethod)) or not isinstance(raw, types.FunctionType):
+        return cls.__torch_function__
+    return types.MethodType(raw, arg)
 
 
 def _is_disabled(cls: type) -> bool:
@@ -209,18 +235,20 @@ def dispatch(sym, args: tuple, kwargs: dict, torch_callable_for: Callable, denor
     the plain tensors."""
     if not torch._C._is_torch_function_enabled() or not _thunder_internals.is_interpreting():
         return _thunder_internals.NOT_HANDLED
-    overloaded = [c for c in _overloaded_types(args, kwargs) if not _is_disabled(c)]
+    overloaded = _overloaded_args(args, kwargs)
     if not overloaded:
         return _thunder_internals.NOT_HANDLED
     targs, tkwargs = denormalize(sym, args, kwargs)
     return call_torch_function(torch_callable_for(sym, targs), overloaded, targs, tkwargs)
 
 
-def call_torch_function(fn: Callable, overloaded: list[type], args: tuple, kwargs: dict):
-    """What ``torch.overrides.handle_torch_function`` does, for typed proxies."""
-    types_ = tuple(overloaded)
-    for cls in overloaded:
-        tf = cls.__torch_function__
+def call_torch_function(fn: Callable, overloaded: list[TensorProxy], args: tuple, kwargs: dict):
+    """What ``torch.overrides.handle_torch_function`` does, for typed proxies (``overloaded``: the arguments whose
+    classes' ``__torch_function__`` to try, from :func:`_overloaded_args`)."""
+    types_ = tuple(tensor_type(a).cls for a in overloaded)
+    for arg in overloaded:
+        cls = tensor_type(arg).cls
+        tf = _torch_function_of(arg)
         if getattr(tf, "__func__", None) is _DEFAULT_TORCH_FUNCTION:
             result = default_torch_function(cls, fn, types_, args, kwargs)
         else:
@@ -253,6 +281,8 @@ def _call(func, args: tuple, kwargs: dict):
     any other callable traced by thunder's interpreter."""
     prop = _is_tensor_property_getter(func)
     if prop is not None:
+        if prop == "data":  # thunder's proxies have no .data: the same values, outside autograd
+            return args[0].detach()
         return getattr(args[0], prop)
     name = getattr(func, "__name__", None)
     if name in INPLACE_VIEW_OPS and getattr(torch.Tensor, name, None) is func:
@@ -263,7 +293,47 @@ def _call(func, args: tuple, kwargs: dict):
     sym = _thunder_internals.torch_to_thunder_symbols().get(func) if _is_hashable(func) else None
     if sym is not None:
         return sym(*args, **kwargs)
+    method = _tensor_base_method_name(func)
+    if method is not None and args and isinstance(args[0], TensorProxy):  # Tensor.size(x), TensorBase.__mul__(x, y)
+        return getattr(args[0], method)(*args[1:], **kwargs)
     return _thunder_internals.interpret_native_call(func, *args, **kwargs)
+
+
+@functools.cache
+def _torch_overrides_lookasides() -> dict:
+    """torch's ``__torch_function__`` protocol functions (``torch.overrides``, ``torch._C``) for typed proxies."""
+    import torch.overrides as overrides
+
+    def has_torch_function(*args, **kwargs):
+        return bool(_overloaded_args(args, kwargs)) and torch._C._is_torch_function_enabled()
+
+    def handle_torch_function(public_api, relevant_args, *args, **kwargs):
+        return call_torch_function(public_api, _overloaded_args(relevant_args, {}), args, kwargs)
+
+    def skip_one_hop(func, types_, args, kwargs=None):  # torch.overrides.redispatch_function
+        with torch._C.DisableTorchFunctionSubclass():
+            return _call(func, tuple(args), kwargs or {})
+
+    def disabled_torch_function(func, types_, args=(), kwargs=None):  # nn.Parameter's, or super() of a subclass of it
+        with torch._C.DisableTorchFunction():
+            return _call(func, tuple(args), kwargs or {})
+
+    return {
+        overrides.has_torch_function: has_torch_function,
+        overrides.has_torch_function_unary: has_torch_function,
+        overrides.has_torch_function_variadic: has_torch_function,
+        overrides.handle_torch_function: handle_torch_function,
+        torch._C._skip_one_hop_torch_function: skip_one_hop,
+        torch._C._disabled_torch_function_impl: disabled_torch_function,
+    }
+
+
+def _tensor_base_method_name(func) -> str | None:
+    """The name of a method of ``torch._C.TensorBase`` (a C method or slot of the tensor type), else None."""
+    if isinstance(func, (types.MethodDescriptorType, types.WrapperDescriptorType)):
+        if getattr(func, "__objclass__", None) is torch._C.TensorBase:
+            return func.__name__
+    return None
 
 
 def _is_hashable(x) -> bool:
@@ -347,7 +417,8 @@ def _attribute_lookaside(p: TensorProxy, typ: TensorType, name: str):
         return interpreter_needs_wrap(lambda obj, name, *default: attr.__get__(p, typ.cls))
     if name in typ.python_attrs:
         def read(obj, name, *default):
-            guard_tensor_type_attribute(p, name)
+            if name not in typ.written:
+                guard_tensor_type_attribute(p, name, typ.python_attrs[name])
             return typ.python_attrs[name]
 
         return interpreter_needs_wrap(read)
@@ -366,9 +437,20 @@ def _attribute_lookaside(p: TensorProxy, typ: TensorType, name: str):
     if getter is not None and not _is_disabled(typ.cls):
         # eager passes tensor property reads (x.ndim, x.T) through __torch_function__ too
         def read_property(obj, name, *default):
-            return call_torch_function(getter, [typ.cls], (p,), {})
+            return call_torch_function(getter, [p], (p,), {})
 
         return interpreter_needs_wrap(read_property)
+    if not name.startswith("__") and not hasattr(torch.Tensor, name):
+        # an attribute the value does not have (hasattr(x, "cache") in user code): its absence is guarded
+        def missing(obj, name, *default):
+            if name not in typ.written:
+                guard_tensor_type_attribute(p, name, MISSING)
+            if default:
+                return default[0]
+            return _thunder_internals.raise_in_interpreter(
+                AttributeError(f"'{typ.cls.__name__}' object has no attribute '{name}'"))
+
+        return interpreter_needs_wrap(missing)
     return None
 
 
@@ -404,7 +486,7 @@ def _tensor_operators_on_proxies() -> dict:
 def torch_api_call(func: Callable, *args, **kwargs):
     """A torch API call (a function, a tensor method or operator) with typed arguments, as eager makes it: through
     the classes' ``__torch_function__`` when subclass handling is enabled, else on the plain tensors."""
-    overloaded = [c for c in _overloaded_types(args, kwargs) if not _is_disabled(c)]
+    overloaded = _overloaded_args(args, kwargs)
     if overloaded and torch._C._is_torch_function_enabled():
         return call_torch_function(func, overloaded, args, kwargs)
     return _call(func, args, kwargs)
@@ -427,19 +509,47 @@ def _is_tensor_property_getter(fn: Any) -> str | None:
     return None
 
 
+class ProxySuper:
+    """``super()`` inside a method of a subclass, where ``self`` is a proxy: attributes resolve along the class's MRO
+    after ``cls`` as Python's ``super`` does; ``torch.Tensor``'s methods run as a torch API call on the proxy."""
+
+    def __init__(self, cls: type, p: TensorProxy):
+        self.cls, self.p = cls, p
+
+    def __getattr__(self, name: str):
+        mro = self.cls.__mro__
+        owner_type = tensor_type(self.p).cls if tensor_type(self.p) is not None else getattr(self.p, "subclass_type", None)
+        mro = owner_type.__mro__ if owner_type is not None else mro
+        start = mro.index(self.cls) + 1 if self.cls in mro else 0
+        for c in mro[start:]:
+            if c is torch.Tensor or c is torch._C.TensorBase or c is object:
+                break
+            if name in vars(c):
+                attr = vars(c)[name]
+                if isinstance(attr, types.FunctionType):
+                    return types.MethodType(attr, self.p)
+                if isinstance(attr, property) and attr.fget is not None:
+                    return attr.fget(self.p)
+                return attr.__get__(self.p, owner_type) if hasattr(type(attr), "__get__") else attr
+        method = _tensor_method(name)
+        if method is not None and tensor_type(self.p) is not None:
+            return functools.partial(torch_api_call, method, self.p)
+        return getattr(self.p, name)
+
+
 def _setattr(p: TensorProxy, name: str, value: Any):
     typ = tensor_type(p)
     if isinstance(value, TensorProxy) or isinstance(value, torch.Tensor):
-        raise TypeError(
-            f"setting the tensor attribute {name!r} on a {typ.cls.__qualname__} inside compiled code is not supported "
-            "by thunder_subclass (only non-tensor attributes are kept with the value's type)"
+        raise UnsupportedSubclassOperationError(
+            f"setting the tensor attribute {name!r} on a {typ.cls.__qualname__} at {format_location(*_thunder_internals.source_location())} "
+            "is not supported inside compiled code: thunder_subclass keeps only non-tensor attributes with a value's "
+            "type. Keep the tensor in a variable, or set the attribute outside the compiled function."
         )
     if p.__dict__.get("_thunder_subclass_input"):
-        raise TypeError(
-            f"setting attribute {name!r} on the {typ.cls.__qualname__} input of a thunder_subclass-compiled function "
-            "would change the caller's object, which the compiled program cannot do; set it outside."
-        )
+        # eager sets it on the caller's object: so does the compiled program, at the end of every call
+        set_input_attribute(p, name, value)
     typ.python_attrs[name] = value
+    typ.written.add(name)
     return None
 
 
@@ -449,12 +559,19 @@ def lookaside(fn: Any, wrapped_args: tuple) -> Callable | None:
 
     if fn is getattr and len(wrapped_args) in (2, 3):
         obj, name = unwrap(wrapped_args[0]), unwrap(wrapped_args[1])
+        if isinstance(obj, ProxySuper):
+            return interpreter_needs_wrap(lambda o, n, *d: getattr(o, n))
         if isinstance(obj, TensorProxy) and isinstance(name, str):
             typ = tensor_type(obj)
             if typ is not None:
                 return _attribute_lookaside(obj, typ, name)
             if name == "as_subclass":
                 return interpreter_needs_wrap(lambda o, n, *d: functools.partial(_as_subclass, obj))
+        return None
+    if fn is super:
+        cls, obj = _thunder_internals.super_arguments(wrapped_args)
+        if isinstance(obj, TensorProxy) and isinstance(cls, type) and issubclass(cls, torch.Tensor):
+            return interpreter_needs_wrap(lambda *a: ProxySuper(cls, obj))
         return None
     if fn is setattr and len(wrapped_args) == 3:
         obj = unwrap(wrapped_args[0])
@@ -475,6 +592,14 @@ def lookaside(fn: Any, wrapped_args: tuple) -> Callable | None:
         return None
     if fn is _DEFAULT_TORCH_FUNCTION:  # super().__torch_function__(...) in a class's own __torch_function__
         return interpreter_needs_wrap(default_torch_function)
+    override = _torch_overrides_lookasides().get(fn) if _is_hashable(fn) else None
+    if override is not None:
+        uargs = [unwrap(a) for a in wrapped_args]
+        if has_typed_proxy(uargs, {}):
+            return interpreter_needs_wrap(override)
+    if _tensor_base_method_name(fn) is not None and wrapped_args and isinstance(unwrap(wrapped_args[0]), TensorProxy):
+        # torch.Tensor.size(x) or TensorBase.__mul__(x, y) called as functions (redispatching __torch_function__s)
+        return interpreter_needs_wrap(functools.partial(torch_api_call, fn))
     if _is_hashable(fn) and (fn in _proxy_operators() or fn in _thunder_internals.torch_to_thunder_symbols()):
         uargs = [unwrap(a) for a in wrapped_args]
         if has_typed_proxy(uargs, {}):
@@ -537,7 +662,8 @@ def _untype_inputs(trace, inputs: list):
     ret = trace.bound_symbols[-1]
     with tracectx(new):
         for b in trace.bound_symbols[:-1]:
-            bsyms.append(b.from_bsym_swap_proxies(swap) if swap else b)
+            keep = not swap or b.sym.id == set_input_attribute.id  # sets the attribute on the caller's object
+            bsyms.append(b if keep else b.from_bsym_swap_proxies(swap))
             for o in b.flat_proxy_outs:  # right after the symbol that unpacks the input
                 a = pending.pop(o.name, None)
                 if a is not None:
