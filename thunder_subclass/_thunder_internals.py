@@ -848,6 +848,47 @@ def _hook_operator_executor_execution(original):
     return _transform_for_operator_executor_execution
 
 
+def _hook_grad_transform_on_trace(original):
+    # wraps thunder.transforms.autodiff.grad_transform_on_trace
+    @functools.wraps(original)
+    def grad_transform_on_trace(trace, /, *args, **kwargs):
+        if not is_plugin_active():
+            return original(trace, *args, **kwargs)
+        return grads_for_mutated_inputs(trace, lambda t: original(t, *args, **kwargs))
+
+    return grad_transform_on_trace
+
+
+def grads_for_mutated_inputs(trace, transform: Callable):
+    """``transform(trace)`` (thunder's grad transform) with gradients for inputs that the program mutates in place.
+
+    thunder 0.2.6 (``transforms/autodiff.py``, ``grad_transform_on_trace``) returns the gradients of the return's
+    ``flat_args``; for an input that an in-place op changed, ``flat_args`` holds the input's last alias
+    (``update_aliases`` after the ``copy_``), an intermediate, not the input: no gradient reached the input, and a
+    non-leaf input requiring grad (``x = base + 1; f(x)`` with ``x.mul_(2)`` inside) gave outputs that do not require
+    grad (plain thunder.jit too: "element 0 of tensors does not require grad"). Eager differentiates through the
+    mutation to the input's history. Here the gradients are taken for the inputs themselves (the chain through
+    ``update_aliases`` and ``copy_`` has thunder's own grad rules): ``flat_args`` names the input instead of its last
+    alias, the same tensor at run time (``copy_`` writes into the input; thunder hands ``flat_args`` to its
+    ``ThunderFunction`` as the inputs to differentiate)."""
+    from thunder.core.proxies import TensorProxy
+
+    ret = trace.bound_symbols[-1] if trace.bound_symbols else None
+    if ret is None or not isinstance(ret.args, tuple) or not ret.args or not isinstance(ret.args[0], dict) \
+            or "flat_args" not in ret.args[0] or len(ret.args[0]["flat_args"]) != len(trace.args):
+        return transform(trace)
+    flat_args = list(ret.args[0]["flat_args"])
+    inputs = [a if isinstance(a, TensorProxy) and isinstance(f, TensorProxy) and a is not f and a.requires_grad
+              else f for a, f in zip(trace.args, flat_args)]
+    if all(i is f for i, f in zip(inputs, flat_args)):
+        return transform(trace)
+    trace.bound_symbols[-1] = ret.from_bsym(args=({**ret.args[0], "flat_args": inputs}, *ret.args[1:]))
+    try:
+        return transform(trace)
+    finally:
+        trace.bound_symbols[-1] = ret
+
+
 def _hook_thunder_function_forward(original):
     # wraps thunder.executors.torch_autograd.ThunderFunction.forward (a staticmethod)
     original = original.__func__ if isinstance(original, staticmethod) else original
@@ -913,6 +954,7 @@ def _targets() -> list[tuple[Any, str, Callable]]:
     import thunder.core.update_aliases as update_aliases
     import thunder.executors.passes as passes
     import thunder.executors.torch_autograd as torch_autograd
+    import thunder.transforms.autodiff as autodiff
 
     return [
         (jit_ext.JitCtx, "proxify", _hook_proxify),
@@ -922,6 +964,7 @@ def _targets() -> list[tuple[Any, str, Callable]]:
         (interpreter, "wrap_args_from_list", _hook_wrap_args_from_list),
         (thunder, "_with_cache_info_ctx", _hook_with_cache_info_ctx),
         (passes, "_transform_for_operator_executor_execution", _hook_operator_executor_execution),
+        (autodiff, "grad_transform_on_trace", _hook_grad_transform_on_trace),
         (torch_autograd.ThunderFunction, "forward", _hook_thunder_function_forward),
         (torch_autograd.ThunderFunction, "backward", _hook_thunder_function_backward),
     ]
