@@ -863,30 +863,59 @@ def grads_for_mutated_inputs(trace, transform: Callable):
     """``transform(trace)`` (thunder's grad transform) with gradients for inputs that the program mutates in place.
 
     thunder 0.2.6 (``transforms/autodiff.py``, ``grad_transform_on_trace``) returns the gradients of the return's
-    ``flat_args``; for an input that an in-place op changed, ``flat_args`` holds the input's last alias
-    (``update_aliases`` after the ``copy_``), an intermediate, not the input: no gradient reached the input, and a
-    non-leaf input requiring grad (``x = base + 1; f(x)`` with ``x.mul_(2)`` inside) gave outputs that do not require
-    grad (plain thunder.jit too: "element 0 of tensors does not require grad"). Eager differentiates through the
-    mutation to the input's history. Here the gradients are taken for the inputs themselves (the chain through
-    ``update_aliases`` and ``copy_`` has thunder's own grad rules): ``flat_args`` names the input instead of its last
-    alias, the same tensor at run time (``copy_`` writes into the input; thunder hands ``flat_args`` to its
-    ``ThunderFunction`` as the inputs to differentiate)."""
+    ``flat_args``; for an input that an in-place op changed, ``flat_args`` holds the input's last alias (the output
+    of the last ``update_aliases``), an intermediate, not the input: no gradient reached the input, and a non-leaf
+    input requiring grad (``x = base + 1; f(x)`` with ``x.mul_(2)`` inside) gave outputs that do not require grad
+    (plain thunder.jit too: "element 0 of tensors does not require grad"). Eager differentiates through the mutation
+    to the input's history. Here the transform sees the inputs themselves in ``flat_args`` (the chain through
+    ``update_aliases`` and ``copy_`` has thunder's own grad rules); afterwards ``flat_args`` names the last aliases
+    again, found in the new trace as the same output of the same (k-th) forward ``update_aliases``: they keep the
+    in-place updates alive through dead-code elimination, and at run time they are the caller's tensors."""
+    from thunder.core.prims import PrimIDs
     from thunder.core.proxies import TensorProxy
+    from thunder.core.symbol import BoundSymbolTag
 
     ret = trace.bound_symbols[-1] if trace.bound_symbols else None
     if ret is None or not isinstance(ret.args, tuple) or not ret.args or not isinstance(ret.args[0], dict) \
             or "flat_args" not in ret.args[0] or len(ret.args[0]["flat_args"]) != len(trace.args):
         return transform(trace)
     flat_args = list(ret.args[0]["flat_args"])
-    inputs = [a if isinstance(a, TensorProxy) and isinstance(f, TensorProxy) and a is not f and a.requires_grad
-              else f for a, f in zip(trace.args, flat_args)]
-    if all(i is f for i, f in zip(inputs, flat_args)):
+
+    def alias_positions(t, forward_only: bool) -> dict[str, tuple[int, int]]:
+        found, k = {}, 0
+        for b in t.bound_symbols:
+            if b.sym.id == PrimIDs.UPDATE_ALIASES and not (forward_only and BoundSymbolTag.BACKWARD in b.tags):
+                for j, o in enumerate(b.output):
+                    if isinstance(o, TensorProxy):
+                        found[o.name] = (k, j)
+                k += 1
+        return found
+
+    old_positions = alias_positions(trace, False)
+    substituted = {i for i, (a, f) in enumerate(zip(trace.args, flat_args))
+                   if type(a) is TensorProxy and isinstance(f, TensorProxy) and a is not f and a.requires_grad
+                   and f.name in old_positions}  # (plain inputs: a subclass's last alias is rebuilt at run time)
+    if not substituted:
         return transform(trace)
+    inputs = [trace.args[i] if i in substituted else f for i, f in enumerate(flat_args)]
     trace.bound_symbols[-1] = ret.from_bsym(args=({**ret.args[0], "flat_args": inputs}, *ret.args[1:]))
     try:
-        return transform(trace)
+        new_trace = transform(trace)
     finally:
         trace.bound_symbols[-1] = ret
+    by_position = {pos: name for name, pos in alias_positions(new_trace, True).items()}
+    proxies = {o.name: o for b in new_trace.bound_symbols if b.sym.id == PrimIDs.UPDATE_ALIASES for o in b.output
+               if isinstance(o, TensorProxy)}
+    new_ret = new_trace.bound_symbols[-1]
+    restored = list(new_ret.args[0]["flat_args"])
+    for i in substituted:
+        name = by_position.get(old_positions[flat_args[i].name])
+        if name is None:  # thunder changed the structure: keep thunder's own result (outputs without gradient)
+            return transform(trace)
+        restored[i] = proxies[name]
+    new_trace.bound_symbols[-1] = new_ret.from_bsym(args=({**new_ret.args[0], "flat_args": restored},
+                                                          *new_ret.args[1:]))
+    return new_trace
 
 
 def _hook_thunder_function_forward(original):

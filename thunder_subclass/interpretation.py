@@ -45,7 +45,7 @@ from thunder_subclass.errors import UnsupportedSubclassOperationError, format_lo
 from thunder_subclass.executor import register_symbol
 from thunder_subclass.fake import FakeEnv
 from thunder_subclass.guards import guard_python_attribute
-from thunder_subclass.proxy import SubclassTensorProxy
+from thunder_subclass.proxy import SubclassTensorProxy, is_marked_leaf
 from thunder_subclass.recording import (
     bind_unrolled,
     denormalize,
@@ -202,6 +202,18 @@ def _read_slot(p: SubclassTensorProxy, slot: types.MemberDescriptorType) -> Any:
 
 def _read_inner(p: SubclassTensorProxy, name: str, *default):
     # the inner proxies are defined in the trace where user code reads them (p._define_inner_in_trace)
+    inner = p.inner.get(name)
+    if isinstance(inner, TensorProxy) and inner.requires_grad and is_marked_leaf(p) and is_traced_grad_enabled():
+        # eager: x.a IS the caller's autograd leaf, so code using it differentiates to it (a.grad); the compiled
+        # function's autograd inputs are its arguments, x, not x's inner tensors: their gradients would be lost
+        raise UnsupportedSubclassOperationError(
+            f"{p.subclass_type.__qualname__} input: reading its inner tensor .{name} at "
+            f"{format_location(*source_location())}, an autograd leaf that requires grad. Eager would differentiate "
+            f"with respect to that inner tensor itself; thunder_subclass differentiates with respect to the "
+            f"{p.subclass_type.__qualname__} argument only, so the gradient for .{name} would be lost. Build the "
+            f"subclass from tensors that do not require grad and call .requires_grad_() on it, read .{name} outside "
+            f"the compiled function (pass it as an argument), or run under torch.no_grad()."
+        )
     return getattr(p, name)
 
 
