@@ -514,3 +514,27 @@ def test_input_mutated_inside_autograd_function_forward_is_visible():
     out.sum().backward()
     expected.sum().backward()
     assert_same(x.grad, ex.grad)
+
+
+def test_autograd_inside_compiled_code_is_a_typed_error():
+    from thunder_subclass import UnsupportedSubclassOperationError
+
+    def step(w, x):
+        loss = (x * w).sum()
+        (g,) = torch.autograd.grad(loss, [w])
+        return g
+
+    w = _two(3, requires_grad=True)
+    with pytest.raises(UnsupportedSubclassOperationError,
+                       match=r"torch.autograd.grad called inside a thunder_subclass-compiled function at "
+                             r".*test_parity.py:\d+.*call .backward\(\) / torch.autograd.grad on its output outside"):
+        thunder_subclass.jit(step)(w, _two(3))
+
+
+def test_multi_output_torch_function_returning_a_structseq():
+    # torch.max(t, dim=1) on a TwoTensor: thunder 0.2.6's generated epilogue could not rebuild torch.return_types.max
+    t = _two(3, 4)
+    values, indices = thunder_subclass.jit(lambda t: torch.max(t, dim=1))(t)
+    expected = torch.max(t, dim=1)
+    assert_same(values, expected.values)
+    assert_same(indices, expected.indices)

@@ -56,7 +56,10 @@ from thunder_subclass.recording import (
 )
 from thunder_subclass.interpretation import INPLACE_VIEW_OPS, subclass_class_attribute
 from thunder_subclass.rules import call_rule, find_grad_rule
-from thunder_subclass._thunder_internals import runs_natively, thunder_resolves_method, torch_to_thunder_symbols
+from thunder_subclass._thunder_internals import (
+    runs_natively, source_location, thunder_resolves_method, torch_to_thunder_symbols,
+)
+from thunder_subclass.errors import UnsupportedSubclassOperationError, format_location
 
 __all__ = [
     "GradRecipe", "ensure_grad_rule", "is_grad_bsym", "is_container_bsym", "record_backward", "differentiate_call",
@@ -356,6 +359,15 @@ def apply_torch_callable(fn: Callable, *args, **kwargs):
                                 *args, **kwargs)
 
 
+def _autograd_inside_compiled_code(fn, *args, **kwargs):
+    raise UnsupportedSubclassOperationError(
+        f"torch.autograd.{fn.__name__} called inside a thunder_subclass-compiled function at "
+        f"{format_location(*source_location())}: thunder 0.2.6 cannot trace a backward pass inside the program it "
+        f"compiles. Compile the forward only and call .backward() / torch.autograd.grad on its output outside the "
+        f"compiled function (its backward is compiled too)."
+    )
+
+
 def _thunder_has(fn: Callable) -> bool:
     try:
         return fn in torch_to_thunder_symbols()
@@ -375,6 +387,10 @@ def torch_api_lookaside(fn, wrapped_args: tuple, wrapped_kwargs: dict | None = N
 
     from torch._ops import OpOverload, OpOverloadPacket
 
+    if fn is torch.autograd.grad or fn is torch.autograd.backward:
+        if any(isinstance(unwrap(a), TensorProxy) for a in tree_flatten(list(wrapped_args))[0]):
+            return interpreter_needs_wrap(functools.partial(_autograd_inside_compiled_code, fn))
+        return None
     if fn is getattr and len(wrapped_args) in (2, 3):
         obj, name = unwrap(wrapped_args[0]), unwrap(wrapped_args[1])
         if isinstance(obj, SubclassTensorProxy) and isinstance(name, str) and not name.startswith("__") \

@@ -419,6 +419,11 @@ def bind_unrolled(sym: Symbol, args: tuple, kwargs: dict, result: Any, subsymbol
     if isinstance(result, TensorProxy) and any(result is a for a in tree_flatten((args, kwargs))[0]):
         return result
 
+    # torch.return_types structseqs (torch.max(t, dim=1)): thunder 0.2.6 writes them into generated code as
+    # namedtuple constructors (``torch.return_types.max(a, b)``), which fails; a tuple, as thunder's own symbols give
+    if type(result).__module__ == "torch.return_types":
+        result = tuple(result)
+
     # thunder never lets a bound symbol output one of its inputs; copy plain outputs that are inputs.
     inputs = {id(a) for a in tree_flatten((args, kwargs))[0] if isinstance(a, TensorProxy)}
     flat, spec = tree_flatten(result)
