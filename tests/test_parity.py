@@ -538,3 +538,19 @@ def test_multi_output_torch_function_returning_a_structseq():
     expected = torch.max(t, dim=1)
     assert_same(values, expected.values)
     assert_same(indices, expected.indices)
+
+
+def test_isinstance_of_a_buffer_argument_as_eager_and_guarded():
+    # PyTorch's TestNestedTensor.test_buffer_subclass_isinstance_input: nn.Buffer's metaclass answers from the
+    # tensor's _is_buffer flag; plain thunder 0.2.6 takes the else branch
+    def f(b):
+        if isinstance(b, torch.nn.Buffer):
+            return b + 1
+        return b + 2
+
+    jf = thunder_subclass.jit(f)
+    assert_same(jf(torch.nn.Buffer(torch.ones(3))), f(torch.nn.Buffer(torch.ones(3))))
+    assert_same(jf(torch.ones(3)), torch.full((3,), 3.0))  # not a Buffer: a cache miss, the other branch
+    assert thunder.cache_misses(jf) == 2
+    assert_same(jf(torch.nn.Buffer(torch.zeros(3))), torch.ones(3))
+    assert thunder.cache_misses(jf) == 2

@@ -377,3 +377,22 @@ def _proxify_subclass(jit_ctx, value) -> SubclassTensorProxy:
     _trace_flags(jit_ctx, first_input=p).involves_subclasses = True  # its first operation raises under a mode
     add_subclass_guards(jit_ctx, p)
     return p
+
+
+def _check_buffer_flag_impl(t, flag: bool) -> None:
+    if bool(getattr(t, "_is_buffer", False)) is not flag:
+        raise SubclassGuardFailure(f"the argument is {'no longer ' if flag else ''}a torch.nn.Buffer")
+
+
+check_buffer_flag = subclass_executor.register_operator(
+    "check_buffer_flag", meta=lambda t, flag: None, fn=_check_buffer_flag_impl, tags=[prims.OpTags.DONT_DCE]
+)
+
+
+def guard_buffer_flag(p: TensorProxy, flag: bool) -> None:
+    """Traced code asked ``isinstance(p, torch.nn.Buffer)`` of input ``p`` (torch answers from the tensor's
+    ``_is_buffer`` flag) and got ``flag``: another answer for a later argument is a cache miss."""
+    jit_ctx = _thunder_internals.jit_context()
+    if jit_ctx is not None and not p.__dict__.get("_thunder_subclass_buffer_guarded"):
+        p.__dict__["_thunder_subclass_buffer_guarded"] = True
+        jit_ctx.add_constraint((check_buffer_flag, p, flag))

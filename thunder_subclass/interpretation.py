@@ -44,7 +44,7 @@ from thunder_subclass._thunder_internals import (
 from thunder_subclass.errors import UnsupportedSubclassOperationError, format_location
 from thunder_subclass.executor import register_symbol
 from thunder_subclass.fake import FakeEnv
-from thunder_subclass.guards import guard_python_attribute
+from thunder_subclass.guards import guard_buffer_flag, guard_python_attribute
 from thunder_subclass.proxy import SubclassTensorProxy, is_marked_leaf
 from thunder_subclass.recording import (
     bind_unrolled,
@@ -228,6 +228,17 @@ def subclass_lookaside(fn: Any, wrapped_args: tuple) -> Callable | None:
 
     if isinstance(fn, InplaceViewMethod):
         return fn.call
+    if fn is isinstance and len(wrapped_args) == 2 and unwrap(wrapped_args[1]) is torch.nn.Buffer:
+        p = unwrap(wrapped_args[0])
+        if type(p) is TensorProxy:
+            # torch.nn.Buffer's metaclass answers from the tensor's _is_buffer flag, which proxies do not carry
+            # (plain thunder takes the wrong branch): the input's flag, guarded; computed tensors have none
+            real = getattr(wrapped_args[0], "original_value", None)
+            flag = bool(getattr(real, "_is_buffer", False)) if isinstance(real, torch.Tensor) else False
+            if isinstance(real, torch.Tensor):
+                guard_buffer_flag(p, flag)
+            return interpreter_needs_wrap(lambda obj, cls: flag)
+        return None
     if fn is isinstance or fn is type:
         if (
             len(wrapped_args) >= 1
