@@ -26,7 +26,10 @@ Hooks (thunder 0.2.6 paths, relative to the installed ``thunder/``):
   (``len()`` of a generator); it is made a tuple first, as CPython does.
 * ``thunder/__init__.py`` ``_with_cache_info_ctx`` — for a plugin jit, the per-call cache info groups tensor
   arguments as aliases only when they are the same view (thunder groups any that share a storage and replaces one by
-  a reshape of the other: a wrong value for ``f(x[:, :2], x[:, 2:])`` with an in-place op).
+  a reshape of the other: a wrong value for ``f(x[:, :2], x[:, 2:])`` with an in-place op). In the same hook, the
+  jit's ``populate_cache_info`` (the closure cell of that name in the ``get_computation_and_inputs`` it decorates) is
+  replaced by one that fills the same entries with less work when no autocast, DDP/FSDP or possible alias is involved
+  (:func:`_use_fast_populate_cache_info`), and calls thunder's otherwise.
 * ``executors/passes.py`` ``_transform_for_operator_executor_execution`` — the point after autograd and before
   executors claim operations (looked up at call time by ``thunder/__init__.py`` and by ``transform_for_execution``):
   subclass-level bound symbols are replaced by their flat subsymbols (``Handlers.before_executors``:
@@ -705,9 +708,11 @@ def _hook_with_cache_info_ctx(original):
 
         import thunder
 
-        cd = sys._getframe(1).f_locals.get("cd")
+        jit_locals = sys._getframe(1).f_locals
+        cd = jit_locals.get("cd")
         if _handlers is None or cd is None or _handlers.executor not in getattr(cd, "executors_list", ()):
             return original(fn)
+        _use_fast_populate_cache_info(fn, jit_locals)
 
         def cache_info_wrapper(*args, **kwargs):
             token = thunder._cache_info_ctx.set(_ViewAwareCacheInfo(args, kwargs))
@@ -719,6 +724,60 @@ def _hook_with_cache_info_ctx(original):
         return cache_info_wrapper
 
     return _with_cache_info_ctx
+
+
+def _plain_strided_tensors(flat) -> int:
+    n = 0
+    for t in flat:
+        if type(t) is torch.Tensor and t.layout is torch.strided:
+            n += 1
+    return n
+
+
+def _use_fast_populate_cache_info(get_computation_and_inputs, jit_locals: dict) -> None:
+    """For a plugin jit, thunder's ``populate_cache_info`` (a local function of ``thunder.jit`` that
+    ``get_computation_and_inputs`` calls through its closure cell of that name, every call) is replaced by one that
+    fills the same cache info with less work in the common case: no autocast, no DDP/FSDP, in-place alias updates on.
+    There it skips thunder's alias grouping (a pytree flatten and one ``untyped_storage()`` per tensor, whose
+    non-empty result :class:`_ViewAwareCacheInfo` recomputes anyway) when fewer than two plain tensors are passed,
+    which cannot alias. Every other case calls thunder's function. Left as is when the closure is not as expected."""
+    import weakref
+
+    code = get_computation_and_inputs.__code__
+    if "populate_cache_info" not in code.co_freevars or get_computation_and_inputs.__closure__ is None:
+        return
+    cell = get_computation_and_inputs.__closure__[code.co_freevars.index("populate_cache_info")]
+    original = cell.cell_contents
+    options = jit_locals.get("compile_options") or {}
+    user_fn = jit_locals.get("fn")
+    weak_cd = weakref.ref(jit_locals["cd"])
+    if options.get("skip_inplace_alias_updates", False) or not callable(original):
+        return
+    from thunder.core.pytree import tree_flatten
+
+    get_default_dtype, get_default_device, is_grad_enabled = (
+        torch.get_default_dtype, torch.get_default_device, torch.is_grad_enabled
+    )
+    autocast_gpu, autocast_cpu = torch.is_autocast_enabled, torch.is_autocast_cpu_enabled
+
+    def populate_cache_info(cache_info, *args, **kwargs):
+        if autocast_gpu() or autocast_cpu() or getattr(user_fn, "use_ddp", False) or getattr(user_fn, "use_fsdp", False):
+            return original(cache_info, *args, **kwargs)
+        flat, _ = tree_flatten((args, kwargs))
+        if _plain_strided_tensors(flat) > 1:  # may alias: thunder's grouping, then _ViewAwareCacheInfo's
+            return original(cache_info, *args, **kwargs)
+        cd = weak_cd()
+        cache_info["default_dtype"] = get_default_dtype()
+        cache_info["default_device"] = get_default_device()
+        cache_info["is_autocast_enabled"] = False
+        cache_info["alias_tensor_indices"] = ""
+        grad = is_grad_enabled()
+        cache_info["is_grad_enabled"] = grad
+        cd.is_grad_enabled = grad
+        cache_info["no_grad_sync"] = False
+
+    populate_cache_info.__wrapped__ = original
+    cell.cell_contents = populate_cache_info
 
 
 def _hook_operator_executor_execution(original):
