@@ -12,6 +12,7 @@ from thunder.core.recipe import Plugin, PluginPolicy
 
 from thunder_subclass import hooks
 from thunder_subclass.executor import subclass_executor
+from thunder_subclass.prologue import FusedPrologueChecks
 from thunder_subclass.tangents import SavedTensorNames
 from thunder_subclass.torch_function import TypedTensorEdges
 
@@ -64,7 +65,8 @@ def jit(fn: Callable, /, **kwargs) -> Callable:
     hooks.install()
     executors: Sequence = resolve_executors(kwargs.pop("executors", None))
     executors = [subclass_executor, *(ex for ex in executors if ex is not subclass_executor)]
-    transforms = [*(kwargs.pop("transforms", None) or ()), TypedTensorEdges(), SavedTensorNames()]
+    # FusedPrologueChecks last: it fuses the checks the transforms before it leave (thunder_subclass.prologue)
+    transforms = [*(kwargs.pop("transforms", None) or ()), TypedTensorEdges(), SavedTensorNames(), FusedPrologueChecks()]
     # thunder 0.2.6's "split autograd" side channel makes two meta-device torch.randn per call (about 0.17 ms on a
     # 2-core CPU, a fifth of a small model's training step); without it thunder connects its autograd.Function the
     # classic way. Pass thunderfx_disable_split_autograd=False to get thunder's default back.
