@@ -287,3 +287,70 @@ def test_fuse_prologue_checks_leaves_a_trace_without_checks_unchanged():
     jf()
     first = thunder.last_prologue_traces(jf)[0]
     assert fuse_prologue_checks(first) is first or len(_fused(jf)) <= 1
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the shorter path to cache hits (no grad mode): thunder's statistics and guards as before
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_fast_cache_hits_keep_thunder_statistics_and_traces():
+    m = _linear_stack(layers=2)
+    jm = thunder_subclass.jit(m)
+    assert getattr(jm._forward_fn, "_thunder_subclass_fast_call", False)
+    x = torch.randn(2, 16)
+    with torch.no_grad():
+        for _ in range(3):
+            _exact(jm(x), m(x))
+    cs = thunder.compile_stats(jm)
+    assert (cs.calls, thunder.cache_hits(jm), thunder.cache_misses(jm)) == (3, 2, 1)
+    assert thunder.last_traces(jm)[-1] is cs.interpreter_cache[-1].computation_traces[-1]
+    with torch.no_grad():
+        jm(torch.randn(5, 16))  # a miss through the fast path: thunder traces, counted once
+    assert (cs.calls, thunder.cache_hits(jm), thunder.cache_misses(jm)) == (4, 2, 2)
+    with torch.no_grad():
+        jm(x)  # the older entry still hits
+    assert (cs.calls, thunder.cache_hits(jm), thunder.cache_misses(jm)) == (5, 3, 2)
+
+
+def test_fast_cache_hits_for_functions_and_grad_mode_calls():
+    w = TwoTensor(torch.randn(4, 4), torch.randn(4, 4))
+
+    def f(x):
+        return torch.nn.functional.linear(x, w) * 2
+
+    jf = thunder_subclass.jit(f)
+    assert getattr(jf, "_thunder_subclass_fast_call", False) and thunder.compile_stats(jf) is not None
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        _exact(jf(x), f(x))
+        _exact(jf(x), f(x))
+    assert (thunder.cache_hits(jf), thunder.cache_misses(jf)) == (1, 1)
+    # grad mode on: thunder's own path (its entries may connect to autograd), a new entry for the grad mode
+    xr = torch.randn(3, 4, requires_grad=True)
+    out = jf(xr)
+    out.sum().backward()
+    assert xr.grad is not None and thunder.cache_misses(jf) == 2
+    with torch.no_grad():
+        jf(x)
+    assert (thunder.cache_hits(jf), thunder.cache_misses(jf)) == (2, 2)
+
+
+def test_fast_cache_hits_leave_grad_mode_as_thunder_does():
+    def f(x):
+        torch.set_grad_enabled(True)
+        return x * 2
+
+    x = torch.randn(3)
+    after = {}
+    for name in ("fast", "thunder"):
+        jf = thunder_subclass.jit(f)
+        call = jf if name == "fast" else jf.__wrapped__  # thunder's own fn_
+        modes = []
+        for _ in range(3):  # a miss, then hits
+            with torch.no_grad():
+                call(x)
+                modes.append(torch.is_grad_enabled())
+        after[name] = modes
+        assert thunder.cache_misses(jf) == 1 and thunder.cache_hits(jf) == 2
+    assert after["fast"] == after["thunder"]
