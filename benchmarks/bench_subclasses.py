@@ -456,7 +456,11 @@ def main(argv=None):
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     parser.add_argument("--models", default=",".join(CASES), help="comma-separated subset of " + ", ".join(CASES))
     parser.add_argument("--sizes", default="small,large")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch intra-op threads (default: all cores); 1 avoids stalls on a shared machine")
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     rows = []
     for model in args.models.split(","):
