@@ -22,7 +22,8 @@ first-call time (trace + transforms + first run; a fresh compile each time, medi
 Then, per-call time against the number of subclass parameters: n ``TwoTensor`` parameters under ``ts`` against
 the hand-flattened module with the 2n inner tensors as plain parameters.
 
-Models (two sizes: ``small`` is overhead-bound, ``large`` compute-bound): a 4-layer ``TwoTensor`` MLP (forward +
+Models (two sizes: ``small`` is overhead-bound, ``large`` compute-bound): 4 x ``nn.Linear`` with ``TwoTensor`` weights
+(inference under ``no_grad``, ``TwoTensor`` output; small: batch 2, width 16), a 4-layer ``TwoTensor`` MLP (forward +
 backward), an int8 weight-only linear stack (inference), a torchao float8-training MLP (forward + backward).
 
 Prints a table of ratios (time / ts), writes ``results.csv``, ``results.png`` and ``table.txt`` under ``--out``.
@@ -128,6 +129,45 @@ def two_tensor_case(size):
     return dict(model=model, run=run_subclass, flat=flat, run_flat=run_flat, train=True, grad_dispatch=grad_dispatch)
 
 
+LINEAR_SIZES = {"small": dict(batch=2, width=16), "large": dict(batch=256, width=1024)}
+
+
+class FlatTwoTensorLinear(torch.nn.Module):
+    """The TwoTensor-weight linear stack hand-flattened: each weight's inner tensors as plain parameters."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.a = torch.nn.ParameterList([torch.nn.Parameter(lin.weight.a.clone(), requires_grad=False) for lin in model])
+        self.b = torch.nn.ParameterList([torch.nn.Parameter(lin.weight.b.clone(), requires_grad=False) for lin in model])
+        self.bias = torch.nn.ParameterList([torch.nn.Parameter(lin.bias.clone(), requires_grad=False) for lin in model])
+
+    def forward(self, x):
+        xa = xb = x
+        for wa, wb, bias in zip(self.a, self.b, self.bias):
+            xa, xb = torch.nn.functional.linear(xa, wa, bias), torch.nn.functional.linear(xb, wb, bias)
+        return xa, xb
+
+
+def two_tensor_linear_case(size):
+    """4 x nn.Linear with TwoTensor weights (bias plain), inference under no_grad, TwoTensor output."""
+    width, batch = LINEAR_SIZES[size]["width"], LINEAR_SIZES[size]["batch"]
+    model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(4)])
+    for lin in model:
+        w = lin.weight.detach()
+        lin.weight = torch.nn.Parameter(TwoTensor(w, w.clone()), requires_grad=False)
+        lin.bias.requires_grad_(False)
+    x = torch.randn(batch, width)
+    flat = FlatTwoTensorLinear(model)
+
+    def run(fn):
+        def step():
+            with torch.no_grad():
+                return fn(x)
+        return step
+
+    return dict(model=model, run=run, flat=flat, run_flat=run, train=False)
+
+
 class Int8Weight(torch.Tensor):
     """Weight-only int8: int8 data + per-row scale, presented as float32; dequantizes in dispatch."""
 
@@ -219,7 +259,7 @@ def float8_case(size):
     return dict(model=model, run=run_subclass, flat=None, run_flat=None, train=True)
 
 
-CASES = {"twotensor_mlp": two_tensor_case, "int8_linear_stack": int8_case, "float8_training_mlp": float8_case}
+CASES = {"twotensor_linear": two_tensor_linear_case, "twotensor_mlp": two_tensor_case, "int8_linear_stack": int8_case, "float8_training_mlp": float8_case}
 
 # ---------------------------------------------------------------------------------------------------------------
 # Compilers
@@ -359,11 +399,15 @@ def report(rows, out_dir, scaling=()):
         print(f"{model:20} {size:6} {ts * 1e3:8.3f} " + " ".join(cells))
     print("\nthunder_subclass against its reference points: ts/limit (1: at the hand-flattened limit), ts/aot_eager "
           "and first call ts/flat-thunder (below 1: ts faster), eager/ts (above 1: ts faster)")
-    print(f"{'model':20} {'size':6} {'ts/limit':>10} {'ts/aot_eager':>13} {'eager/ts':>9} {'first ts/flat':>14}")
+    print("  best ts / inductor: the faster of ts and ts+torch_compile (named in 'best') against torch.compile's inductor")
+    print(f"{'model':20} {'size':6} {'ts/limit':>10} {'ts/aot_eager':>13} {'best ts/inductor':>17} {'best':>16} "
+          f"{'eager/ts':>9} {'first ts/flat':>14}")
     for (model, size), g in groups.items():
         ts = g["ts"]["steady_s"]
         first_flat = g["flat-thunder"]["first_call_s"] if "flat-thunder" in g else float("nan")
+        best = min((n for n in ("ts", "ts+torch_compile") if n in g), key=lambda n: g[n]["steady_s"])
         print(f"{model:20} {size:6} {ts / _steady(g, 'limit'):10.2f} {ts / _steady(g, 'aot_eager'):13.2f} "
+              f"{_steady(g, best) / _steady(g, 'inductor'):17.2f} {best:>16} "
               f"{_steady(g, 'eager') / ts:9.2f} {g['ts']['first_call_s'] / first_flat:14.2f}")
     print("\nfirst call (trace + compile + run), seconds")
     print(f"{'model':20} {'size':6} " + " ".join(f"{n:>15}" for n in FIRST))
@@ -412,7 +456,11 @@ def main(argv=None):
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     parser.add_argument("--models", default=",".join(CASES), help="comma-separated subset of " + ", ".join(CASES))
     parser.add_argument("--sizes", default="small,large")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch intra-op threads (default: all cores); 1 avoids stalls on a shared machine")
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     rows = []
     for model in args.models.split(","):

@@ -57,6 +57,8 @@ THUNDER_EQUIVALENTS: dict[OpOverload, Callable[..., Any]] = {
     aten.tanh.default: lambda a: ltorch.tanh(a),
     aten.relu.default: lambda a: ltorch.relu(a),
     aten.mm.default: lambda a, b: ltorch.matmul(a, b),
+    aten.bmm.default: lambda a, b: ltorch.matmul(a, b) if a.ndim == 3 and b.ndim == 3 else None,
+    aten.addmm.default: lambda bias, a, b, beta=1, alpha=1: _addmm(bias, a, b, beta, alpha),
     aten.abs.default: lambda a: ltorch.abs(a),
     aten.reciprocal.default: lambda a: ltorch.reciprocal(a),
     aten.round.default: lambda a: ltorch.round(a),
@@ -101,6 +103,40 @@ THUNDER_EQUIVALENTS: dict[OpOverload, Callable[..., Any]] = {
     ),
     aten._unsafe_view.default: lambda a, size: ltorch.reshape(a, *size),
 }
+
+
+def _transposed_from(p) -> Any:
+    """The 2-D tensor whose transpose ``p`` is, when ``p`` was made in the current scope by ``t``, ``permute(1, 0)``
+    or ``transpose(0, 1)`` of it; else None."""
+    from thunder.core.trace import get_tracectx
+
+    for b in reversed(get_tracectx().peek_scope()):
+        if b.output is not p:
+            continue
+        src = b.args[0] if b.args else None
+        if not isinstance(src, TensorProxy) or src.ndim != 2:
+            return None
+        rest = tuple(b.args[1:])
+        if b.sym.id == "torch.t" and not rest:
+            return src
+        if b.sym.id == "torch.permute" and rest in (((1, 0),), (1, 0)):
+            return src
+        if b.sym.id == "torch.transpose" and len(rest) == 2 and {d % 2 for d in rest} == {0, 1}:
+            return src
+        return None
+    return None
+
+
+def _addmm(bias, a, b, beta, alpha):
+    # F.linear(x, w, bias) of a 2-D x runs aten.addmm(bias, x, w.t()) (ATen's linear): the same kernel on the same
+    # operands, so the same values. Used when mat2 is a transpose made in this scope (TwoTensor's dispatch of a
+    # linear records t + addmm per inner tensor): one torch call instead of a view and an OpOverload call.
+    if beta != 1 or alpha != 1 or a.ndim != 2 or b.ndim != 2 or not isinstance(bias, TensorProxy) or bias.ndim != 1:
+        return None
+    w = _transposed_from(b)
+    if w is None:
+        return None
+    return ltorch.linear(a, w, bias)
 
 
 def _to_dtype(a, dtype, non_blocking, copy, memory_format):

@@ -106,10 +106,8 @@ class SubclassSpec:
                     return False
             elif type(x) not in PLAIN_TENSOR_TYPES or (x.shape, x.dtype, x.device, x.requires_grad) != expected:
                 return False
-        for attr, (typ, values) in self.opaque.items():
-            obj = getattr(t, attr)
-            if type(obj) is not typ or opaque_guard_values(obj) != values:
-                return False
+        if self.opaque and not self._opaque_match(t):
+            return False
         if self.python_attrs:
             for name, value in self.python_attrs.items():
                 if not is_same_value(getattr(t, name, _MISSING), value):  # __dict__ or __slots__
@@ -117,6 +115,45 @@ class SubclassSpec:
         if self._metadata_guard is not None:
             return bool(self._metadata_guard(self.flatten_ctx, ctx))
         return bool(ctx == self.flatten_ctx)
+
+    def _opaque_match(self, t) -> bool:
+        for attr, (typ, values) in self.opaque.items():
+            obj = getattr(t, attr)
+            if type(obj) is not typ or opaque_guard_values(obj) != values:
+                return False
+        return True
+
+    def expression(self, v: str, const, fresh) -> str:
+        """A Python expression true exactly when :meth:`matches` of the value named ``v`` is (the same checks in the
+        same order, inline: ``thunder_subclass.prologue`` puts it in a generated function). ``const(obj)`` names a
+        constant, ``fresh()`` a new local name. Uses ``_plain``, ``_same`` (:func:`is_same_value`) and ``_MISSING``."""
+        flat = fresh()
+        parts = [f"type({v}) is {const(self.subclass_type)}"]
+        if self.meta is not None:
+            shape, dtype, device, requires_grad = self.meta
+            parts.append(f"{v}.shape == {const(shape)} and {v}.dtype is {const(dtype)} and "
+                         f"{v}.device == {const(device)} and {v}.requires_grad is {const(requires_grad)}")
+        parts.append(f"len({flat} := {v}.__tensor_flatten__()) == 2 and tuple({flat}[0]) == {const(self.attr_names)}")
+        for attr, expected, nested in self._inner_items:
+            x = fresh()
+            bind = f"({x} := getattr({v}, {const(attr)})) is {x}"
+            if nested:
+                parts.append(f"{bind} and {expected.expression(x, const, fresh)}")
+            else:
+                shape, dtype, device, requires_grad = expected
+                parts.append(f"{bind} and type({x}) in _plain and {x}.shape == {const(shape)} and "
+                             f"{x}.dtype is {const(dtype)} and {x}.device == {const(device)} and "
+                             f"{x}.requires_grad is {const(requires_grad)}")
+        if self.opaque:
+            parts.append(f"{const(self)}._opaque_match({v})")
+        for name, value in self.python_attrs.items():
+            x, c = fresh(), const(value)
+            parts.append(f"(({x} := getattr({v}, {const(name)}, _MISSING)) is {c} or _same({x}, {c}))")
+        if self._metadata_guard is not None:
+            parts.append(f"bool({const(self._metadata_guard)}({const(self.flatten_ctx)}, {flat}[1]))")
+        else:
+            parts.append(f"bool({flat}[1] == {const(self.flatten_ctx)})")
+        return "(" + " and ".join(parts) + ")"
 
 
 _SPEC_ATTR = "_thunder_subclass_spec"

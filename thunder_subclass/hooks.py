@@ -125,5 +125,10 @@ def uninstall() -> None:
     _thunder_internals.uninstall()
 
 
+def with_fast_cache_hits(jfn):
+    """``thunder_subclass.jit``'s result with the shorter path to cache hits (``_thunder_internals``)."""
+    return _thunder_internals.with_fast_cache_hits(jfn)
+
+
 def is_installed() -> bool:
     return _thunder_internals.is_installed()

@@ -12,6 +12,7 @@ from thunder.core.recipe import Plugin, PluginPolicy
 
 from thunder_subclass import fsdp, hooks
 from thunder_subclass.executor import subclass_executor
+from thunder_subclass.prologue import FusedPrologueChecks
 from thunder_subclass.tangents import SavedTensorNames
 from thunder_subclass.torch_function import TypedTensorEdges
 
@@ -52,6 +53,9 @@ def jit(fn: Callable, /, **kwargs) -> Callable:
     the plugin's executor put first, and ``transforms`` gets :class:`thunder_subclass.tangents.SavedTensorNames`
     appended (it lets ``.backward(grad)`` accept gradients of other kinds than the outputs', as eager does), and
     thunder's compile option ``thunderfx_disable_split_autograd`` defaults to True (faster per call; see the code).
+    Per call it is thunder's jit with less overhead: the prologue's checks run as one generated function
+    (``thunder_subclass.prologue``), and calls without grad mode take a shorter path to a cache hit
+    (``_thunder_internals.with_fast_cache_hits``); the guards are the same.
 
     Example::
 
@@ -70,9 +74,10 @@ def jit(fn: Callable, /, **kwargs) -> Callable:
     hooks.install()
     executors: Sequence = resolve_executors(kwargs.pop("executors", None))
     executors = [subclass_executor, *(ex for ex in executors if ex is not subclass_executor)]
-    transforms = [*(kwargs.pop("transforms", None) or ()), TypedTensorEdges(), SavedTensorNames()]
+    # FusedPrologueChecks last: it fuses the checks the transforms before it leave (thunder_subclass.prologue)
+    transforms = [*(kwargs.pop("transforms", None) or ()), TypedTensorEdges(), SavedTensorNames(), FusedPrologueChecks()]
     # thunder 0.2.6's "split autograd" side channel makes two meta-device torch.randn per call (about 0.17 ms on a
     # 2-core CPU, a fifth of a small model's training step); without it thunder connects its autograd.Function the
     # classic way. Pass thunderfx_disable_split_autograd=False to get thunder's default back.
     kwargs.setdefault("thunderfx_disable_split_autograd", True)
-    return thunder.jit(fn, executors=executors, transforms=transforms, **kwargs)
+    return hooks.with_fast_cache_hits(thunder.jit(fn, executors=executors, transforms=transforms, **kwargs))

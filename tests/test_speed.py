@@ -1,0 +1,356 @@
+"""Per-call speed work (issue 18), asserted as behaviour: the flattened program's rewrites give eager's exact values,
+and every guard of the fused prologue and of the faster cache-info still makes a changed input a cache miss."""
+
+import pytest
+import thunder
+import torch
+from torch import nn
+from torch.testing._internal.custom_tensor import ConstantExtraMetadataTensor
+from torch.testing._internal.two_tensor import TwoTensor
+
+import thunder_subclass
+from thunder_subclass.prologue import check_prologue, fuse_prologue_checks
+
+
+def _exact(a, b):
+    assert type(a) is type(b)
+    if isinstance(a, TwoTensor):
+        torch.testing.assert_close(a.a, b.a, rtol=0, atol=0)
+        torch.testing.assert_close(a.b, b.b, rtol=0, atol=0)
+    else:
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def _linear_stack(layers=4, width=16, bias=True):
+    m = nn.Sequential(*[nn.Linear(width, width, bias=bias) for _ in range(layers)])
+    for lin in m:
+        w = lin.weight.detach()
+        lin.weight = nn.Parameter(TwoTensor(w, w.clone() * 0.5), requires_grad=False)
+        if bias:
+            lin.bias.requires_grad_(False)
+    return m
+
+
+def _execution_text(jf):
+    return str(thunder.last_traces(jf)[-1])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# rewrites in the flattened program
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_linear_on_twotensor_weights_runs_as_linear_with_eager_values():
+    m = _linear_stack()
+    jm = thunder_subclass.jit(m)
+    x = torch.randn(2, 16)
+    with torch.no_grad():
+        out, expected = jm(x), m(x)
+    _exact(out, expected)
+    text = _execution_text(jm)
+    # TwoTensor's dispatch of F.linear is t + addmm per inner tensor: recorded as one linear each
+    assert text.count("torch.nn.functional.linear(") == 8
+    assert "aten_addmm" not in text and "permute" not in text
+
+
+def test_addmm_with_beta_or_alpha_stays_generic_and_equal():
+    w, b = TwoTensor(torch.randn(4, 4), torch.randn(4, 4)), torch.randn(4)
+
+    def f(x):
+        return torch.addmm(b, x, w.t(), beta=2.0), torch.addmm(b, x, w.t(), alpha=0.5)
+
+    x = torch.randn(3, 4)
+    jf = thunder_subclass.jit(f)
+    for got, want in zip(jf(x), f(x)):
+        _exact(got, want)
+    assert _execution_text(jf).count("aten_addmm_default(") == 4
+
+
+def test_addmm_of_a_matrix_that_is_not_a_transpose_is_exact():
+    w, b = TwoTensor(torch.randn(4, 5), torch.randn(4, 5)), torch.randn(5)
+
+    def f(x):
+        return torch.addmm(b, x, w)  # mat2 is not a transpose made in the trace: no linear
+
+    x = torch.randn(3, 4)
+    jf = thunder_subclass.jit(f)
+    _exact(jf(x), f(x))
+
+
+def test_linear_with_transposed_input_weight_and_backward_match_eager():
+    w = TwoTensor(torch.randn(6, 4), torch.randn(6, 4)).requires_grad_()
+    b = torch.randn(6, requires_grad=True)
+
+    def f(x):
+        return torch.nn.functional.linear(x, w, b).sum()
+
+    x = torch.randn(3, 4)
+    jf = thunder_subclass.jit(f)
+    out = jf(x)
+    out.backward()
+    gw, gb = w.grad, b.grad
+    w.grad = b.grad = None
+    expected = f(x)
+    expected.backward()
+    _exact(out.detach(), expected.detach())
+    _exact(gw, w.grad)
+    _exact(gb, b.grad)
+
+
+def test_bmm_on_twotensor_is_matmul_with_eager_values():
+    def f(a, c):
+        return torch.bmm(a, c)
+
+    a = TwoTensor(torch.randn(2, 3, 4), torch.randn(2, 3, 4))
+    c = TwoTensor(torch.randn(2, 4, 5), torch.randn(2, 4, 5))
+    jf = thunder_subclass.jit(f)
+    _exact(jf(a, c), f(a, c))
+    assert "aten_bmm" not in _execution_text(jf)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the fused prologue: one check, the same guards
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _fused(jf):
+    final = thunder.last_prologue_traces(jf)[-1]
+    return [b for b in final.bound_symbols if b.sym.id == check_prologue.id]
+
+
+def test_prologue_checks_are_fused_into_one():
+    m = _linear_stack()
+    jm = thunder_subclass.jit(m)
+    with torch.no_grad():
+        jm(torch.randn(2, 16))
+    (fused,) = _fused(jm)
+    text = str(thunder.last_prologue_traces(jm)[-1])
+    for name in ("check_subclass(", "check_tensor_metadata(", "check_number_type_and_value(", "check_plain_tensor("):
+        assert name not in text
+    assert "module.get_parameter('0.weight')" in text  # unpacking unchanged
+    checks = fused.args[1]
+    assert len(checks.conditions) > 20 and "def fused_prologue_checks" in checks.source
+
+
+def _miss_after(jf, first_call, second_call):
+    first_call()
+    misses = thunder.cache_misses(jf)
+    second_call()
+    return thunder.cache_misses(jf) - misses
+
+
+@pytest.mark.parametrize("change", ["training", "in_features", "bias_requires_grad", "weight_inner_requires_grad",
+                                    "parameter_attribute"])
+def test_changed_module_state_is_a_miss(change):
+    m = _linear_stack(layers=2)
+    jm = thunder_subclass.jit(m)
+    x = torch.randn(2, 16)
+    with torch.no_grad():
+        jm(x)
+        jm(x)
+        assert thunder.cache_misses(jm) == 1
+        if change == "training":
+            m.eval()
+        elif change == "in_features":
+            m[0].in_features = 17  # read by nn.Linear.forward? no, but checked as thunder does
+        elif change == "bias_requires_grad":
+            m[0].bias.requires_grad_(True)
+        elif change == "weight_inner_requires_grad":  # in place: the jitted module holds the same objects
+            m[1].weight.a.requires_grad_(True)
+            m[1].weight.b.requires_grad_(True)
+        elif change == "parameter_attribute":
+            m[1].weight.__dict__["_thunder_subclass_test_attr"] = 1
+        out, expected = jm(x), m(x)
+    if change in ("in_features", "parameter_attribute"):
+        # a module attribute thunder checks / an instance attribute the trace does not read
+        assert thunder.cache_misses(jm) == (2 if change == "in_features" else 1)
+    else:
+        assert thunder.cache_misses(jm) == 2
+    _exact(out, expected)
+
+
+def test_changed_subclass_argument_is_a_miss():
+    def f(x, w):
+        return torch.nn.functional.linear(x, w)
+
+    jf = thunder_subclass.jit(f)
+    x, w = torch.randn(2, 4), torch.randn(3, 4)
+    cases = [TwoTensor(w, w * 2), w, TwoTensor(w.double(), w.double())]
+    for i, wi in enumerate(cases):
+        xi = x.double() if wi.dtype == torch.float64 else x
+        _exact(jf(xi, wi), f(xi, wi))
+        assert thunder.cache_misses(jf) == i + 1
+    _exact(jf(x, cases[0]), f(x, cases[0]))
+    assert thunder.cache_misses(jf) == 3
+
+
+def test_changed_input_metadata_and_type_are_misses():
+    m = _linear_stack(layers=2)
+    jm = thunder_subclass.jit(m)
+    with torch.no_grad():
+        jm(torch.randn(2, 16))
+        jm(torch.randn(3, 16))
+        assert thunder.cache_misses(jm) == 2
+        x = TwoTensor(torch.randn(2, 16), torch.randn(2, 16))
+        _exact(jm(x), m(x))
+        assert thunder.cache_misses(jm) == 3
+        jm(torch.randn(2, 16))
+        assert thunder.cache_misses(jm) == 3  # the first entry again
+
+
+def test_grad_mode_autocast_and_default_dtype_are_guarded():
+    m = _linear_stack(layers=2)
+    jm = thunder_subclass.jit(m)
+    x = torch.randn(2, 16)
+    with torch.no_grad():
+        jm(x)
+    jm(x)  # grad enabled: another entry
+    assert thunder.cache_misses(jm) == 2
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        out = jm(x)
+    assert thunder.cache_misses(jm) == 3
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = m(x)
+    assert out.dtype == expected.dtype == torch.bfloat16
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        with torch.no_grad():
+            jm(x)
+    finally:
+        torch.set_default_dtype(default)
+    assert thunder.cache_misses(jm) == 4
+    with torch.no_grad():
+        jm(x)
+    assert thunder.cache_misses(jm) == 4
+
+
+def test_flatten_context_change_is_a_miss_through_the_fused_check():
+    def f(x):
+        return x * x.constant_attribute
+
+    jf = thunder_subclass.jit(f)
+    c = ConstantExtraMetadataTensor(torch.randn(3))
+    _exact(jf(c), f(c))
+    assert len(_fused(jf)) == 1
+    c2 = ConstantExtraMetadataTensor(torch.randn(3))
+    c2.constant_attribute = 5
+    _exact(jf(c2), f(c2))
+    assert thunder.cache_misses(jf) == 2
+
+
+def test_aliased_arguments_still_grouped():
+    def f(a, b):
+        a.add_(1)
+        return a + b
+
+    jf = thunder_subclass.jit(f)
+    x, y = torch.randn(3), torch.randn(3)
+    jf(x.clone(), y)
+    base = torch.randn(3)
+    got = jf(base, base)
+    assert thunder.cache_misses(jf) == 2  # alias indices changed
+    base2 = base.clone() - 1
+    # eager on the same values: base is base2 + 1 after the in-place add
+    torch.testing.assert_close(got, (base2 + 1) * 2)
+
+
+def test_fused_check_failure_names_the_check():
+    m = _linear_stack(layers=1)
+    jm = thunder_subclass.jit(m)
+    with torch.no_grad():
+        jm(torch.randn(2, 16))
+    (fused,) = _fused(jm)
+    values, checks = fused.args
+    bad = ((1, 2),) + (None,) * (len(values) - 1)  # args of the wrong length: the first check fails
+    assert checks.fn(*bad) is False
+    message = checks.failure(bad)
+    assert message.startswith("prologue check `(len(v0) ==") and message.endswith("failed")
+    with torch.no_grad():
+        jm(torch.randn(2, 16))  # and the real values pass
+    assert thunder.cache_misses(jm) == 1
+
+
+def test_unfusable_checks_are_kept():
+    # symbolic-value shapes (NumberProxy) are not fused: the original check stays in the prologue
+    jf = thunder_subclass.jit(lambda t: t * 2, cache="symbolic values")
+    x = torch.randn(3)
+    torch.testing.assert_close(jf(x), x * 2)
+    y = torch.randn(5)
+    torch.testing.assert_close(jf(y), y * 2)
+    text = str(thunder.last_prologue_traces(jf)[-1])
+    assert "check_tensor_metadata" in text or "check_prologue" in text
+
+
+def test_fuse_prologue_checks_leaves_a_trace_without_checks_unchanged():
+    jf = thunder_subclass.jit(lambda: torch.ones(2))
+    jf()
+    first = thunder.last_prologue_traces(jf)[0]
+    assert fuse_prologue_checks(first) is first or len(_fused(jf)) <= 1
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the shorter path to cache hits (no grad mode): thunder's statistics and guards as before
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_fast_cache_hits_keep_thunder_statistics_and_traces():
+    m = _linear_stack(layers=2)
+    jm = thunder_subclass.jit(m)
+    assert getattr(jm._forward_fn, "_thunder_subclass_fast_call", False)
+    x = torch.randn(2, 16)
+    with torch.no_grad():
+        for _ in range(3):
+            _exact(jm(x), m(x))
+    cs = thunder.compile_stats(jm)
+    assert (cs.calls, thunder.cache_hits(jm), thunder.cache_misses(jm)) == (3, 2, 1)
+    assert thunder.last_traces(jm)[-1] is cs.interpreter_cache[-1].computation_traces[-1]
+    with torch.no_grad():
+        jm(torch.randn(5, 16))  # a miss through the fast path: thunder traces, counted once
+    assert (cs.calls, thunder.cache_hits(jm), thunder.cache_misses(jm)) == (4, 2, 2)
+    with torch.no_grad():
+        jm(x)  # the older entry still hits
+    assert (cs.calls, thunder.cache_hits(jm), thunder.cache_misses(jm)) == (5, 3, 2)
+
+
+def test_fast_cache_hits_for_functions_and_grad_mode_calls():
+    w = TwoTensor(torch.randn(4, 4), torch.randn(4, 4))
+
+    def f(x):
+        return torch.nn.functional.linear(x, w) * 2
+
+    jf = thunder_subclass.jit(f)
+    assert getattr(jf, "_thunder_subclass_fast_call", False) and thunder.compile_stats(jf) is not None
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        _exact(jf(x), f(x))
+        _exact(jf(x), f(x))
+    assert (thunder.cache_hits(jf), thunder.cache_misses(jf)) == (1, 1)
+    # grad mode on: thunder's own path (its entries may connect to autograd), a new entry for the grad mode
+    xr = torch.randn(3, 4, requires_grad=True)
+    out = jf(xr)
+    out.sum().backward()
+    assert xr.grad is not None and thunder.cache_misses(jf) == 2
+    with torch.no_grad():
+        jf(x)
+    assert (thunder.cache_hits(jf), thunder.cache_misses(jf)) == (2, 2)
+
+
+def test_fast_cache_hits_leave_grad_mode_as_thunder_does():
+    def f(x):
+        torch.set_grad_enabled(True)
+        return x * 2
+
+    x = torch.randn(3)
+    after = {}
+    for name in ("fast", "thunder"):
+        jf = thunder_subclass.jit(f)
+        call = jf if name == "fast" else jf.__wrapped__  # thunder's own fn_
+        modes = []
+        for _ in range(3):  # a miss, then hits
+            with torch.no_grad():
+                call(x)
+                modes.append(torch.is_grad_enabled())
+        after[name] = modes
+        assert thunder.cache_misses(jf) == 1 and thunder.cache_hits(jf) == 2
+    assert after["fast"] == after["thunder"]
