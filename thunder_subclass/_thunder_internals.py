@@ -390,12 +390,12 @@ def jit_state() -> dict | None:
     return ctx.__dict__.setdefault("_thunder_subclass_state", {})
 
 
-def interpret_call(fn, *wrapped_args):
+def interpret_call(fn, *wrapped_args, **wrapped_kwargs):
     """Call ``fn`` under thunder's interpreter from inside a lookaside (``interpreter._interpret_call``): its body is
     traced like user code. Arguments and result are the interpreter's wrapped values."""
     from thunder.core.interpreter import _interpret_call
 
-    return _interpret_call(fn, *wrapped_args)
+    return _interpret_call(fn, *wrapped_args, **wrapped_kwargs)
 
 
 def raise_in_interpreter(e: BaseException):
@@ -623,7 +623,7 @@ def _hook_general_jit_lookaside(original):
                 from thunder.core.interpreter import interpreter_needs_wrap
 
                 return interpreter_needs_wrap(fn)
-            lookaside = _handlers.lookaside(fn, args)
+            lookaside = _handlers.lookaside(fn, args) or _interpreter_fix_lookaside(fn)
             if lookaside is not None:
                 return lookaside
             if "fn" in kwargs:
@@ -789,8 +789,288 @@ def _take_saved_tensors(ctx) -> list:
     return saved
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# Interpreter fixes: thunder 0.2.6 interprets some ordinary Python unlike CPython (or torch). Each acts only while a
+# plugin jit traces (:func:`is_plugin_active`); found with Hugging Face transformers models (4.55-5.x) called at their
+# default arguments, none is specific to them.
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _type_call_lookaside(wrapped_typ, *args, **kwargs):
+    """``type.__call__`` as CPython runs it (replaces ``core/interpreter.py`` ``_type_call_lookaside``, which reads
+    ``__init__`` from the new *instance* and asserts it is bound): ``obj = typ.__new__(typ, ...)``; if ``obj`` is an
+    instance of ``typ``, ``type(obj).__init__(obj, ...)``, looked up on the type. thunder's fails for classes whose
+    instances forward attribute reads (a ``types.GenericAlias`` subclass such as ``typing.Callable[[PyTree], bool]``,
+    built by torch's ``_pytree._broadcast_to_and_flatten`` on every ``torch.vmap`` call): "'wrapper_descriptor'
+    object has no attribute '__self__'"."""
+    from thunder.core.interpreter import INTERPRETER_SIGNALS, _interpret_call, unwrap, wrap_const
+
+    typ = unwrap(wrapped_typ)
+    if typ is type and len(args) == 1 and not kwargs:
+        return wrap_const(type(unwrap(args[0])))
+    obj = _interpret_call(typ.__new__, wrapped_typ, *args, **kwargs)
+    if obj is INTERPRETER_SIGNALS.EXCEPTION_RAISED or not isinstance(unwrap(obj), typ):
+        return obj
+    init = _interpret_call(getattr, wrap_const(type(unwrap(obj))), wrap_const("__init__"))
+    if init is INTERPRETER_SIGNALS.EXCEPTION_RAISED:
+        return init
+    res = _interpret_call(init, obj, *args, **kwargs)
+    return res if res is INTERPRETER_SIGNALS.EXCEPTION_RAISED else obj
+
+
+class _BuiltinSequenceMeta(type):
+    def __instancecheck__(cls, obj):
+        if is_plugin_active():
+            return isinstance(obj, cls.builtin)
+        return isinstance(obj, cls.abc_sequence)
+
+    def __subclasscheck__(cls, sub):
+        if is_plugin_active():
+            return isinstance(sub, type) and issubclass(sub, cls.builtin)
+        return issubclass(sub, cls.abc_sequence)
+
+
+def _hook_jit_ext_sequence(original):
+    # replaces the module global `Sequence` of thunder.core.jit_ext (collections.abc.Sequence), which
+    # general_jit_lookaside (every call without a lookaside: `any(isinstance(i, TensorProxy) for i in a.value)`),
+    # proxify and recursively_proxy use to decide what to iterate and rebuild. Iterating a user's Sequence runs its
+    # __getitem__ / __len__ outside the interpreter, even on `self` before __init__ ran (transformers 5.x
+    # _PerLayerConfigView: "object has no attribute '_config'"), and hangs on one whose __getitem__ never raises
+    # IndexError. For a plugin jit only the builtin sequences (list, tuple and their subclasses such as torch.Size
+    # and namedtuples, range, deque) count; otherwise collections.abc.Sequence as before.
+    import collections
+
+    return _BuiltinSequenceMeta(
+        "BuiltinSequence", (), {"builtin": (list, tuple, range, collections.deque), "abc_sequence": original}
+    )
+
+
+def _is_legacy_empty(t) -> bool:
+    from thunder.core.proxies import TensorProxy
+
+    return isinstance(t, (TensorProxy, torch.Tensor)) and len(t.shape) == 1 and t.shape[0] == 0
+
+
+def _cat(tensors, dim=0, *, out=None):
+    """``torch.cat`` with ATen's legacy rule (``aten/src/ATen/native/TensorShape.cpp``): 1-D tensors of size 0 are
+    skipped, so ``cat([torch.tensor([]), x], dim=-2)`` is ``x`` (transformers' DynamicCache starts from
+    ``torch.tensor([])``). thunder's ``ltorch.cat`` canonicalizes ``dim`` against the first tensor
+    (``prims.cat_meta``): IndexError."""
+    import thunder.torch as ltorch
+
+    if out is not None:
+        raise NotImplementedError("torch.cat(..., out=) is not supported by thunder")
+    tensors = list(tensors)
+    kept = [t for t in tensors if not _is_legacy_empty(t)]
+    if kept and len(kept) != len(tensors) and all(t.dtype == kept[0].dtype for t in tensors):
+        tensors = kept
+    return ltorch.cat(tensors, dim)
+
+
+def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    """``F.scaled_dot_product_attention`` with torch >= 2.5's ``enable_gqa`` (key/value heads repeated to the query's
+    head count), which thunder 0.2.6's ``ltorch.scaled_dot_product_attention`` lacks: "unexpected keyword argument
+    'enable_gqa'" (transformers 5.x passes it whenever the mask is None)."""
+    import thunder.torch as ltorch
+
+    if enable_gqa and key.shape[-3] != query.shape[-3]:
+        repeats = query.shape[-3] // key.shape[-3]
+        key = ltorch.repeat_interleave(key, repeats, dim=-3)
+        value = ltorch.repeat_interleave(value, repeats, dim=-3)
+    return ltorch.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale=scale)
+
+
+def _traced_symbol_lookaside(fn):
+    from thunder.core.interpreter import interpreter_needs_wrap
+    from thunder.core.jit_ext import recursively_proxy
+
+    def lookaside(*args, **kwargs):
+        recursively_proxy(*args, **kwargs)
+        return interpreter_needs_wrap(fn)(*args, **kwargs)
+
+    return lookaside
+
+
+@functools.cache
+def _fixed_torch_functions() -> dict:
+    cat = _traced_symbol_lookaside(_cat)
+    return {
+        torch.cat: cat,
+        torch.concat: cat,
+        torch.concatenate: cat,
+        torch.nn.functional.scaled_dot_product_attention: _traced_symbol_lookaside(_sdpa),
+    }
+
+
+def _object_setattr_lookaside(original):
+    """thunder's lookaside for ``object.__setattr__`` on an input object (``core/jit_ext.py``
+    ``_general_jit_object_setattr_lookaside``) records the write for the epilogue through the dict ``__setitem__``
+    lookaside on the object's wrapped ``__dict__``; from the second write on, the interpreter reaches that dict
+    through a new wrapper without thunder's member-dict flag, and the write is not recorded: the caller's object
+    keeps its old value (transformers' ``DynamicLayer.lazy_initialization`` sets four attributes, one reached the
+    caller). Every write is recorded on the flagged wrapper (the epilogue keeps the last per attribute)."""
+    from thunder.core.interpreter import INTERPRETER_SIGNALS, PseudoInst, WrappedValue, unwrap, wrap_const
+    from thunder.core.jit_ext import (
+        _TORCH_DYNAMIC_TYPES,
+        EXT_FLAG_IS_MODULE_MEMBER_DICT,
+        get_jit_ctx,
+        is_created_during_tracing,
+    )
+
+    def lookaside(obj, name, value):
+        res = original(obj, name, value)
+        if res is INTERPRETER_SIGNALS.EXCEPTION_RAISED:
+            return res
+        uobj = unwrap(obj)
+        if is_created_during_tracing(obj.provenance) or type(uobj) in _TORCH_DYNAMIC_TYPES or not hasattr(uobj, "__dict__"):
+            return res
+        d = obj.attribute_wrappers.get("__dict__")
+        if d is not None and d.provenance.ext_flag & EXT_FLAG_IS_MODULE_MEMBER_DICT:
+            name = name if isinstance(name, WrappedValue) else wrap_const(name)
+            get_jit_ctx()._additional_outputs[d].append((PseudoInst.STORE_SUBSCR, d, name, value))
+        return res
+
+    return lookaside
+
+
+def _interpreter_fix_lookaside(fn):
+    """The lookaside of an interpreter fix for ``fn``, or None."""
+    if fn is type.__call__:
+        return _type_call_lookaside
+    if fn is object.__setattr__:
+        from thunder.core.jit_ext import _general_jit_lookaside_map
+
+        return _object_setattr_lookaside(_general_jit_lookaside_map[object.__setattr__])
+    if _is_hashable(fn):
+        return _fixed_torch_functions().get(fn)
+    return None
+
+
+def _clamp_bound(b, length: int):
+    return -length if isinstance(b, int) and not isinstance(b, bool) and b < -length else b
+
+
+def _hook_basic_indexing(original):
+    # wraps thunder.clang._basic_indexing, which rejects slice bounds below -length ("start=-4095 is not a valid
+    # index for length 16") where Python and torch clamp them (x[-4095:] of a length-16 dim is all of it;
+    # transformers' sliding-window cache layers slice `[:, :, -self.sliding_window + 1:, :]`)
+    @functools.wraps(original)
+    def _basic_indexing(a, /, key):
+        if not is_plugin_active():
+            return original(a, key)
+        new_key, dim = [], 0
+        for x in key:  # a list, ellipses resolved; None entries add a dimension and index none of a's
+            if isinstance(x, slice) and dim < len(a.shape) and isinstance(a.shape[dim], int):
+                x = slice(_clamp_bound(x.start, a.shape[dim]), _clamp_bound(x.stop, a.shape[dim]), x.step)
+            new_key.append(x)
+            dim += x is not None
+        return original(a, new_key)
+
+    return _basic_indexing
+
+
+class _ConstantAttributeValueMeta(type):
+    def __instancecheck__(cls, obj):
+        import thunder
+
+        return obj is None or isinstance(
+            obj, (thunder.dtypes.dtype, thunder.devices.Device, torch.dtype, torch.device, str)
+        )
+
+
+class _ConstantAttributeValue(metaclass=_ConstantAttributeValueMeta):
+    """What ``isinstance(v, NoneType)`` admits inside ``process_recorded_modifications`` for a plugin jit."""
+
+
+def _hook_process_recorded_modifications(original):
+    # wraps thunder.core.jit_ext.process_recorded_modifications, which asserts that a value the traced code writes to
+    # an attribute of an input object (the epilogue's pack_attr) is a Proxy, int, float, tuple, None or thunder Device
+    # (the tuple is built from jit_ext's module globals when it runs). transformers' DynamicLayer writes
+    # `self.dtype = key_states.dtype` on a cache layer generate() passes in: "trying to set .dtype ... to object of
+    # type dtype". For a plugin jit, jit_ext.NoneType admits dtypes, devices and strings (printable constants) while
+    # it runs.
+    @functools.wraps(original)
+    def process_recorded_modifications(ctx, epilogue_trace):
+        import thunder.core.jit_ext as jit_ext
+
+        if not is_plugin_active():
+            return original(ctx, epilogue_trace)
+        saved = jit_ext.NoneType
+        jit_ext.NoneType = _ConstantAttributeValue
+        try:
+            return original(ctx, epilogue_trace)
+        finally:
+            jit_ext.NoneType = saved
+
+    return process_recorded_modifications
+
+
+@functools.cache
+def _object_rebuild_symbol():
+    from thunder.core.proxies import AnyProxy
+
+    def meta(typ, state):
+        return AnyProxy(None)
+
+    def impl(typ, state):
+        obj = typ.__new__(typ)
+        obj.__dict__.update(state)
+        return obj
+
+    return _handlers.executor.register_operator("python_object_rebuild", meta=meta, fn=impl)
+
+
+def _is_plain_object(v) -> bool:
+    """An object that ``build_value_from_wrapped`` has no rule for: not a constant, collection, dataclass, tensor,
+    module, type or callable; a Python object with a ``__dict__``."""
+    import dataclasses
+    import enum
+    import types
+
+    import thunder
+    import thunder.core.baseutils as baseutils
+    import thunder.core.codeutils as codeutils
+    from thunder.core.proxies import ProxyInterface
+
+    if isinstance(v, (thunder.dtypes.dtype, thunder.devices.Device, ProxyInterface, codeutils.ContextObject,
+                      torch.finfo, enum.Enum, type, torch.Tensor, torch.nn.Module, types.ModuleType)):
+        return False
+    if type(v) in (str, object) or baseutils.is_base_printable(v) or baseutils.is_collection(v) or callable(v):
+        return False
+    return type(v).__module__ != "builtins" and hasattr(v, "__dict__") and not dataclasses.is_dataclass(v)
+
+
+def _hook_build_value_from_wrapped(original):
+    # wraps thunder.core.jit_ext.build_value_from_wrapped (the epilogue's return value; recursive through the module
+    # global), which knows inputs, constants, dataclasses, tuples, lists and dicts: any other object made in the
+    # traced code and returned raises "unhandled value of type <class '...DynamicCache'>". Such an object is rebuilt
+    # by the epilogue from its class and its __dict__, with the attributes the traced code set taken as their values
+    # in the trace (proxies become the computed tensors).
+    @functools.wraps(original)
+    def build_value_from_wrapped(wrapped_v):
+        import thunder.core.jit_ext as jit_ext
+        from thunder.core.interpreter import unwrap
+
+        v = unwrap(wrapped_v)
+        if (
+            is_plugin_active()
+            and not hasattr(wrapped_v, "anyproxy")
+            and not jit_ext.should_register_for_prologue(wrapped_v.provenance)
+            and _is_plain_object(v)
+        ):
+            state = {}
+            for k, value in vars(v).items():
+                w = wrapped_v.attribute_wrappers.get(k)
+                state[k] = jit_ext.build_value_from_wrapped(w) if w is not None else value
+            return _object_rebuild_symbol()(type(v), state)
+        return original(wrapped_v)
+
+    return build_value_from_wrapped
+
+
 def _targets() -> list[tuple[Any, str, Callable]]:
     import thunder
+    import thunder.clang as clang
     import thunder.core.interpreter as interpreter
     import thunder.core.jit_ext as jit_ext
     import thunder.core.symbol as symbol
@@ -808,6 +1088,10 @@ def _targets() -> list[tuple[Any, str, Callable]]:
         (passes, "_transform_for_operator_executor_execution", _hook_operator_executor_execution),
         (torch_autograd.ThunderFunction, "forward", _hook_thunder_function_forward),
         (torch_autograd.ThunderFunction, "backward", _hook_thunder_function_backward),
+        (jit_ext, "Sequence", _hook_jit_ext_sequence),
+        (clang, "_basic_indexing", _hook_basic_indexing),
+        (jit_ext, "process_recorded_modifications", _hook_process_recorded_modifications),
+        (jit_ext, "build_value_from_wrapped", _hook_build_value_from_wrapped),
     ]
 
 

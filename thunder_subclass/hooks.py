@@ -12,7 +12,8 @@ above the stages, hands it one :class:`~thunder_subclass._thunder_internals.Hand
   it as PyTorch would) then ``interpretation.unroll_symbol_call`` (``__torch_dispatch__`` unrolled on fakes);
 * interpreter lookasides -> ``autograd.function_apply_lookaside`` (``torch.autograd.Function`` over subclasses),
   ``torch_function.lookaside`` (typed values, ``as_subclass``, construction of such subclasses), else
-  ``interpretation.subclass_lookaside`` (construction, ``isinstance``, ``type``, attributes);
+  ``interpretation.subclass_lookaside`` (construction, ``isinstance``, ``type``, attributes), else ``hf.lookaside``
+  (transformers functions thunder cannot trace, once transformers is imported);
 * before executors claim operations -> ``tangents.flatten_for_executors`` (the flatten pass);
 * a thunder forward call connected to autograd -> ``tangents.differentiable_outputs`` (``requires_grad`` of the
   outputs as in eager);
@@ -25,7 +26,7 @@ from __future__ import annotations
 import thunder.core.prims as prims
 from thunder.core.trace import get_tracectx
 
-from thunder_subclass import _thunder_internals, autograd, guards, interpretation, tangents, torch_function
+from thunder_subclass import _thunder_internals, autograd, guards, hf, interpretation, tangents, torch_function
 from thunder_subclass.errors import SubclassProtocolError, format_location
 from thunder_subclass.executor import subclass_executor
 from thunder_subclass.proxy import SubclassTensorProxy, has_subclass_proxy
@@ -83,6 +84,7 @@ def _lookaside(fn, wrapped_args: tuple):
         or autograd.torch_api_lookaside(fn, wrapped_args)
         or torch_function.lookaside(fn, wrapped_args)
         or interpretation.subclass_lookaside(fn, wrapped_args)
+        or hf.lookaside(fn, wrapped_args)
     )
 
 
