@@ -94,6 +94,20 @@ def test_generate_with_dynamic_cache_and_padding():
     assert thunder.cache_misses(jforward) == 2
 
 
+def test_generate_with_dynamic_cache_and_symbolic_values_compiles_prefill_and_decode_once():
+    model = _quantized("llama", "Int8WeightOnlyConfig")
+    ids = _input_ids()
+    kwargs = dict(max_new_tokens=4, do_sample=False, attention_mask=_left_padding_mask(ids), pad_token_id=0)
+    with torch.no_grad():
+        expected = model.generate(ids, **kwargs)
+        model.forward = jforward = thunder_subclass.jit(model.forward, cache="symbolic values")
+        tokens = model.generate(ids, **kwargs)
+    assert torch.equal(tokens, expected)
+    # the cache length grows but never reaches a subclass operation: it stays symbolic
+    assert thunder.cache_misses(jforward) == 2
+    assert thunder.cache_hits(jforward) == 2
+
+
 def test_float8_training_two_steps():
     from torchao.float8 import convert_to_float8_training
 
