@@ -8,7 +8,7 @@ Run once per transformers version (each in its own environment), e.g.
 Cases (tiny random configs, 2 layers, no download): the forward `model(input_ids)` at default arguments with no mask,
 a mask of ones and left padding, for Llama / Qwen2 / Mistral x no quantization / int8 weight-only / float8
 weight-only / int8 dynamic; greedy `generate` (16 tokens) with the compiled forward and a StaticCache or a
-DynamicCache (4 tokens); float8 training (2 SGD steps). Each case prints its result against eager (max abs
+DynamicCache (4 tokens; 16 with cache="symbolic values"); float8 training (2 SGD steps). Each case prints its result against eager (max abs
 difference, tokens equal), the cache misses of the compiled function and the time of the compiled calls.
 """
 
@@ -80,15 +80,15 @@ def forward_case(arch, quant, mask):
     return f"OK maxdiff={(logits - expected).abs().max().item():.3g} misses={thunder.cache_misses(jmodel)} first_call={elapsed:.1f}s"
 
 
-def generate_case(arch, quant, cache):
+def generate_case(arch, quant, cache, **jit_kwargs):
     model = model_for(arch, quant)
     ids = input_ids(2, 8)
-    kwargs = dict(max_new_tokens=16 if cache == "static" else 4, do_sample=False, pad_token_id=0)
+    kwargs = dict(max_new_tokens=16 if cache == "static" or jit_kwargs else 4, do_sample=False, pad_token_id=0)
     if cache == "static":
         kwargs["cache_implementation"] = "static"
     with torch.no_grad():
         expected = model.generate(ids, **kwargs)
-        model.forward = jforward = thunder_subclass.jit(model.forward)
+        model.forward = jforward = thunder_subclass.jit(model.forward, **jit_kwargs)
         start = time.perf_counter()
         tokens = model.generate(ids, **kwargs)
         elapsed = time.perf_counter() - start
@@ -128,30 +128,37 @@ def train_case(arch):
     return f"OK grad_maxdiff={grad_diff:.3g} param_maxdiff={param_diff:.3g} misses={thunder.cache_misses(jmodel)}"
 
 
-def cases(only: set[str]):
+def cases(only: set[str], archs: list[str], quants: list[str], masks: list[str]):
     if "forward" in only:
-        for arch in ARCHS:
-            for quant in QUANT:
-                for mask in ("none", "ones", "leftpad"):
+        for arch in archs:
+            for quant in quants:
+                for mask in masks:
                     yield f"forward {arch} {quant} mask={mask}", lambda a=arch, q=quant, m=mask: forward_case(a, q, m)
     if "generate" in only:
-        for arch in ARCHS:
-            for quant in ("int8wo", "fp8wo", "int8dyn"):
+        for arch in archs:
+            for quant in (q for q in quants if q != "none"):
                 yield f"generate {arch} {quant} cache=static", lambda a=arch, q=quant: generate_case(a, q, "static")
         yield "generate llama int8wo cache=dynamic", lambda: generate_case("llama", "int8wo", "dynamic")
+        for arch in archs:
+            yield (f"generate {arch} int8wo cache=dynamic jit(cache='symbolic values')",
+                   lambda a=arch: generate_case(a, "int8wo", "dynamic", cache="symbolic values"))
     if "train" in only:
-        for arch in ARCHS:
+        for arch in archs:
             yield f"train float8 {arch}", lambda a=arch: train_case(a)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="forward,generate,train", help="comma-separated: forward,generate,train")
+    parser.add_argument("--archs", default=",".join(ARCHS))
+    parser.add_argument("--quants", default=",".join(QUANT))
+    parser.add_argument("--masks", default="none,ones,leftpad")
     args = parser.parse_args()
     assert thunder_subclass.__file__.startswith(ROOT), thunder_subclass.__file__
     print(f"| transformers | case | result |", flush=True)
     print("|---|---|---|", flush=True)
-    for name, run in cases(set(args.only.split(","))):
+    selection = (args.archs.split(","), args.quants.split(","), args.masks.split(","))
+    for name, run in cases(set(args.only.split(",")), *selection):
         try:
             result = run()
         except Exception as e:  # a failing case is a row of the table

@@ -43,6 +43,34 @@ Hooks (thunder 0.2.6 paths, relative to the installed ``thunder/``):
   kind than the compiled backward expects (a plain tensor for a ``TwoTensor`` output), a backward made for those
   gradients runs instead (``Handlers.replace_grads`` / ``run_backward``: ``thunder_subclass.tangents``); otherwise thunder's own backward runs unchanged.
 
+Interpreter fixes (thunder 0.2.6; each acts only for a plugin jit, found with Hugging Face transformers 4.55-5.x
+models at their default call arguments, none specific to them; the hook's comment names what it works around):
+
+* ``core/interpreter.py`` ``_type_call_lookaside`` (through the ``general_jit_lookaside`` hook) — ``type.__call__``
+  as CPython runs it, ``__init__`` looked up on the type (thunder's reads it from the instance:
+  "'wrapper_descriptor' object has no attribute '__self__'" for ``typing.Callable[...]``, made on every
+  ``torch.vmap`` call by torch's ``_pytree``).
+* ``core/jit_ext.py`` module global ``Sequence`` (used by ``general_jit_lookaside``, ``proxify``,
+  ``recursively_proxy``) — only builtin sequences are iterated, not a user's ``collections.abc.Sequence``
+  (transformers 5.x ``_PerLayerConfigView``: "object has no attribute '_config'").
+* ``torch.cat`` / ``F.scaled_dot_product_attention`` (lookasides) — ATen's rule skipping 1-D empty tensors in
+  ``cat`` (thunder's ``prims.cat_meta``: IndexError on DynamicCache's ``torch.tensor([])``); ``enable_gqa``, which
+  thunder's ``ltorch.scaled_dot_product_attention`` lacks.
+* ``core/jit_ext.py`` ``_general_jit_object_setattr_lookaside`` (through the ``general_jit_lookaside`` hook) — every
+  attribute write on an input object reaches the epilogue, not only the first.
+* ``core/jit_ext.py`` ``process_recorded_modifications`` — attribute writes of dtypes, devices and strings on input
+  objects (its assertion admits Proxy, int, float, tuple, None, Device).
+* ``core/jit_ext.py`` ``build_value_from_wrapped`` — a Python object made in the traced code and returned
+  (``DynamicCache``) is rebuilt by the epilogue from its class and ``__dict__`` ("unhandled value of type").
+* ``clang/__init__.py`` ``_basic_indexing`` — slice bounds below ``-length`` are clamped as in Python / torch.
+
+``cache="symbolic values"`` (thunder 0.2.6; only for a plugin jit with that option): :func:`pin_numbers` (called by
+``thunder_subclass.fake`` where a proxy becomes a fake) adds prologue checks for the input numbers a fake run
+depends on; ``jit_ext.unpack_inputs`` (parameters tagged ``STATIC_MEMORY_LOCATION``), ``StringProxy``'s comparison
+methods (inherited from ``Proxy``, which raises), and, through the ``general_jit_lookaside`` hook, thunder's bool
+lookaside (a number input used only in a branch is guarded; thunder reuses a stale trace), list/tuple
+``__getitem__`` with a number index, ``isinstance`` of a number proxy.
+
 Accessors for private state (also only here): thunder's torch-callable -> symbol table
 (``thunder.torch._torch_to_thunder_function_map``, :func:`torch_to_thunder_symbols`), the current compile data
 (``thunder.core.compile_data._compile_data``), a trace's signature (``TraceCtx._siginfo``, :func:`new_trace`),
