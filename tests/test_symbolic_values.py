@@ -50,3 +50,13 @@ def test_a_list_indexed_by_a_number_input():
     xs = [torch.randn(3), torch.randn(3)]
     for i in (0, 1, 0):
         torch.testing.assert_close(jf(xs, i), f(xs, i))
+
+
+def test_a_branch_on_arithmetic_of_number_inputs_is_guarded_as_its_condition():
+    f = lambda x, n: x + 1 if n + 2 > 4 else x - 1  # noqa: E731
+    jf = thunder_subclass.jit(f, cache="symbolic values")
+    x = torch.randn(3)
+    for n in (1, 5, 6, 0):
+        torch.testing.assert_close(jf(x, n), f(x, n))
+    # one trace per outcome of the condition, not per value of n
+    assert thunder.cache_misses(jf) == 2
