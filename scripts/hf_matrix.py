@@ -80,11 +80,11 @@ def forward_case(arch, quant, mask):
     return f"OK maxdiff={(logits - expected).abs().max().item():.3g} misses={thunder.cache_misses(jmodel)} first_call={elapsed:.1f}s"
 
 
-def generate_case(arch, quant, cache, **jit_kwargs):
+def generate_case(arch, quant, cache_kind, **jit_kwargs):
     model = model_for(arch, quant)
     ids = input_ids(2, 8)
-    kwargs = dict(max_new_tokens=16 if cache == "static" or jit_kwargs else 4, do_sample=False, pad_token_id=0)
-    if cache == "static":
+    kwargs = dict(max_new_tokens=16 if cache_kind == "static" or jit_kwargs else 4, do_sample=False, pad_token_id=0)
+    if cache_kind == "static":
         kwargs["cache_implementation"] = "static"
     with torch.no_grad():
         expected = model.generate(ids, **kwargs)
