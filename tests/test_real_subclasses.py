@@ -84,6 +84,31 @@ def test_torchao_quantize_inference(config_name, tensor_types):
     assert f"{tensor_type}[" in str(thunder.last_traces(jmodel)[0])  # the weight is a subclass proxy
 
 
+class _TwoBiasedLinears(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(64, 32)
+        self.b = torch.nn.Linear(64, 32)
+
+    def forward(self, x):
+        return self.a(x) * self.b(x)
+
+
+@pytest.mark.parametrize("config_name", ["Int8WeightOnlyConfig", "Int8DynamicActivationInt8WeightConfig"])
+def test_torchao_linear_with_bias_leaves_its_input_unchanged(config_name):
+    # torchao's int8 linear ends with `y += bias` on a value it made: the op is not in place on its input, so the
+    # second linear reads x (it read the first linear's output: a shape error)
+    import torchao.quantization as tq
+
+    torch.manual_seed(0)
+    model = _TwoBiasedLinears()
+    tq.quantize_(model, getattr(tq, config_name)())
+    x = torch.randn(2, 3, 64)
+    with torch.no_grad():
+        expected = model(x)
+        torch.testing.assert_close(thunder_subclass.jit(model)(x), expected)
+
+
 def _nf4():
     """torchao's NF4 module: ``quantize_.workflows.nf4.nf4_tensor`` (torchao 0.18), ``dtypes.nf4tensor`` (0.16)."""
     try:

@@ -55,6 +55,34 @@ Hooks (thunder 0.2.6 paths, relative to the installed ``thunder/``):
   kind than the compiled backward expects (a plain tensor for a ``TwoTensor`` output), a backward made for those
   gradients runs instead (``Handlers.replace_grads`` / ``run_backward``: ``thunder_subclass.tangents``); otherwise thunder's own backward runs unchanged.
 
+Interpreter fixes (thunder 0.2.6; each acts only for a plugin jit, found with Hugging Face transformers 4.55-5.x
+models at their default call arguments, none specific to them; the hook's comment names what it works around):
+
+* ``core/interpreter.py`` ``_type_call_lookaside`` (through the ``general_jit_lookaside`` hook) — ``type.__call__``
+  as CPython runs it, ``__init__`` looked up on the type (thunder's reads it from the instance:
+  "'wrapper_descriptor' object has no attribute '__self__'" for ``typing.Callable[...]``, made on every
+  ``torch.vmap`` call by torch's ``_pytree``).
+* ``core/jit_ext.py`` module global ``Sequence`` (used by ``general_jit_lookaside``, ``proxify``,
+  ``recursively_proxy``) — only builtin sequences are iterated, not a user's ``collections.abc.Sequence``
+  (transformers 5.x ``_PerLayerConfigView``: "object has no attribute '_config'").
+* ``torch.cat`` / ``F.scaled_dot_product_attention`` (lookasides) — ATen's rule skipping 1-D empty tensors in
+  ``cat`` (thunder's ``prims.cat_meta``: IndexError on DynamicCache's ``torch.tensor([])``); ``enable_gqa``, which
+  thunder's ``ltorch.scaled_dot_product_attention`` lacks.
+* ``core/jit_ext.py`` ``_general_jit_object_setattr_lookaside`` (through the ``general_jit_lookaside`` hook) — every
+  attribute write on an input object reaches the epilogue, not only the first.
+* ``core/jit_ext.py`` ``process_recorded_modifications`` — attribute writes of dtypes, devices and strings on input
+  objects (its assertion admits Proxy, int, float, tuple, None, Device).
+* ``core/jit_ext.py`` ``build_value_from_wrapped`` — a Python object made in the traced code and returned
+  (``DynamicCache``) is rebuilt by the epilogue from its class and ``__dict__`` ("unhandled value of type").
+* ``clang/__init__.py`` ``_basic_indexing`` — slice bounds below ``-length`` are clamped as in Python / torch.
+
+``cache="symbolic values"`` (thunder 0.2.6; only for a plugin jit with that option): :func:`pin_numbers` (called by
+``thunder_subclass.fake`` where a proxy becomes a fake) adds prologue checks for the input numbers a fake run
+depends on; ``jit_ext.unpack_inputs`` (parameters tagged ``STATIC_MEMORY_LOCATION``), ``StringProxy``'s comparison
+methods (inherited from ``Proxy``, which raises), and, through the ``general_jit_lookaside`` hook, thunder's bool
+lookaside (a number input used only in a branch is guarded; thunder reuses a stale trace), list/tuple
+``__getitem__`` with a number index, ``isinstance`` of a number proxy.
+
 Accessors for private state (also only here): thunder's torch-callable -> symbol table
 (``thunder.torch._torch_to_thunder_function_map``, :func:`torch_to_thunder_symbols`), the current compile data
 (``thunder.core.compile_data._compile_data``), a trace's signature (``TraceCtx._siginfo``, :func:`new_trace`),
@@ -412,12 +440,12 @@ def jit_state() -> dict | None:
     return ctx.__dict__.setdefault("_thunder_subclass_state", {})
 
 
-def interpret_call(fn, *wrapped_args):
+def interpret_call(fn, *wrapped_args, **wrapped_kwargs):
     """Call ``fn`` under thunder's interpreter from inside a lookaside (``interpreter._interpret_call``): its body is
     traced like user code. Arguments and result are the interpreter's wrapped values."""
     from thunder.core.interpreter import _interpret_call
 
-    return _interpret_call(fn, *wrapped_args)
+    return _interpret_call(fn, *wrapped_args, **wrapped_kwargs)
 
 
 def raise_in_interpreter(e: BaseException):
@@ -746,7 +774,9 @@ def _hook_general_jit_lookaside(original):
 
             if _is_native_function(fn) or is_pybind11_class(fn):
                 return interpreter_needs_wrap(fn)
-            lookaside = _handlers.lookaside(fn, args)
+            lookaside = (
+                _handlers.lookaside(fn, args) or _interpreter_fix_lookaside(fn) or _symbolic_values_lookaside(fn, args)
+            )
             if lookaside is not None:
                 return lookaside
             if "fn" in kwargs:
@@ -1143,10 +1173,601 @@ def _take_saved_tensors(ctx) -> list:
     return saved
 
 
-def _targets() -> list[tuple[Any, str, Callable]]:
+# ---------------------------------------------------------------------------------------------------------------
+# Interpreter fixes: thunder 0.2.6 interprets some ordinary Python unlike CPython (or torch). Each acts only while a
+# plugin jit traces (:func:`is_plugin_active`); found with Hugging Face transformers models (4.55-5.x) called at their
+# default arguments, none is specific to them.
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _type_call_lookaside(wrapped_typ, *args, **kwargs):
+    """``type.__call__`` as CPython runs it (replaces ``core/interpreter.py`` ``_type_call_lookaside``, which reads
+    ``__init__`` from the new *instance* and asserts it is bound): ``obj = typ.__new__(typ, ...)``; if ``obj`` is an
+    instance of ``typ``, ``type(obj).__init__(obj, ...)``, looked up on the type. thunder's fails for classes whose
+    instances forward attribute reads (a ``types.GenericAlias`` subclass such as ``typing.Callable[[PyTree], bool]``,
+    built by torch's ``_pytree._broadcast_to_and_flatten`` on every ``torch.vmap`` call): "'wrapper_descriptor'
+    object has no attribute '__self__'"."""
+    from thunder.core.interpreter import INTERPRETER_SIGNALS, _interpret_call, unwrap, wrap_const
+
+    typ = unwrap(wrapped_typ)
+    if typ is type and len(args) == 1 and not kwargs:
+        return wrap_const(type(unwrap(args[0])))
+    obj = _interpret_call(typ.__new__, wrapped_typ, *args, **kwargs)
+    if obj is INTERPRETER_SIGNALS.EXCEPTION_RAISED or not isinstance(unwrap(obj), typ):
+        return obj
+    init = _interpret_call(getattr, wrap_const(type(unwrap(obj))), wrap_const("__init__"))
+    if init is INTERPRETER_SIGNALS.EXCEPTION_RAISED:
+        return init
+    res = _interpret_call(init, obj, *args, **kwargs)
+    return res if res is INTERPRETER_SIGNALS.EXCEPTION_RAISED else obj
+
+
+class _BuiltinSequenceMeta(type):
+    def __instancecheck__(cls, obj):
+        if is_plugin_active():
+            return isinstance(obj, cls.builtin)
+        return isinstance(obj, cls.abc_sequence)
+
+    def __subclasscheck__(cls, sub):
+        if is_plugin_active():
+            return isinstance(sub, type) and issubclass(sub, cls.builtin)
+        return issubclass(sub, cls.abc_sequence)
+
+
+def _hook_jit_ext_sequence(original):
+    # replaces the module global `Sequence` of thunder.core.jit_ext (collections.abc.Sequence), which
+    # general_jit_lookaside (every call without a lookaside: `any(isinstance(i, TensorProxy) for i in a.value)`),
+    # proxify and recursively_proxy use to decide what to iterate and rebuild. Iterating a user's Sequence runs its
+    # __getitem__ / __len__ outside the interpreter, even on `self` before __init__ ran (transformers 5.x
+    # _PerLayerConfigView: "object has no attribute '_config'"), and hangs on one whose __getitem__ never raises
+    # IndexError. For a plugin jit only the builtin sequences (list, tuple and their subclasses such as torch.Size
+    # and namedtuples, range, deque) count; otherwise collections.abc.Sequence as before.
+    import collections
+
+    return _BuiltinSequenceMeta(
+        "BuiltinSequence", (), {"builtin": (list, tuple, range, collections.deque), "abc_sequence": original}
+    )
+
+
+def _is_legacy_empty(t) -> bool:
+    from thunder.core.proxies import TensorProxy
+
+    return isinstance(t, (TensorProxy, torch.Tensor)) and len(t.shape) == 1 and t.shape[0] == 0
+
+
+def _cat(tensors, dim=0, *, out=None):
+    """``torch.cat`` with ATen's legacy rule (``aten/src/ATen/native/TensorShape.cpp``): 1-D tensors of size 0 are
+    skipped, so ``cat([torch.tensor([]), x], dim=-2)`` is ``x`` (transformers' DynamicCache starts from
+    ``torch.tensor([])``). thunder's ``ltorch.cat`` canonicalizes ``dim`` against the first tensor
+    (``prims.cat_meta``): IndexError."""
+    import thunder.torch as ltorch
+
+    if out is not None:
+        raise NotImplementedError("torch.cat(..., out=) is not supported by thunder")
+    tensors = list(tensors)
+    kept = [t for t in tensors if not _is_legacy_empty(t)]
+    if kept and len(kept) != len(tensors) and all(t.dtype == kept[0].dtype for t in tensors):
+        tensors = kept
+    return ltorch.cat(tensors, dim)
+
+
+def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    """``F.scaled_dot_product_attention`` with torch >= 2.5's ``enable_gqa`` (key/value heads repeated to the query's
+    head count), which thunder 0.2.6's ``ltorch.scaled_dot_product_attention`` lacks: "unexpected keyword argument
+    'enable_gqa'" (transformers 5.x passes it whenever the mask is None)."""
+    import thunder.torch as ltorch
+
+    if enable_gqa and key.shape[-3] != query.shape[-3]:
+        repeats = query.shape[-3] // key.shape[-3]
+        key = ltorch.repeat_interleave(key, repeats, dim=-3)
+        value = ltorch.repeat_interleave(value, repeats, dim=-3)
+    return ltorch.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale=scale)
+
+
+def _traced_symbol_lookaside(fn):
+    from thunder.core.interpreter import interpreter_needs_wrap
+    from thunder.core.jit_ext import recursively_proxy
+
+    def lookaside(*args, **kwargs):
+        recursively_proxy(*args, **kwargs)
+        return interpreter_needs_wrap(fn)(*args, **kwargs)
+
+    return lookaside
+
+
+@functools.cache
+def _fixed_torch_functions() -> dict:
+    cat = _traced_symbol_lookaside(_cat)
+    return {
+        torch.cat: cat,
+        torch.concat: cat,
+        torch.concatenate: cat,
+        torch.nn.functional.scaled_dot_product_attention: _traced_symbol_lookaside(_sdpa),
+    }
+
+
+def _object_setattr_lookaside(original):
+    """thunder's lookaside for ``object.__setattr__`` on an input object (``core/jit_ext.py``
+    ``_general_jit_object_setattr_lookaside``) records the write for the epilogue through the dict ``__setitem__``
+    lookaside on the object's wrapped ``__dict__``; from the second write on, the interpreter reaches that dict
+    through a new wrapper without thunder's member-dict flag, and the write is not recorded: the caller's object
+    keeps its old value (transformers' ``DynamicLayer.lazy_initialization`` sets four attributes, one reached the
+    caller). Every write is recorded on the flagged wrapper (the epilogue keeps the last per attribute)."""
+    from thunder.core.interpreter import INTERPRETER_SIGNALS, PseudoInst, WrappedValue, unwrap, wrap_const
+    from thunder.core.jit_ext import (
+        _TORCH_DYNAMIC_TYPES,
+        EXT_FLAG_IS_MODULE_MEMBER_DICT,
+        get_jit_ctx,
+        is_created_during_tracing,
+    )
+
+    def lookaside(obj, name, value):
+        res = original(obj, name, value)
+        if res is INTERPRETER_SIGNALS.EXCEPTION_RAISED:
+            return res
+        uobj = unwrap(obj)
+        if is_created_during_tracing(obj.provenance) or type(uobj) in _TORCH_DYNAMIC_TYPES or not hasattr(uobj, "__dict__"):
+            return res
+        d = obj.attribute_wrappers.get("__dict__")
+        if d is not None and d.provenance.ext_flag & EXT_FLAG_IS_MODULE_MEMBER_DICT:
+            name = name if isinstance(name, WrappedValue) else wrap_const(name)
+            get_jit_ctx()._additional_outputs[d].append((PseudoInst.STORE_SUBSCR, d, name, value))
+        return res
+
+    return lookaside
+
+
+def _interpreter_fix_lookaside(fn):
+    """The lookaside of an interpreter fix for ``fn``, or None."""
+    if fn is type.__call__:
+        return _type_call_lookaside
+    if fn is object.__setattr__:
+        from thunder.core.jit_ext import _general_jit_lookaside_map
+
+        return _object_setattr_lookaside(_general_jit_lookaside_map[object.__setattr__])
+    if _is_hashable(fn):
+        return _fixed_torch_functions().get(fn)
+    return None
+
+
+def _clamp_bound(b, length):
+    from thunder.core.proxies import NumberProxy
+
+    value = b.value if isinstance(b, NumberProxy) else b
+    length_value = length.value if isinstance(length, NumberProxy) else length
+    if not isinstance(value, int) or isinstance(value, bool) or not isinstance(length_value, int):
+        return b
+    if value >= -length_value:
+        return b
+    for p in (b, length):  # under symbolic values the clamping holds for these numbers only
+        if isinstance(p, NumberProxy) and is_interpreting():
+            _pin_input_numbers(p)
+    return -length_value
+
+
+def _hook_basic_indexing(original):
+    # wraps thunder.clang._basic_indexing, which rejects slice bounds below -length ("start=-4095 is not a valid
+    # index for length 16") where Python and torch clamp them (x[-4095:] of a length-16 dim is all of it;
+    # transformers' sliding-window cache layers slice `[:, :, -self.sliding_window + 1:, :]`)
+    @functools.wraps(original)
+    def _basic_indexing(a, /, key):
+        if not is_plugin_active():
+            return original(a, key)
+        new_key, dim = [], 0
+        for x in key:  # a list, ellipses resolved; None entries add a dimension and index none of a's
+            if isinstance(x, slice) and dim < len(a.shape):
+                x = slice(_clamp_bound(x.start, a.shape[dim]), _clamp_bound(x.stop, a.shape[dim]), x.step)
+            new_key.append(x)
+            dim += x is not None
+        return original(a, new_key)
+
+    return _basic_indexing
+
+
+class _ConstantAttributeValueMeta(type):
+    def __instancecheck__(cls, obj):
+        import thunder
+
+        return obj is None or isinstance(
+            obj, (thunder.dtypes.dtype, thunder.devices.Device, torch.dtype, torch.device, str)
+        )
+
+
+class _ConstantAttributeValue(metaclass=_ConstantAttributeValueMeta):
+    """What ``isinstance(v, NoneType)`` admits inside ``process_recorded_modifications`` for a plugin jit."""
+
+
+def _hook_process_recorded_modifications(original):
+    # wraps thunder.core.jit_ext.process_recorded_modifications, which asserts that a value the traced code writes to
+    # an attribute of an input object (the epilogue's pack_attr) is a Proxy, int, float, tuple, None or thunder Device
+    # (the tuple is built from jit_ext's module globals when it runs). transformers' DynamicLayer writes
+    # `self.dtype = key_states.dtype` on a cache layer generate() passes in: "trying to set .dtype ... to object of
+    # type dtype". For a plugin jit, jit_ext.NoneType admits dtypes, devices and strings (printable constants) while
+    # it runs.
+    @functools.wraps(original)
+    def process_recorded_modifications(ctx, epilogue_trace):
+        import thunder.core.jit_ext as jit_ext
+
+        if not is_plugin_active():
+            return original(ctx, epilogue_trace)
+        saved = jit_ext.NoneType
+        jit_ext.NoneType = _ConstantAttributeValue
+        try:
+            return original(ctx, epilogue_trace)
+        finally:
+            jit_ext.NoneType = saved
+
+    return process_recorded_modifications
+
+
+@functools.cache
+def _object_rebuild_symbol():
+    from thunder.core.proxies import AnyProxy
+
+    def meta(typ, state):
+        return AnyProxy(None)
+
+    def impl(typ, state):
+        obj = typ.__new__(typ)
+        obj.__dict__.update(state)
+        return obj
+
+    return _handlers.executor.register_operator("python_object_rebuild", meta=meta, fn=impl)
+
+
+def _is_plain_object(v) -> bool:
+    """An object that ``build_value_from_wrapped`` has no rule for: not a constant, collection, dataclass, tensor,
+    module, type or callable; a Python object with a ``__dict__``."""
+    import dataclasses
+    import enum
+    import types
+
     import thunder
+    import thunder.core.baseutils as baseutils
+    import thunder.core.codeutils as codeutils
+    from thunder.core.proxies import ProxyInterface
+
+    if isinstance(v, (thunder.dtypes.dtype, thunder.devices.Device, ProxyInterface, codeutils.ContextObject,
+                      torch.finfo, enum.Enum, type, torch.Tensor, torch.nn.Module, types.ModuleType)):
+        return False
+    if type(v) in (str, object) or baseutils.is_base_printable(v) or baseutils.is_collection(v) or callable(v):
+        return False
+    return type(v).__module__ != "builtins" and hasattr(v, "__dict__") and not dataclasses.is_dataclass(v)
+
+
+def _hook_build_value_from_wrapped(original):
+    # wraps thunder.core.jit_ext.build_value_from_wrapped (the epilogue's return value; recursive through the module
+    # global), which knows inputs, constants, dataclasses, tuples, lists and dicts: any other object made in the
+    # traced code and returned raises "unhandled value of type <class '...DynamicCache'>". Such an object is rebuilt
+    # by the epilogue from its class and its __dict__, with the attributes the traced code set taken as their values
+    # in the trace (proxies become the computed tensors).
+    @functools.wraps(original)
+    def build_value_from_wrapped(wrapped_v):
+        import thunder.core.jit_ext as jit_ext
+        from thunder.core.interpreter import unwrap
+
+        v = unwrap(wrapped_v)
+        if (
+            is_plugin_active()
+            and not hasattr(wrapped_v, "anyproxy")
+            and not jit_ext.should_register_for_prologue(wrapped_v.provenance)
+            and _is_plain_object(v)
+        ):
+            state = {}
+            for k, value in vars(v).items():
+                w = wrapped_v.attribute_wrappers.get(k)
+                state[k] = jit_ext.build_value_from_wrapped(w) if w is not None else value
+            return _object_rebuild_symbol()(type(v), state)
+        return original(wrapped_v)
+
+    return build_value_from_wrapped
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# thunder's cache="symbolic values" for plugin jits. Plain inputs' sizes and number inputs become NumberProxies whose
+# values the prologue does not check. thunder_subclass runs subclass operations on fakes of the current sizes (no
+# ShapeEnv), so every number that reaches a fake run is pinned (:func:`pin_numbers`: the input numbers it is computed
+# from get a value check in the prologue); sizes that only meet plain operations stay symbolic (transformers'
+# DynamicCache length in decoding: one trace for every decode step). The hooks below fix what thunder 0.2.6 itself
+# gets wrong under symbolic values; each acts only for a plugin jit with that cache option.
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _symbolic_values_active() -> bool:
+    from thunder.core.compile_data import get_compile_data
+    from thunder.core.options import CACHE_OPTIONS
+
+    cd = get_compile_data()
+    return is_plugin_active() and cd.cache_option is CACHE_OPTIONS.SYMBOLIC_VALUES
+
+
+def _is_input_number(v) -> bool:
+    from thunder.core.jit_ext import should_register_for_prologue
+
+    return v.history is not None and should_register_for_prologue(v.history)
+
+
+def _number_producers() -> dict:
+    """name of each proxy output -> the bound symbol producing it, over the computation trace being built."""
+    from thunder.core.trace import get_tracectx
+
+    trace, table = get_tracectx(), {}
+
+    def visit(bsyms):
+        for b in bsyms:
+            for o in b.flat_proxy_outs:
+                table.setdefault(o.name, b)
+            visit(b.subsymbols)
+
+    visit(trace.bound_symbols)
+    for scope in trace.scopes:
+        visit(scope)
+    return table
+
+
+def _pin_input_numbers(v) -> None:
+    """A prologue value check on every input number ``v`` is computed from (``v`` itself if it is one)."""
+    import thunder.clang as clang
+    from thunder.core.jit_ext import get_jit_ctx
+    from thunder.core.proxies import NumberProxy
+
+    ctx, producers, seen, stack = get_jit_ctx(), None, set(), [v]
+    while stack:
+        p = stack.pop()
+        if p.name in seen:
+            continue
+        seen.add(p.name)
+        if _is_input_number(p):
+            if not p.is_dynamic():
+                p.make_static_constrained()
+            ctx.add_constraint((clang.check_number_type_and_value, p, p.value))
+            continue
+        producers = producers if producers is not None else _number_producers()
+        b = producers.get(p.name)
+        if b is not None:
+            stack.extend(a for a in b.flat_proxy_args if isinstance(a, NumberProxy))
+
+
+def pin_numbers(x) -> None:
+    """Pin ``x`` (a number proxy, or a tensor proxy's sizes) before it becomes part of a fake run, where a plugin jit
+    traces with ``cache="symbolic values"``: the traced program is valid only for these values."""
+    from thunder.core.proxies import NumberProxy, TensorProxy
+
+    if not is_interpreting() or not _symbolic_values_active():
+        return
+    if isinstance(x, NumberProxy) and x.value is not None:
+        _pin_input_numbers(x)
+    elif isinstance(x, TensorProxy):
+        for s in x._shape:
+            if isinstance(s, NumberProxy) and s.value is not None:
+                _pin_input_numbers(s)
+
+
+_STRING_PROXY_METHODS = ("__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__add__", "__mul__", "__rmul__",
+                         "__mod__", "__rmod__")
+
+
+def _string_proxy_method(name: str, original):
+    # StringProxy (thunder/core/proxies.py, `class StringProxy(Proxy, str)`) defines __eq__, but Proxy's
+    # NotImplementedError-raising __ne__, __lt__, ... come first in its MRO: under symbolic values a string attribute
+    # reached from an input (config._attn_implementation) fails `!= "eager"` (transformers' attention). For a plugin
+    # jit, str's behaviour on its value (no guard recorded, as for thunder's own __eq__).
+    str_method = getattr(str, name)
+
+    def method(self, *args):
+        if not is_plugin_active():
+            return original(self, *args)
+        from thunder.core.proxies import StringProxy
+
+        return str_method(self.value, *(a.value if isinstance(a, StringProxy) else a for a in args))
+
+    method.__name__ = name
+    return method
+
+
+def _hook_string_proxy_method(name: str):
+    return lambda original: _string_proxy_method(name, original)
+
+
+class _TaggingUnpackParameter:
+    """``prims.unpack_parameter`` whose bound outputs carry ``STATIC_MEMORY_LOCATION``."""
+
+    def __init__(self, sym):
+        self._sym = sym
+
+    def bind(self, *args, output=None, **kwargs):
+        from thunder.core.proxies import ProxyTag
+
+        if output is not None and hasattr(output, "tags"):
+            output.tags.add(ProxyTag.STATIC_MEMORY_LOCATION)
+        return self._sym.bind(*args, output=output, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._sym, name)
+
+
+def _hook_unpack_inputs(original):
+    # wraps thunder.core.jit_ext.unpack_inputs. Under symbolic values a parameter's sizes have provenance
+    # `<param>.shape[i]`, so unpack_inputs unpacks the parameter as an intermediate (a fresh proxy) and then asserts
+    # it carries STATIC_MEMORY_LOCATION, which only the parameter's own proxy has: "Parameter was not tagged with
+    # STATIC_MEMORY_LOCATION" (thunder.jit(nn.Linear(4, 4), cache="symbolic values") fails in 0.2.6). While it runs
+    # for a plugin jit, prims.unpack_parameter tags its outputs.
+    @functools.wraps(original)
+    def unpack_inputs(*args, **kwargs):
+        import thunder.core.prims as prims
+
+        if not _symbolic_values_active():
+            return original(*args, **kwargs)
+        saved = prims.unpack_parameter
+        prims.unpack_parameter = _TaggingUnpackParameter(saved)
+        try:
+            return original(*args, **kwargs)
+        finally:
+            prims.unpack_parameter = saved
+
+    return unpack_inputs
+
+
+def _sequence_getitem_lookaside(original):
+    """thunder's list/tuple ``__getitem__`` (``core/interpreter.py`` ``SequenceWrapperMethods.__getitem__``) accepts
+    only ``int`` indices; under symbolic values an int attribute (``LlamaAttention.layer_idx``) is an IntegerProxy:
+    "list indices must be integers or slices, not IntegerProxy" (transformers' ``self.layers[layer_idx]``). The index
+    is pinned (a prologue check) and its value used."""
+    from thunder.core.interpreter import WrappedValue, wrap_const
+    from thunder.core.proxies import IntegerProxy
+
+    def lookaside(self, idx, /):
+        value = idx.value if isinstance(idx, WrappedValue) else idx
+        if isinstance(value, IntegerProxy) and value.python_type is int:
+            _pin_input_numbers(value)
+            idx = wrap_const(int(value.value))
+        return original(self, idx)
+
+    return lookaside
+
+
+def _number_isinstance(obj, cls):
+    # isinstance on a NumberProxy tests its Python value (its type is part of the number's identity in thunder's
+    # caching); thunder answers False for isinstance(<IntegerProxy>, int), so transformers'
+    # `slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep` indexes with a number
+    return isinstance(obj.value, cls)
+
+
+class _Name(str):
+    """A proxy's name in a :class:`_Condition` step (as opposed to a constant string)."""
+
+
+class _Condition:
+    """A branch condition as a straight-line program over input numbers, re-evaluated by a prologue check on the
+    call's numbers: steps ``(out, fn, args)`` whose args are input / earlier names or constants."""
+
+    def __init__(self, inputs, steps, out, expected):
+        self.inputs, self.steps, self.out, self.expected = inputs, steps, out, expected
+
+    def __call__(self, *values) -> bool:
+        env = dict(zip(self.inputs, values))
+        for out, fn, args in self.steps:
+            env[out] = fn(*(env[a] if isinstance(a, _Name) else a for a in args))
+        return bool(env[self.out]) == self.expected
+
+    def __repr__(self):
+        return f"<condition {self.out} == {self.expected} over {self.inputs}>"
+
+
+@functools.cache
+def _number_ops() -> dict:
+    import operator
+
+    return {"add": operator.add, "sub": operator.sub, "mul": operator.mul, "eq": operator.eq, "ne": operator.ne,
+            "lt": operator.lt, "le": operator.le, "gt": operator.gt, "ge": operator.ge,
+            "floor_divide": operator.floordiv, "neg": operator.neg, "bitwise_and": operator.and_,
+            "bitwise_or": operator.or_, "py_and": lambda a, b: a and b}
+
+
+@functools.cache
+def _condition_check_symbol():
+    from thunder.core.prims import OpTags
+
+    def check_condition(condition, *values):
+        if not condition(*values):
+            raise RuntimeError(f"{condition} does not hold")
+
+    return _handlers.executor.register_operator(
+        "check_number_condition", meta=lambda condition, *values: None, fn=check_condition, tags=[OpTags.DONT_DCE]
+    )
+
+
+def _condition_program(v):
+    """``(input proxies, _Condition)`` for ``v`` computed from input numbers by number prims only; None otherwise."""
+    from thunder.core.proxies import NumberProxy, Proxy
+
+    producers, ops = _number_producers(), _number_ops()
+    inputs, steps, seen = {}, [], set()
+
+    def visit(p) -> bool:
+        if p.name in seen:
+            return True
+        seen.add(p.name)
+        if _is_input_number(p):
+            inputs[p.name] = p
+            return True
+        b = producers.get(p.name)
+        if b is None or not b.sym.is_prim or b.sym.name not in ops or b.kwargs:
+            return False
+        args = []
+        for a in b.args:
+            if isinstance(a, NumberProxy):
+                if not visit(a):
+                    return False
+                args.append(_Name(a.name))
+            elif isinstance(a, Proxy):
+                return False
+            else:
+                args.append(a)
+        steps.append((p.name, ops[b.sym.name], tuple(args)))
+        return True
+
+    if not visit(v):
+        return None
+    names = list(inputs)
+    return [inputs[n] for n in names], _Condition(names, steps, v.name, bool(v.value))
+
+
+def _bool_lookaside(original):
+    """thunder's bool lookaside (``core/jit_ext.py`` ``_general_jit_bool_lookaside``) makes a NumberProxy that
+    control flow branches on static-constrained, but the prologue checks only numbers passed on to the computation
+    or epilogue (``unpack_inputs``): an input number used only in a branch is not checked, and a trace made for one
+    branch serves the other (transformers' ``DynamicLayer.update`` ``if not self.is_initialized``: prefill and decode
+    would share a trace). The branch is guarded: an input number by its value; a number computed from input numbers
+    by number prims as that condition, re-evaluated on the call's numbers (so ``kv_len + offset > 0`` does not pin
+    each size); anything else pins the input numbers it depends on."""
+    from thunder.core.proxies import NumberProxy
+
+    def lookaside(wrapped_x):
+        res = original(wrapped_x)
+        v = wrapped_x.value
+        if isinstance(v, NumberProxy) and v.is_static_constrained():
+            import thunder.clang as clang
+            from thunder.core.jit_ext import get_jit_ctx
+
+            if _is_input_number(v):
+                get_jit_ctx().add_constraint((clang.check_number_type_and_value, v, v.value))
+                return res
+            program = _condition_program(v)
+            if program is None:
+                _pin_input_numbers(v)
+                return res
+            inputs, condition = program
+            get_jit_ctx().add_constraint((_condition_check_symbol(), condition, *inputs))
+            v.make_constrainable()  # the condition guard replaces thunder's pinning of every input it reads
+        return res
+
+    return lookaside
+
+
+def _symbolic_values_lookaside(fn, wrapped_args):
+    """The lookaside of a symbolic-values fix for ``fn``, or None."""
+    if not _symbolic_values_active():
+        return None
     import thunder.core.interpreter as interpreter
     import thunder.core.jit_ext as jit_ext
+    from thunder.core.proxies import NumberProxy
+
+    if fn is bool:
+        return _bool_lookaside(jit_ext._general_jit_lookaside_map[bool])
+    if fn is list.__getitem__ or fn is tuple.__getitem__:
+        return _sequence_getitem_lookaside(interpreter._default_provenance_tracking_lookaside_map[fn])
+    if fn is isinstance and len(wrapped_args) == 2 and isinstance(interpreter.unwrap(wrapped_args[0]), NumberProxy):
+        return interpreter.interpreter_needs_wrap(_number_isinstance)
+    return None
+
+
+def _targets() -> list[tuple[Any, str, Callable]]:
+    import thunder
+    import thunder.clang as clang
+    import thunder.core.interpreter as interpreter
+    import thunder.core.jit_ext as jit_ext
+    import thunder.core.proxies as proxies
     import thunder.core.symbol as symbol
     import thunder.core.update_aliases as update_aliases
     import thunder.executors.passes as passes
@@ -1164,10 +1785,17 @@ def _targets() -> list[tuple[Any, str, Callable]]:
         (autodiff, "grad_transform_on_trace", _hook_grad_transform_on_trace),
         (torch_autograd.ThunderFunction, "forward", _hook_thunder_function_forward),
         (torch_autograd.ThunderFunction, "backward", _hook_thunder_function_backward),
+        (jit_ext, "Sequence", _hook_jit_ext_sequence),
+        (clang, "_basic_indexing", _hook_basic_indexing),
+        (jit_ext, "process_recorded_modifications", _hook_process_recorded_modifications),
+        (jit_ext, "build_value_from_wrapped", _hook_build_value_from_wrapped),
+        (jit_ext, "unpack_inputs", _hook_unpack_inputs),
+        *((proxies.StringProxy, name, _hook_string_proxy_method(name)) for name in _STRING_PROXY_METHODS),
     ]
 
 
 _originals: dict[tuple[int, str], tuple[Any, str, Any]] = {}
+_INHERITED = object()  # the hooked attribute was inherited, not in the owner's __dict__
 
 
 def is_installed() -> bool:
@@ -1183,9 +1811,10 @@ def install(handlers: Handlers) -> None:
     if _originals:
         return
     for owner, name, make_hook in _targets():
-        original = owner.__dict__[name]
+        # an inherited attribute (StringProxy's comparisons come from Proxy) is shadowed, and deleted by uninstall
+        original = owner.__dict__.get(name, _INHERITED)
         _originals[(id(owner), name)] = (owner, name, original)
-        hook = make_hook(original)
+        hook = make_hook(getattr(owner, name) if original is _INHERITED else original)
         hook._thunder_subclass_hook = True
         setattr(owner, name, hook)
     _register_torch_compile_fusible()
@@ -1195,7 +1824,10 @@ def uninstall() -> None:
     """Remove every hook, restoring thunder's own functions. Compiled functions keep working; new
     subclass compilations need :func:`install` again (``thunder_subclass.jit`` does it)."""
     for owner, name, original in _originals.values():
-        setattr(owner, name, original)
+        if original is _INHERITED:
+            delattr(owner, name)
+        else:
+            setattr(owner, name, original)
     _originals.clear()
     _unregister_torch_compile_fusible()
 

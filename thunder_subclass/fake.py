@@ -18,6 +18,7 @@ import thunder.core.devices as devices
 import thunder.core.dtypes as dtypes
 from thunder.core.proxies import NumberProxy, TensorProxy
 
+from thunder_subclass._thunder_internals import pin_numbers
 from thunder_subclass.errors import SubclassProtocolError
 from thunder_subclass.proxy import OpaqueObjectProxy, SubclassTensorProxy, is_marked_leaf
 
@@ -113,6 +114,7 @@ class FakeEnv:
         applied when the fake is made: a fake that requires grad is a leaf only for an input of the compiled
         function that was a leaf (``proxy.mark_leaf``); other values are non-leaf, as in eager, so in-place ops on
         them run as eager runs them."""
+        pin_numbers(x)  # under cache="symbolic values": the fake run holds for these values only
         if isinstance(x, NumberProxy):
             return x.value
         if isinstance(x, dtypes.dtype):  # thunder's own argument types, as torch takes them

@@ -15,7 +15,8 @@ above the stages, hands it one :class:`~thunder_subclass._thunder_internals.Hand
   ``distributed.lookaside`` (DTensor's ``from_local`` / ``to_local`` / ``redistribute`` / ``full_tensor`` /
   ``distribute_tensor`` and tensor-parallel hook functions, each one container symbol),
   ``torch_function.lookaside`` (typed values, ``as_subclass``, construction of such subclasses), else
-  ``interpretation.subclass_lookaside`` (construction, ``isinstance``, ``type``, attributes);
+  ``interpretation.subclass_lookaside`` (construction, ``isinstance``, ``type``, attributes), else ``hf.lookaside``
+  (transformers functions thunder cannot trace, once transformers is imported);
 * before executors claim operations -> ``tangents.flatten_for_executors`` (the flatten pass);
 * a thunder forward call connected to autograd -> ``tangents.differentiable_outputs`` (``requires_grad`` of the
   outputs as in eager);
@@ -33,6 +34,7 @@ from thunder_subclass import (
     autograd,
     distributed,
     guards,
+    hf,
     interpretation,
     module_calls,
     tangents,
@@ -97,6 +99,7 @@ def _lookaside(fn, wrapped_args: tuple):
         or autograd.torch_api_lookaside(fn, wrapped_args)
         or torch_function.lookaside(fn, wrapped_args)
         or interpretation.subclass_lookaside(fn, wrapped_args)
+        or hf.lookaside(fn, wrapped_args)
     )
 
 

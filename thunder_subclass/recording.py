@@ -436,10 +436,26 @@ def bind_unrolled(sym: Symbol, args: tuple, kwargs: dict, result: Any, subsymbol
             trace.pop_scope()
         result = tree_unflatten(flat, spec)
 
+    subsymbols = _without_trailing_copy(sym, subsymbols)
     bsym = sym.bind(*args, **kwargs, output=result, subsymbols=subsymbols)
     get_tracectx().peek_scope().append(bsym)
     remember_argument_kinds(bsym)
     return result
+
+
+def _without_trailing_copy(sym: Symbol, subsymbols: list) -> list:
+    """``subsymbols`` of an out-of-place ``sym`` whose last one is thunder's ``copy_``: that ``copy_`` marks an
+    in-place aten op on a value the implementation made itself (torchao's linear ends with ``y += bias; return y``),
+    and is replaced by a ``shallow_copy`` of the written value (the same output proxy). thunder reads a bound symbol
+    whose last subsymbol is ``copy_`` as an in-place op on its first argument (``core/update_aliases.py``
+    ``_is_inplace_op``) and would then let later code read the op's output in place of that argument (the input of
+    ``F.linear``)."""
+    if not subsymbols or subsymbols[-1].sym.id != prims.PrimIDs.COPY_:
+        return subsymbols
+    if (sym.tags and prims.OpTags.IN_PLACE in sym.tags) or sym.name.endswith("_"):
+        return subsymbols  # an in-place torch op (add_, copy_, setitem_: thunder tags not all of them IN_PLACE)
+    last = subsymbols[-1]
+    return [*subsymbols[:-1], prims.shallow_copy.bind(last.args[0], output=last.output)]
 
 
 ARG_KINDS = "_thunder_subclass_arg_kinds"
