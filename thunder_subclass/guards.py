@@ -17,6 +17,8 @@ A failing check makes the prologue raise, which thunder treats as a cache miss: 
 
 from __future__ import annotations
 
+import itertools
+
 from typing import Any
 
 import torch
@@ -258,7 +260,13 @@ def add_module_hooks_guard(jit_ctx, module, provenance, hooks: tuple) -> None:
     if id(module) in guarded:
         return
     guarded.add(id(module))
-    jit_ctx.add_constraint((check_module_hooks, AnyProxy(module, history=provenance), ModuleHooksSpec(hooks)))
+    # a name of its own: the prologue unpacks constraint arguments by name, and an "anyN" made while interpreting can
+    # equal the name of another value's proxy there (Mistral's sliding_window: the check got an int)
+    name = f"hooked_module{next(_hooked_module_names)}"
+    jit_ctx.add_constraint((check_module_hooks, AnyProxy(module, name=name, history=provenance), ModuleHooksSpec(hooks)))
+
+
+_hooked_module_names = itertools.count()
 
 
 class TraceFlags:
