@@ -66,6 +66,22 @@ def test_quantized_forward_at_default_arguments(arch, config_name, weight_type, 
     assert f"{weight_type}[" in str(thunder.last_traces(jmodel)[0])  # the weights are subclass proxies
 
 
+def test_thunder_compile_with_the_hf_recipe_and_the_plugin():
+    # thunder's own recipe for these models (HFTransformers: its sdpa-mask symbol, in-place index_copy for
+    # StaticCache) with nvFuser left out for CPU, plus the tensor-subclass plugin, at default arguments
+    from thunder.recipes import HFTransformers
+
+    model = _quantized("llama", "Int8WeightOnlyConfig")
+    recipe = HFTransformers()
+    recipe.executor_names = [n for n in recipe.executor_names if n != "nvfuser"]
+    compiled = thunder.compile(model, recipe=recipe, plugins="tensor-subclass")
+    ids = _input_ids()
+    for kwargs in ({}, {"attention_mask": _left_padding_mask(ids)}):
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(ids, **kwargs).logits, model(ids, **kwargs).logits)
+    assert "Int8Tensor[" in str(thunder.last_traces(compiled)[0])
+
+
 def test_generate_with_static_cache_compiles_prefill_and_decode_once():
     model = _quantized("llama", "Int8WeightOnlyConfig")
     ids = _input_ids()

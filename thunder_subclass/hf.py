@@ -16,6 +16,9 @@ function is called once and the result is expanded to vmap's shape. ``TransformG
 TorchFunctionMode that turns ``tensor[scalar_tensor]`` into ``aten.index`` for vmap) becomes a null context: with
 broadcast index tensors, ordinary advanced indexing does that.
 
+thunder's ``HFTransformers`` recipe registers ``masking_utils.sdpa_mask_recent_torch`` as an opaque symbol that
+promises a mask tensor even where the function returns None; plugin jits trace the function itself.
+
 Tested with transformers 4.55, 4.57 and 5.x (Llama, Qwen2, Mistral).
 """
 
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -54,6 +58,14 @@ def _sdpa_expansion(mask_function: Callable) -> Callable:
     return broadcast_expansion(mask_function, True)
 
 
+def _same_function(fn: types.FunctionType) -> Callable:
+    """A copy of ``fn`` (same code, globals, defaults, closure), so that lookasides keyed by ``fn`` do not apply."""
+    copy = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    copy.__kwdefaults__ = fn.__kwdefaults__
+    copy.__qualname__ = fn.__qualname__
+    return copy
+
+
 def _null_context(*args, **kwargs):
     return contextlib.nullcontext()
 
@@ -76,6 +88,13 @@ def _replacements() -> dict:
             fn = getattr(masking_utils, name, None)
             if fn is not None:
                 table[fn] = replacement
+        # thunder's HFTransformers recipe (SDPAMaskTransform) makes sdpa_mask_recent_torch an opaque symbol whose
+        # meta always promises a mask tensor while the function returns None when the mask can be skipped (no
+        # padding: sdpa runs with is_causal): the trace then indexes None at run time. In plugin jits the function
+        # is traced as written instead (its vmap expansion by the replacement above).
+        fn = getattr(masking_utils, "sdpa_mask_recent_torch", None)
+        if isinstance(fn, types.FunctionType):
+            table[fn] = _same_function(fn)
         _tables[id(masking_utils)] = table
     return table
 
