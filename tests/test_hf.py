@@ -71,8 +71,12 @@ def test_thunder_compile_with_the_hf_recipe_and_the_plugin():
     # StaticCache) with nvFuser left out for CPU, plus the tensor-subclass plugin, at default arguments
     from thunder.recipes import HFTransformers
 
+    try:
+        recipe = HFTransformers()
+    except AttributeError as e:  # transformers 5.x: masking_utils.sdpa_mask_recent_torch is gone
+        pytest.skip(f"thunder 0.2.6's HFTransformers recipe cannot be built with transformers "
+                    f"{transformers.__version__} ({e}); it declares support up to 4.55.4")
     model = _quantized("llama", "Int8WeightOnlyConfig")
-    recipe = HFTransformers()
     recipe.executor_names = [n for n in recipe.executor_names if n != "nvfuser"]
     compiled = thunder.compile(model, recipe=recipe, plugins="tensor-subclass")
     ids = _input_ids()
