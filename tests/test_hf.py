@@ -86,43 +86,38 @@ def test_thunder_compile_with_the_hf_recipe_and_the_plugin():
     assert "Int8Tensor[" in str(thunder.last_traces(compiled)[0])
 
 
-def test_generate_with_static_cache_compiles_prefill_and_decode_once():
-    model = _quantized("llama", "Int8WeightOnlyConfig")
+def _generate_compiled(arch, jit_kwargs=None, **generate_kwargs):
+    """Greedy generate with eager's forward, then with the compiled forward plugged in (``model.forward =
+    thunder_subclass.jit(model.forward)``); asserts equal tokens and returns the compiled forward."""
+    model = _quantized(arch, "Int8WeightOnlyConfig")
     ids = _input_ids()
-    kwargs = dict(max_new_tokens=16, do_sample=False, cache_implementation="static", pad_token_id=0)
+    if generate_kwargs.pop("padding", False):
+        generate_kwargs["attention_mask"] = _left_padding_mask(ids)
+    kwargs = dict(do_sample=False, pad_token_id=0, **generate_kwargs)
     with torch.no_grad():
         expected = model.generate(ids, **kwargs)
-        model.forward = jforward = thunder_subclass.jit(model.forward)
+        model.forward = jforward = thunder_subclass.jit(model.forward, **(jit_kwargs or {}))
         tokens = model.generate(ids, **kwargs)
     assert torch.equal(tokens, expected)
+    return jforward
+
+
+def test_generate_with_static_cache_compiles_prefill_and_decode_once():
+    jforward = _generate_compiled("llama", max_new_tokens=16, cache_implementation="static")
     # one trace for the prefill, one for every decode step (the static cache keeps every shape fixed)
     assert thunder.cache_misses(jforward) == 2
     assert thunder.cache_hits(jforward) == 14
 
 
 def test_generate_with_dynamic_cache_and_padding():
-    model = _quantized("mistral", "Int8WeightOnlyConfig")
-    ids = _input_ids()
-    kwargs = dict(max_new_tokens=2, do_sample=False, attention_mask=_left_padding_mask(ids), pad_token_id=0)
-    with torch.no_grad():
-        expected = model.generate(ids, **kwargs)
-        model.forward = jforward = thunder_subclass.jit(model.forward)
-        tokens = model.generate(ids, **kwargs)
-    assert torch.equal(tokens, expected)
+    jforward = _generate_compiled("mistral", max_new_tokens=2, padding=True)
     # the DynamicCache grows by one position per token: a trace per step (subclass operations are unrolled on
     # fakes of the current sizes)
     assert thunder.cache_misses(jforward) == 2
 
 
 def test_generate_with_dynamic_cache_and_symbolic_values_compiles_prefill_and_decode_once():
-    model = _quantized("llama", "Int8WeightOnlyConfig")
-    ids = _input_ids()
-    kwargs = dict(max_new_tokens=4, do_sample=False, attention_mask=_left_padding_mask(ids), pad_token_id=0)
-    with torch.no_grad():
-        expected = model.generate(ids, **kwargs)
-        model.forward = jforward = thunder_subclass.jit(model.forward, cache="symbolic values")
-        tokens = model.generate(ids, **kwargs)
-    assert torch.equal(tokens, expected)
+    jforward = _generate_compiled("llama", {"cache": "symbolic values"}, max_new_tokens=4, padding=True)
     # the cache length grows but never reaches a subclass operation: it stays symbolic
     assert thunder.cache_misses(jforward) == 2
     assert thunder.cache_hits(jforward) == 2

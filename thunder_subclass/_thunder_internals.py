@@ -1079,17 +1079,12 @@ def grads_for_mutated_inputs(trace, transform: Callable):
         return transform(trace)
     flat_args = list(ret.args[0]["flat_args"])
 
-    def alias_positions(t, forward_only: bool) -> dict[str, tuple[int, int]]:
-        found, k = {}, 0
-        for b in t.bound_symbols:
-            if b.sym.id == PrimIDs.UPDATE_ALIASES and not (forward_only and BoundSymbolTag.BACKWARD in b.tags):
-                for j, o in enumerate(b.output):
-                    if isinstance(o, TensorProxy):
-                        found[o.name] = (k, j)
-                k += 1
-        return found
+    def forward_aliases(t) -> list[tuple]:  # the outputs of each forward update_aliases, in trace order
+        return [b.output for b in t.bound_symbols
+                if b.sym.id == PrimIDs.UPDATE_ALIASES and BoundSymbolTag.BACKWARD not in b.tags]
 
-    old_positions = alias_positions(trace, False)
+    old_positions = {o.name: (k, j) for k, outs in enumerate(forward_aliases(trace)) for j, o in enumerate(outs)
+                     if isinstance(o, TensorProxy)}
     substituted = {i for i, (a, f) in enumerate(zip(trace.args, flat_args))
                    if type(a) is TensorProxy and isinstance(f, TensorProxy) and a is not f and a.requires_grad
                    and f.name in old_positions}  # (plain inputs: a subclass's last alias is rebuilt at run time)
@@ -1101,16 +1096,15 @@ def grads_for_mutated_inputs(trace, transform: Callable):
         new_trace = transform(trace)
     finally:
         trace.bound_symbols[-1] = ret
-    by_position = {pos: name for name, pos in alias_positions(new_trace, True).items()}
-    proxies = {o.name: o for b in new_trace.bound_symbols if b.sym.id == PrimIDs.UPDATE_ALIASES for o in b.output
-               if isinstance(o, TensorProxy)}
+    new_aliases = forward_aliases(new_trace)
     new_ret = new_trace.bound_symbols[-1]
     restored = list(new_ret.args[0]["flat_args"])
     for i in substituted:
-        name = by_position.get(old_positions[flat_args[i].name])
-        if name is None:  # thunder changed the structure: keep thunder's own result (outputs without gradient)
+        k, j = old_positions[flat_args[i].name]
+        if k >= len(new_aliases) or j >= len(new_aliases[k]) or not isinstance(new_aliases[k][j], TensorProxy):
+            # thunder changed the structure: thunder's own result (outputs without gradient), transformed again
             return transform(trace)
-        restored[i] = proxies[name]
+        restored[i] = new_aliases[k][j]
     new_trace.bound_symbols[-1] = new_ret.from_bsym(args=({**new_ret.args[0], "flat_args": restored},
                                                           *new_ret.args[1:]))
     return new_trace

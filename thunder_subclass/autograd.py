@@ -379,7 +379,7 @@ def _op_namespace(op) -> str:
     return op._schema.name.split("::")[0] if hasattr(op, "_schema") else op._qualified_op_name.split("::")[0]
 
 
-def torch_api_lookaside(fn, wrapped_args: tuple, wrapped_kwargs: dict | None = None) -> Callable | None:
+def torch_api_lookaside(fn, wrapped_args: tuple) -> Callable | None:
     """Lookasides for torch APIs thunder 0.2.6 has no symbol for, recorded by :func:`apply_torch_callable`:
     custom ops (``torch.ops.<ns>.<op>``, e.g. torchao's ``dequantize_affine`` that a subclass method calls) with
     tensor arguments, and torch functions / tensor methods (``x.fill_``) with subclass arguments."""

@@ -37,7 +37,7 @@ from thunder_subclass import _thunder_internals
 from thunder_subclass.errors import UnsupportedSubclassOperationError, format_location
 from thunder_subclass.executor import register_symbol
 from thunder_subclass.guards import MISSING, add_tensor_type_guard, guard_tensor_type_attribute
-from thunder_subclass.interpretation import INPLACE_VIEW_OPS, inplace_view_call
+from thunder_subclass.interpretation import INPLACE_VIEW_OPS, inplace_view_call, subclass_class_attribute
 from thunder_subclass.proxy import PLAIN_TENSOR_TYPES, mark_leaf
 
 __all__ = [
@@ -393,15 +393,6 @@ def _tensor_base_new(cls, *args, **kwargs):
     return record_typed(data, cls)
 
 
-def _class_attribute(cls: type, name: str) -> tuple[Any, bool]:
-    for c in cls.__mro__:
-        if c is torch.Tensor or c is torch._C.TensorBase or c is object:
-            break
-        if name in vars(c):
-            return vars(c)[name], True
-    return None, False
-
-
 def _attribute_lookaside(p: TensorProxy, typ: TensorType, name: str):
     from thunder.core.interpreter import interpreter_needs_wrap
 
@@ -409,7 +400,7 @@ def _attribute_lookaside(p: TensorProxy, typ: TensorType, name: str):
         return interpreter_needs_wrap(lambda obj, name, *default: typ.cls)
     if name == "as_subclass":
         return interpreter_needs_wrap(lambda obj, name, *default: functools.partial(_as_subclass, p))
-    attr, found = _class_attribute(typ.cls, name)
+    attr, found = subclass_class_attribute(typ.cls, name)
     if found and hasattr(type(attr), "__get__") and (hasattr(type(attr), "__set__") or hasattr(type(attr), "__delete__")):
         fget = getattr(attr, "fget", None)
         if fget is not None:
