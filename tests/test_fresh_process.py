@@ -14,8 +14,11 @@ _RUNNER = os.path.join(os.path.dirname(__file__), "_fresh_runner.py")
 
 @pytest.fixture(scope="module")
 def fresh_results():
+    # the runner forks a child per example from a process that imported thunder, which on a CUDA machine has
+    # initialized CUDA (a forked child cannot use it): the examples are CPU programs, so the GPU is hidden
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     out = subprocess.run([sys.executable, _RUNNER, *fresh_examples.EXAMPLES], capture_output=True, text=True,
-                         timeout=600)
+                         timeout=600, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 

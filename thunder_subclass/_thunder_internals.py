@@ -116,6 +116,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import weakref
 from collections.abc import Callable
 from importlib import metadata
 from typing import Any
@@ -1497,6 +1498,57 @@ def _number_producers() -> dict:
     for scope in trace.scopes:
         visit(scope)
     return table
+
+
+class _TensorProducers:
+    """name of each tensor proxy -> the bound symbol that produced it, over the top level of the computation trace
+    being built (extended as the trace grows; the few open nested scopes are read each time)."""
+
+    def __init__(self, trace):
+        self.trace, self.table, self.seen = weakref.proxy(trace), {}, 0
+
+    def get(self, name: str):
+        top = self.trace.bound_symbols
+        for b in top[self.seen:]:
+            for o in b.flat_proxy_outs:
+                self.table.setdefault(o.name, b)
+        self.seen = len(top)
+        b = self.table.get(name)
+        if b is None:
+            for scope in self.trace.scopes[1:]:
+                for c in scope:
+                    if any(o.name == name for o in c.flat_proxy_outs):
+                        return c
+        return b
+
+
+@functools.cache
+def _torch_callables_by_symbol_id() -> dict:
+    table = {}
+    for torch_fn, sym in torch_to_thunder_symbols().items():
+        table.setdefault(sym.id, []).append(torch_fn)
+    return {k: tuple(v) for k, v in table.items()}
+
+
+def tensor_producer(p) -> tuple[tuple[Callable, ...], Any] | None:
+    """``(torch_fns, bsym)``: the torch callables that thunder traces as the torch-level symbol which produced
+    tensor proxy ``p`` in the computation trace being interpreted (``torch.relu``, ``Tensor.relu``, ``F.relu``: the
+    symbol's arguments fit one of them), and that bound symbol; None for inputs of the trace, outside
+    interpretation, and for symbols with no torch callable. (thunder's proxies carry no strides: running the torch
+    callable on fakes gives eager's.)"""
+    from thunder.core.trace import get_tracectx
+
+    trace = get_tracectx()
+    if trace is None or not is_interpreting():
+        return None
+    producers = trace.__dict__.get("_thunder_subclass_producers")
+    if producers is None:
+        producers = trace.__dict__["_thunder_subclass_producers"] = _TensorProducers(trace)
+    b = producers.get(p.name)
+    if b is None:
+        return None
+    fns = _torch_callables_by_symbol_id().get(b.sym.id)
+    return None if fns is None else (fns, b)
 
 
 def _pin_input_numbers(v) -> None:

@@ -9,20 +9,22 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Any
+from typing import Any, Callable
 
 import torch
+import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import thunder.core.devices as devices
 import thunder.core.dtypes as dtypes
 from thunder.core.proxies import NumberProxy, TensorProxy
 
-from thunder_subclass._thunder_internals import pin_numbers
+from thunder_subclass._thunder_internals import is_interpreting, pin_numbers, tensor_producer
 from thunder_subclass.errors import SubclassProtocolError
 from thunder_subclass.proxy import OpaqueObjectProxy, SubclassTensorProxy, is_marked_leaf
 
 _STRIDE_ATTR = "_thunder_subclass_stride"
+_STRIDE_GUARD_ATTR = "_thunder_subclass_stride_guard"
 
 @functools.cache
 def fake_mode() -> FakeTensorMode:
@@ -39,10 +41,100 @@ def contiguous_strides(shape) -> tuple[int, ...]:
 
 
 def stride_of(p: TensorProxy) -> tuple[int, ...]:
-    """Strides recorded for ``p`` when it was made from a real or fake tensor, else contiguous strides."""
+    """Eager's strides for the value of ``p``: recorded when ``p`` was made from a real or fake tensor, else those
+    of the torch operation that produced it run on fakes (:func:`_infer_strides`), else contiguous strides."""
     if isinstance(p, SubclassTensorProxy):
         return p.outer_stride
-    return p.__dict__.get(_STRIDE_ATTR) or contiguous_strides(p._shape)
+    stride = p.__dict__.get(_STRIDE_ATTR)
+    add_guard = p.__dict__.pop(_STRIDE_GUARD_ATTR, None)
+    if add_guard is not None and is_interpreting():
+        add_guard()
+    if stride is None:
+        _infer_strides(p)
+        stride = p.__dict__.setdefault(_STRIDE_ATTR, contiguous_strides(p._shape))
+    return stride
+
+
+def _infer_strides(p: TensorProxy) -> None:
+    """Record eager's strides for ``p`` and for the values it is computed from, where thunder's own torch-level
+    symbols made them (thunder's proxies carry no strides): each producing torch operation, inputs first, is run on
+    fakes with its inputs' strides. Subclass dispatch that looks at strides (torchao's float8 GEMMs choose a
+    column-major operand by them; ``torch._scaled_mm`` on CUDA refuses others) then decides on fakes as eager does
+    on the real values. Values with no producer (inputs of the trace) keep what was recorded, else contiguous."""
+    order, stack, done = [], [(p, False)], set()
+    while stack:  # post-order over the producers, without recursion (long chains of operations)
+        q, expanded = stack.pop()
+        if expanded:
+            order.append(q)
+            continue
+        if id(q) in done or isinstance(q, SubclassTensorProxy) or _STRIDE_ATTR in q.__dict__:
+            continue
+        if not all(type(s) is int for s in q._shape):  # symbolic sizes (cache="symbolic values"): left contiguous
+            continue
+        done.add(id(q))
+        found = tensor_producer(q)
+        if found is None:
+            continue
+        q.__dict__["_thunder_subclass_producer"] = found
+        stack.append((q, True))
+        stack.extend((a, False) for a in found[1].flat_proxy_args if isinstance(a, TensorProxy))
+    for q in order:
+        fns, bsym = q.__dict__.pop("_thunder_subclass_producer")
+        if _STRIDE_ATTR in q.__dict__:
+            continue
+        out = _run_on_fakes(fns, bsym)
+        if out is None:  # an operation fakes cannot run: its results keep contiguous strides
+            continue
+        flat_out = [f for f in pytree.tree_leaves(out) if isinstance(f, torch.Tensor)]
+        flat_proxies = [o for o in bsym.flat_proxy_outs if isinstance(o, TensorProxy)]
+        if len(flat_out) == len(flat_proxies):
+            for o, f in zip(flat_proxies, flat_out):
+                if tuple(f.shape) == tuple(o._shape) and _STRIDE_ATTR not in o.__dict__:
+                    remember_stride(o, f)
+
+
+_working_callable: dict = {}  # symbol id -> index of the torch callable its arguments fit
+
+
+def _run_on_fakes(fns: tuple, bsym) -> Any:
+    try:
+        with fake_mode():
+            args, kwargs = _strided_fakes((bsym.args, bsym.kwargs))
+            known = _working_callable.get(bsym.sym.id)
+            for i in sorted(range(len(fns)), key=lambda i: i != known):  # the one that fitted before first
+                try:
+                    out = fns[i](*args, **kwargs)
+                except Exception:
+                    continue
+                _working_callable[bsym.sym.id] = i
+                return out
+    except Exception:
+        pass
+    return None
+
+
+def _strided_fakes(tree):
+    def fake(x):
+        if isinstance(x, SubclassTensorProxy):
+            raise NotImplementedError  # not a plain operation
+        if isinstance(x, TensorProxy):
+            return torch.empty_strided(tuple(x._shape), stride_of(x), dtype=torch_dtype(x), device=torch_device(x))
+        if isinstance(x, NumberProxy):
+            return x.value
+        if isinstance(x, dtypes.dtype):
+            return dtypes.to_torch_dtype(x)
+        if isinstance(x, devices.Device):
+            return devices.to_torch_device(x)
+        return x
+
+    return pytree.tree_map(fake, tree, is_leaf=lambda x: isinstance(x, (TensorProxy, NumberProxy)))
+
+
+def remember_input_stride(p: TensorProxy, stride: tuple[int, ...], add_guard: Callable[[], None]) -> None:
+    """Input ``p`` of the trace has strides ``stride``; ``add_guard()`` adds the prologue check that the trace
+    depends on them, called when a fake of ``p`` is first made while tracing (most inputs never get one)."""
+    p.__dict__[_STRIDE_ATTR] = stride
+    p.__dict__[_STRIDE_GUARD_ATTR] = add_guard
 
 
 def remember_stride(p: TensorProxy, t: torch.Tensor) -> TensorProxy:

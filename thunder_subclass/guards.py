@@ -28,7 +28,7 @@ from thunder.core.proxies import TensorProxy
 from thunder_subclass import _thunder_internals
 from thunder_subclass.errors import SubclassProtocolError, UnsupportedSubclassOperationError, format_location
 from thunder_subclass.executor import subclass_executor
-from thunder_subclass.fake import FakeEnv, torch_device, torch_dtype, unflatten_fake
+from thunder_subclass.fake import FakeEnv, remember_input_stride, torch_device, torch_dtype, unflatten_fake
 from thunder_subclass.proxy import (
     PLAIN_TENSOR_TYPES,
     OpaqueObjectProxy,
@@ -225,6 +225,17 @@ check_plain_tensor = subclass_executor.register_operator(
 )
 
 
+def _check_tensor_strides_impl(t, strides: tuple) -> None:
+    if t.stride() != strides:
+        raise SubclassGuardFailure(f"expected strides {strides}, got {t.stride()}")
+
+
+# on a plain tensor input whose strides a fake run used (subclass dispatch may decide by them, as eager does)
+check_tensor_strides = subclass_executor.register_operator(
+    "check_tensor_strides", meta=lambda t, strides: None, fn=_check_tensor_strides_impl, tags=[prims.OpTags.DONT_DCE]
+)
+
+
 class ModuleHooksSpec:
     """The forward hooks of a module called in traced code, as the trace ran them (``(pre, post)`` of
     ``_thunder_internals.module_forward_hooks``); the prologue checks each call that they are still those."""
@@ -405,6 +416,11 @@ def proxify_input(jit_ctx, value, original):
     p = original(jit_ctx, value)
     if isinstance(p, TensorProxy):
         mark_leaf(p, t)
+        strides = tuple(t.stride()) if t.layout is torch.strided else None
+        # (not for symbolic sizes, cache="symbolic values": a stride check would pin them)
+        if strides is not None and all(type(s) is int for s in p._shape):
+            # fakes of this input get its strides; the first fake made while tracing adds the prologue check
+            remember_input_stride(p, strides, lambda: jit_ctx.add_constraint((check_tensor_strides, p, strides)))
         _trace_flags(jit_ctx, first_input=p)
     add_plain_tensor_guard(jit_ctx, p)
     return p

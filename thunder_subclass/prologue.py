@@ -9,7 +9,7 @@ trace from the checks it replaces, each one an inline expression with the same m
   ``check_number_type_and_value`` (same type, equal or both NaN), ``check_string_value``, ``check_literal_like``
   (``==``), ``check_len``, ``check_none``, ``check_type`` and ``check_instance``;
 * the plugin's ``check_subclass`` (:meth:`thunder_subclass.guards.SubclassSpec.matches`, inlined by
-  :meth:`~thunder_subclass.guards.SubclassSpec.expression`), ``check_plain_tensor`` and ``check_no_dispatch_mode``.
+  :meth:`~thunder_subclass.guards.SubclassSpec.expression`), ``check_plain_tensor``, ``check_tensor_strides`` and ``check_no_dispatch_mode``.
 
 Checks with symbolic values (``cache="symbolic values"``: shapes holding number proxies) and checks of other kinds
 stay as they were. Every check still runs on every call, after all the unpacking, so a call for which any of them
@@ -40,6 +40,7 @@ from thunder_subclass.guards import (
     is_same_value,
     check_no_dispatch_mode,
     check_plain_tensor,
+    check_tensor_strides,
     check_subclass,
 )
 from thunder_subclass.proxy import PLAIN_TENSOR_TYPES
@@ -127,6 +128,8 @@ class _Builder:
             self.conditions.append(args[1].expression(self.value(args[0]), self.const, self.fresh))
         elif sid == check_plain_tensor.id:
             self.conditions.append(f"type({self.value(args[0])}) in _plain")
+        elif sid == check_tensor_strides.id:
+            self.conditions.append(f"({self.value(args[0])}.stride() == {self.const(tuple(args[1]))})")
         elif sid == check_no_dispatch_mode.id:
             self.conditions.append(f"not ({self.const(args[1])}.involves_subclasses and _dispatch_depth())")
         elif sid == _P.CHECK_TENSOR_SHAPE_AND_METADATA:

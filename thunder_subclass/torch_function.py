@@ -318,14 +318,17 @@ def _torch_overrides_lookasides() -> dict:
         with torch._C.DisableTorchFunction():
             return _call(func, tuple(args), kwargs or {})
 
-    return {
+    table = {
         overrides.has_torch_function: has_torch_function,
         overrides.has_torch_function_unary: has_torch_function,
         overrides.has_torch_function_variadic: has_torch_function,
         overrides.handle_torch_function: handle_torch_function,
-        torch._C._skip_one_hop_torch_function: skip_one_hop,
         torch._C._disabled_torch_function_impl: disabled_torch_function,
     }
+    # torch.overrides.redispatch_function's C helper exists from torch 2.12 on
+    if hasattr(torch._C, "_skip_one_hop_torch_function"):
+        table[torch._C._skip_one_hop_torch_function] = skip_one_hop
+    return table
 
 
 def _tensor_base_method_name(func) -> str | None:
