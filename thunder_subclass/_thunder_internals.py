@@ -581,6 +581,18 @@ def is_unpackable_provenance(record) -> bool:
     return all(is_unpackable_provenance(i) for i in record.inputs)
 
 
+def has_no_module_hooks(module) -> bool:
+    """``module_forward_hooks(module) == ((), ())`` with fewer steps (the prologue checks this for every module
+    called in traced code, on every call)."""
+    from torch.nn.modules import module as m
+
+    return not (
+        module._forward_pre_hooks or module._forward_hooks or module._backward_hooks or module._backward_pre_hooks
+        or m._global_backward_pre_hooks or m._global_backward_hooks or m._global_forward_hooks
+        or m._global_forward_pre_hooks or torch._C._get_tracing_state()
+    )
+
+
 def module_forward_hooks(module) -> tuple | None:
     """``(pre, post)``: the forward pre-hooks and forward hooks of ``module`` as ``(hook, takes_kwargs)`` pairs, in
     the order ``Module._call_impl`` calls them (``torch/nn/modules/module.py``); None when its call involves more than
