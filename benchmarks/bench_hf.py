@@ -7,6 +7,8 @@ Configurations, each called as users call the model (``model(input_ids)`` at def
 * ``eager``      the quantized model in eager PyTorch (torchao's ``__torch_function__`` / ``__torch_dispatch__`` in
                  Python on every linear);
 * ``ts``         ``thunder_subclass.jit(model)`` with thunder's default executors;
+* ``ts+inductor`` ``thunder_subclass.jit(model, executors=[thunder_subclass.inductor_ex])`` (fusion regions compiled
+                 by inductor without dynamo);
 * ``aot_eager``  ``torch.compile(model, backend="aot_eager")``;
 * ``inductor``   ``torch.compile(model, backend="inductor")``.
 
@@ -46,6 +48,7 @@ def compilers():
     return {
         "eager": lambda m: m,
         "ts": thunder_subclass.jit,
+        "ts+inductor": lambda m: thunder_subclass.jit(m, executors=[thunder_subclass.inductor_ex]),
         "aot_eager": lambda m: torch.compile(m, backend="aot_eager"),
         "inductor": lambda m: torch.compile(m, backend="inductor"),
     }
@@ -92,14 +95,14 @@ def main():
 
     print(f"int8 weight-only Llama ({args.layers} layers, hidden {args.hidden}, input 2x{args.seq}), "
           f"torch {torch.__version__}, transformers {transformers.__version__}")
-    print(f"{'config':<10} {'first call (s)':>15} {'/ ts':>7} {'steady (ms)':>12} {'/ ts':>7}")
+    print(f"{'config':<11} {'first call (s)':>15} {'/ ts':>7} {'steady (ms)':>12} {'/ ts':>7}")
     for name in compilers():
         if name in errors:
-            print(f"{name:<10} FAILED {errors[name]}")
+            print(f"{name:<11} FAILED {errors[name]}")
             continue
         f_ratio = first[name] / first["ts"] if "ts" in first else float("nan")
         s_ratio = steady[name] / steady["ts"] if "ts" in steady else float("nan")
-        print(f"{name:<10} {first[name]:>15.2f} {f_ratio:>7.2f} {steady[name] * 1e3:>12.2f} {s_ratio:>7.2f}")
+        print(f"{name:<11} {first[name]:>15.2f} {f_ratio:>7.2f} {steady[name] * 1e3:>12.2f} {s_ratio:>7.2f}")
 
 
 if __name__ == "__main__":

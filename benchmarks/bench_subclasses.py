@@ -8,6 +8,8 @@ first-call time (trace + transforms + first run; a fresh compile each time, medi
 * ``eager``            the model with its subclass, in eager PyTorch (every op pays Python ``__torch_dispatch__``);
 * ``ts``               ``thunder_subclass.jit`` with thunder's default executors;
 * ``ts+torch_compile`` ``thunder_subclass.jit`` with thunder's torch_compile executor first;
+* ``ts+inductor``      ``thunder_subclass.jit`` with the plugin's ``inductor_ex`` (the same fusion regions, each
+                       compiled by inductor without dynamo);
 * ``aot_eager``        ``torch.compile(backend="aot_eager")``;
 * ``inductor``         ``torch.compile(backend="inductor")``;
 * ``flat-thunder``     the same model hand-flattened (each subclass parameter replaced by its inner tensors as
@@ -273,6 +275,7 @@ def compilers():
         "eager": lambda m: m,
         "ts": lambda m: thunder_subclass.jit(m),
         "ts+torch_compile": lambda m: thunder_subclass.jit(m, executors=[torch_compile_ex]),
+        "ts+inductor": lambda m: thunder_subclass.jit(m, executors=[thunder_subclass.inductor_ex]),
         "aot_eager": lambda m: torch.compile(m, backend="aot_eager"),
         "inductor": lambda m: torch.compile(m, backend="inductor"),
     }
@@ -330,8 +333,8 @@ def measure(case_name, size, quick):
     ]
 
 
-STEADY = ["eager", "ts", "ts+torch_compile", "aot_eager", "inductor", "flat-thunder", "flat-thunder+tc", "limit"]
-FIRST = ["ts", "ts+torch_compile", "aot_eager", "inductor", "flat-thunder", "flat-thunder+tc"]
+STEADY = ["eager", "ts", "ts+torch_compile", "ts+inductor", "aot_eager", "inductor", "flat-thunder", "flat-thunder+tc", "limit"]
+FIRST = ["ts", "ts+torch_compile", "ts+inductor", "aot_eager", "inductor", "flat-thunder", "flat-thunder+tc"]
 
 
 class AddParams(torch.nn.Module):
@@ -399,13 +402,14 @@ def report(rows, out_dir, scaling=()):
         print(f"{model:20} {size:6} {ts * 1e3:8.3f} " + " ".join(cells))
     print("\nthunder_subclass against its reference points: ts/limit (1: at the hand-flattened limit), ts/aot_eager "
           "and first call ts/flat-thunder (below 1: ts faster), eager/ts (above 1: ts faster)")
-    print("  best ts / inductor: the faster of ts and ts+torch_compile (named in 'best') against torch.compile's inductor")
+    print("  best ts / inductor: the fastest of ts, ts+torch_compile and ts+inductor (named in 'best') against "
+          "torch.compile's inductor")
     print(f"{'model':20} {'size':6} {'ts/limit':>10} {'ts/aot_eager':>13} {'best ts/inductor':>17} {'best':>16} "
           f"{'eager/ts':>9} {'first ts/flat':>14}")
     for (model, size), g in groups.items():
         ts = g["ts"]["steady_s"]
         first_flat = g["flat-thunder"]["first_call_s"] if "flat-thunder" in g else float("nan")
-        best = min((n for n in ("ts", "ts+torch_compile") if n in g), key=lambda n: g[n]["steady_s"])
+        best = min((n for n in ("ts", "ts+torch_compile", "ts+inductor") if n in g), key=lambda n: g[n]["steady_s"])
         print(f"{model:20} {size:6} {ts / _steady(g, 'limit'):10.2f} {ts / _steady(g, 'aot_eager'):13.2f} "
               f"{_steady(g, best) / _steady(g, 'inductor'):17.2f} {best:>16} "
               f"{_steady(g, 'eager') / ts:9.2f} {g['ts']['first_call_s'] / first_flat:14.2f}")

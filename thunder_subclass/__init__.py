@@ -5,7 +5,8 @@ the compatibility shims in ``thunder_subclass._thunder_internals`` has run.
 
 Pipeline (module per stage): ``plugin`` (entry) -> ``guards`` (input proxies, prologue) -> ``interpretation``
 (unroll ``__torch_dispatch__`` on fakes, with ``recording``) -> ``aten_symbols`` -> ``autograd`` / ``rules`` ->
-``flatten`` (before executors) -> ``tangents`` (incoming gradients). Below them: ``proxy``, ``fake``,
+``flatten`` (before executors) -> ``tangents`` (incoming gradients); ``inductor_executor`` (optional fusion executor:
+regions compiled by inductor without dynamo). Below them: ``proxy``, ``fake``,
 ``subclass_symbols``, ``executor``; at the bottom ``_thunder_internals`` (every access to thunder internals);
 ``hooks`` wires the stages into thunder's hooks.
 """
@@ -30,6 +31,7 @@ from thunder_subclass.proxy import SubclassTensorProxy  # noqa: E402
 from thunder_subclass.rules import RuleHandle, make_subclass, register_grad_rule, register_implementation  # noqa: E402
 from thunder_subclass.aten_symbols import register_aten_symbol  # noqa: E402
 from thunder_subclass.hooks import install as install_hooks, uninstall as uninstall_hooks  # noqa: E402
+from thunder_subclass.inductor_executor import inductor_ex  # noqa: E402
 
 
 def _register_plugin_name() -> None:
@@ -44,6 +46,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "jit",
+    "inductor_ex",
     "TensorSubclassPlugin",
     "PLUGIN_NAME",
     "SubclassTensorProxy",

@@ -116,6 +116,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import types
 import weakref
 from collections.abc import Callable
 from importlib import metadata
@@ -579,6 +580,18 @@ def is_unpackable_provenance(record) -> bool:
     if inst not in _UNPACKABLE_PROVENANCE:
         return False
     return all(is_unpackable_provenance(i) for i in record.inputs)
+
+
+def has_no_module_hooks(module) -> bool:
+    """``module_forward_hooks(module) == ((), ())`` with fewer steps (the prologue checks this for every module
+    called in traced code, on every call)."""
+    from torch.nn.modules import module as m
+
+    return not (
+        module._forward_pre_hooks or module._forward_hooks or module._backward_hooks or module._backward_pre_hooks
+        or m._global_backward_pre_hooks or m._global_backward_hooks or m._global_forward_hooks
+        or m._global_forward_pre_hooks or torch._C._get_tracing_state()
+    )
 
 
 def module_forward_hooks(module) -> tuple | None:
@@ -1923,3 +1936,61 @@ def _unregister_torch_compile_fusible() -> None:
         return
     for sym_id in _torch_compile_fusible:
         ex.implmap.pop(sym_id, None)
+
+
+def torch_compile_fusible_symbols() -> dict[Any, tuple[Any, Any]]:
+    """Every symbol allowed in torch_compile regions so far (:func:`allow_torch_compile_fusion`): symbol id ->
+    (symbol, execution transform or None), read-only. The plugin's own inductor executor claims the same ones."""
+    return types.MappingProxyType(_torch_compile_fusible)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Inductor regions without dynamo (thunder_subclass.inductor_executor)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def region_callable(bsyms, inputs, outputs, name: str) -> Callable:
+    """A Python function ``name(*inputs) -> list(outputs)`` running a fusion region's bound symbols with thunder's
+    torch executor. thunder 0.2.6 has no public API for this: its torch_compile executor builds the same kind of
+    function in ``executors/torch_compile.py`` ``make_compiled`` (a ``TraceCtx`` whose arguments are unpacked
+    trivially, the region's symbols, a return; lowered by ``transform_for_execution`` with the torch executor) and
+    hands it to ``torch.compile``; here it is made for inductor alone (``compile_with_inductor``)."""
+    from thunder.core import prims
+    from thunder.core.codeutils import SigInfo
+    from thunder.core.trace import TraceCtx, tracectx
+    from thunder.executors.passes import transform_for_execution
+    from thunder.executors.torchex import ex as torch_ex
+
+    trace = TraceCtx(None)
+    trace.args, trace.kwargs = list(inputs), {}
+    for p in inputs:
+        trace.add_name(p.name)
+    with tracectx(trace):
+        for p in inputs:
+            prims.unpack_trivial(p, name=p.name)
+    trace.bound_symbols.extend(bsyms)
+    trace.bound_symbols.append(prims.python_return.bind(list(outputs), output=None))
+    for bsym in bsyms:  # names made inside the region are taken, so that lowering makes no clashing proxy
+        for b in (bsym, *bsym.subsymbols):
+            for o in b.flat_outs:
+                if o is not None and hasattr(o, "name") and o.name not in trace.names:
+                    trace.add_name(o.name)
+    trace._siginfo = SigInfo(name)
+    trace._siginfo.args = [(p.name, None) for p in inputs]
+    lowered = transform_for_execution(trace, executors_list=(torch_ex,))
+    return lowered.python_callable(include_decorators=False)
+
+
+def compile_with_inductor(fn: Callable, example_inputs: list) -> Callable:
+    """``fn`` (tensors in, a list of tensors out; functional) compiled by inductor without dynamo: traced to an aten
+    fx graph by ``make_fx`` (fake tensors with the example inputs' metadata, inductor's decompositions) and compiled
+    by ``torch._inductor.compile_fx.compile_fx_inner`` (torch internal, torch 2.13). The result takes one list of
+    inputs (inductor's boxed convention: the list is emptied) and returns a tuple. The compiled code checks that
+    each input's sizes and strides are the example's (``assert_size_stride``, AssertionError otherwise)."""
+    from torch._inductor.compile_fx import compile_fx_inner
+    from torch._inductor.decomposition import select_decomp_table
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    with torch.no_grad():
+        graph = make_fx(fn, decomposition_table=select_decomp_table(), tracing_mode="fake")(*example_inputs)
+        return compile_fx_inner(graph, list(example_inputs))

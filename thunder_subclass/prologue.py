@@ -9,7 +9,9 @@ trace from the checks it replaces, each one an inline expression with the same m
   ``check_number_type_and_value`` (same type, equal or both NaN), ``check_string_value``, ``check_literal_like``
   (``==``), ``check_len``, ``check_none``, ``check_type`` and ``check_instance``;
 * the plugin's ``check_subclass`` (:meth:`thunder_subclass.guards.SubclassSpec.matches`, inlined by
-  :meth:`~thunder_subclass.guards.SubclassSpec.expression`), ``check_plain_tensor``, ``check_tensor_strides`` and ``check_no_dispatch_mode``.
+  :meth:`~thunder_subclass.guards.SubclassSpec.expression`), ``check_plain_tensor``, ``check_tensor_strides``,
+  ``check_no_dispatch_mode`` and ``check_module_hooks`` (a module without hooks:
+  ``_thunder_internals.has_no_module_hooks``).
 
 Checks with symbolic values (``cache="symbolic values"``: shapes holding number proxies) and checks of other kinds
 stay as they were. Every check still runs on every call, after all the unpacking, so a call for which any of them
@@ -40,9 +42,11 @@ from thunder_subclass.guards import (
     is_same_value,
     check_no_dispatch_mode,
     check_plain_tensor,
+    check_module_hooks,
     check_tensor_strides,
     check_subclass,
 )
+from thunder_subclass._thunder_internals import has_no_module_hooks, module_forward_hooks
 from thunder_subclass.proxy import PLAIN_TENSOR_TYPES
 
 __all__ = ["FusedChecks", "FusedPrologueChecks", "check_prologue", "fuse_prologue_checks"]
@@ -99,7 +103,8 @@ class _Builder:
         self.value_index: dict[str, int] = {}
         self.constants: dict[str, Any] = {"_Tensor": torch.Tensor, "_plain": PLAIN_TENSOR_TYPES,
                                           "_dispatch_depth": torch._C._len_torch_dispatch_stack,
-                                          "_same": is_same_value, "_MISSING": MISSING}
+                                          "_same": is_same_value, "_MISSING": MISSING,
+                                          "_no_hooks": has_no_module_hooks, "_hooks": module_forward_hooks}
         self.conditions: list[str] = []
         self.locals = 0
 
@@ -124,7 +129,10 @@ class _Builder:
         sid, args = bsym.sym.id, bsym.args
         if not args or not isinstance(args[0], Proxy) or any(isinstance(a, Proxy) for a in args[1:]):
             return False
-        if sid == check_subclass.id:
+        if sid == check_module_hooks.id:  # guards.check_module_hooks
+            v, hooks = self.value(args[0]), args[1].hooks
+            self.conditions.append(f"_no_hooks({v})" if hooks == ((), ()) else f"(_hooks({v}) == {self.const(hooks)})")
+        elif sid == check_subclass.id:
             self.conditions.append(args[1].expression(self.value(args[0]), self.const, self.fresh))
         elif sid == check_plain_tensor.id:
             self.conditions.append(f"type({self.value(args[0])}) in _plain")
