@@ -362,6 +362,63 @@ def real_script_object(v: Any) -> Any:
     return v.real_obj if isinstance(v, FakeScriptObject) else v
 
 
+def is_nested_int(v: Any) -> bool:
+    """A nested int (``torch.nested._internal.nested_int.NestedIntNode`` in a ``torch.SymInt``): the ragged size of a
+    jagged NestedTensor (``j1`` in ``torch.Size([3, j1, 5])``), or a multiple of one (its strides: ``5*j1``)."""
+    if not isinstance(v, torch.SymInt):
+        return False
+    try:
+        return bool(v.node.is_nested_int())
+    except Exception:
+        return False
+
+
+def registered_nested_int(t: Any) -> torch.SymInt | None:
+    """The nested int torch associates with tensor ``t`` (the offsets or lengths of jagged NestedTensors): for a real
+    tensor, the entry of ``torch.nested._internal.nested_tensor._tensor_symint_registry``; for a fake one, its
+    ``nested_int_memo``. None when it has none (then the next NestedTensor built on it makes a new one)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    if not isinstance(t, torch.Tensor):
+        return None
+    if isinstance(t, FakeTensor):
+        return t.nested_int_memo
+    from torch.nested._internal.nested_tensor import _tensor_symint_registry
+
+    return _tensor_symint_registry.get(t)
+
+
+def set_fake_nested_int(fake: Any, value: torch.SymInt) -> None:
+    """Associate nested int ``value`` with fake tensor ``fake`` (``FakeTensor.nested_int_memo``), as torch's
+    ``NestedTensor.__tensor_unflatten__`` does for fakes: NestedTensors built on it in a fake run get that ragged size."""
+    fake.nested_int_memo = value
+
+
+def new_nested_int() -> torch.SymInt:
+    """A nested int no tensor has yet, numbered by torch's own counter (``get_tensor_symint`` of a fresh tensor, made
+    outside any fake mode), so that it never equals a nested int of a real tensor."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.nested._internal.nested_tensor import get_tensor_symint
+
+    with unset_fake_temporarily():
+        return get_tensor_symint(torch.empty(0))
+
+
+@functools.cache
+def fake_tensor_mode_class() -> type:
+    """``FakeTensorMode`` whose nested ints for offsets made inside a fake run (``nested_tensor_from_jagged`` on
+    computed offsets) are plain nested ints, as in eager (:func:`new_nested_int`), instead of symbols of a
+    ``ShapeEnv`` (torch's ``FakeTensorMode.create_symbolic_nested_int`` requires one; without it, building such a
+    NestedTensor on fakes fails)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    class NestedIntFakeTensorMode(FakeTensorMode):
+        def create_symbolic_nested_int(self, *, nt_tensor_id=None):
+            return new_nested_int()
+
+    return NestedIntFakeTensorMode
+
+
 def opaque_guard_fn(typ: type):
     """The ``guard_fn`` registered for opaque type ``typ`` (``torch._library.opaque_object``), or None."""
     registry = _opaque_registry()

@@ -408,7 +408,24 @@ def torch_api_lookaside(fn, wrapped_args: tuple) -> Callable | None:
             and callable(fn) and not isinstance(fn, type) and not _thunder_has(fn):
         if has_subclass_proxy([unwrap(a) for a in wrapped_args], {}):
             return interpreter_needs_wrap(functools.partial(apply_torch_callable, fn))
+    if _is_nested_api(fn):
+        # torch.nested's functions (nested_tensor_from_jagged, as_nested_tensor, to_padded_tensor, ...) build or take
+        # jagged NestedTensors; interpreted, they reach torch's module-level dummy NestedTensor (an input thunder
+        # cannot unpack): run on fakes as one call, with plain tensor arguments too
+        if any(isinstance(unwrap(a), TensorProxy) for a in tree_flatten(list(wrapped_args))[0]):
+            return interpreter_needs_wrap(functools.partial(apply_torch_callable, fn))
     return None
+
+
+def _is_nested_api(fn: Any) -> bool:
+    return any(fn is f for f in _nested_api())
+
+
+@functools.cache
+def _nested_api() -> tuple:
+    import torch.nested
+
+    return tuple(getattr(torch.nested, name) for name in torch.nested.__all__)
 
 
 def involves_subclass(cls: type, args: tuple, kwargs: dict) -> bool:

@@ -36,6 +36,7 @@ from thunder.core.trace import get_tracectx
 from thunder_subclass._thunder_internals import (
     interpret_call,
     is_called_from_user_code,
+    is_nested_int,
     raise_in_interpreter,
     is_interpreting,
     rebind_wrapped_value,
@@ -120,8 +121,9 @@ def _torch_dtype_attr(obj, name, *default):
 
 
 def _torch_shape_attr(obj, name, *default):
-    shape = obj.shape
-    return torch.Size(shape) if all(type(s) is int for s in shape) else shape  # symbolic sizes stay thunder's
+    # a subclass's ragged dims as it reports them: nested ints (torch.Size([3, j1, 5]) of a jagged NestedTensor)
+    shape = obj.outer_size if isinstance(obj, SubclassTensorProxy) else obj.shape
+    return torch.Size(shape) if all(type(s) is int or is_nested_int(s) for s in shape) else shape  # symbolic sizes stay thunder's
 
 
 def _torch_device_attr(obj, name, *default):
@@ -131,6 +133,10 @@ def _torch_device_attr(obj, name, *default):
 
 
 _TORCH_TYPED_ATTRIBUTES = {"dtype": _torch_dtype_attr, "shape": _torch_shape_attr, "device": _torch_device_attr}
+
+# tensor properties thunder 0.2.6's proxies do not answer (it resolves ``is_nested`` as a method: "'getset_descriptor'
+# object is not callable"): for a subclass proxy, the answer of a fake instance of it, as eager's object gives
+STAND_IN_PROPERTIES = ("is_nested", "layout", "is_sparse", "is_quantized", "is_mkldnn")
 
 
 def _type(obj):
@@ -162,6 +168,8 @@ def attribute_lookaside(p: SubclassTensorProxy, name: str) -> Callable | None:
 
     if name == "__class__":
         return interpreter_needs_wrap(lambda obj, name, *default: p.subclass_type)
+    if name in STAND_IN_PROPERTIES:
+        return interpreter_needs_wrap(lambda obj, name, *default: getattr(_stand_in(p), name))
     class_attr, found = subclass_class_attribute(p.subclass_type, name)
     if found and isinstance(class_attr, types.MemberDescriptorType):  # a __slots__ attribute: the instance's value
         if name in p.inner:
