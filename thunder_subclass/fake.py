@@ -129,11 +129,12 @@ class FakeEnv:
     def proxy_of(self, fake: torch.Tensor) -> TensorProxy | None:
         return self._proxy_of.get(id(fake))
 
-    def to_fake(self, x: Any, requires_grad: bool | None = None) -> Any:
+    def to_fake(self, x: Any, requires_grad: bool | None = None, outer_size: tuple | None = None) -> Any:
         """The fake standing for ``x`` (made once per environment). ``requires_grad`` (default: the proxy's) is
         applied when the fake is made: a fake that requires grad is a leaf only for an input of the compiled
         function that was a leaf (``proxy.mark_leaf``); other values are non-leaf, as in eager, so in-place ops on
-        them run as eager runs them."""
+        them run as eager runs them. ``outer_size``: the size of a subclass fake, when it is not the proxy's (the
+        gradient of an output has the output's ragged sizes, also when the output was traced again)."""
         pin_numbers(x)  # under cache="symbolic values": the fake run holds for these values only
         if isinstance(x, NumberProxy):
             return x.value
@@ -154,7 +155,7 @@ class FakeEnv:
         requires_grad = bool(x.requires_grad) if requires_grad is None else requires_grad
         if isinstance(x, SubclassTensorProxy):
             inner = {a: self.to_fake(p) for a, p in x.inner.items()}
-            fake = unflatten_fake(x.subclass_type, inner, x.flatten_ctx, x.outer_size, x.outer_stride)
+            fake = unflatten_fake(x.subclass_type, inner, x.flatten_ctx, outer_size or x.outer_size, x.outer_stride)
             restore_python_attributes(fake, x.python_attrs)
             self.subclass_inputs.append(x)
         else:
