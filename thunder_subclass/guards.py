@@ -12,6 +12,10 @@ the same values of its type's registered ``guard_fn``; the instance attributes t
 dtype, device and requires_grad they had (thunder's usual tensor check, done here in the same call), recursively
 for nested subclasses; inner tensors must be plain tensors.
 
+``check_nested_sizes(x, earlier, spec)``, for a subclass input with ragged sizes (nested ints: a jagged NestedTensor)
+after the first such input: which of its ragged sizes equal which of the earlier inputs' (NestedTensors sharing
+offsets), as when traced. A ragged dim itself is not part of ``check_subclass``'s outer-shape check.
+
 A failing check makes the prologue raise, which thunder treats as a cache miss: a new trace, never a stale one.
 """
 
@@ -464,7 +468,7 @@ class NestedSizesSpec:
         return f"NestedSizesSpec({len(self.pairs)} pairs)"
 
     def matches(self, t, others) -> bool:
-        return all((t.shape[d] == others[j].shape[e]) is equal for d, j, e, equal in self.pairs)
+        return all(bool(t.shape[d] == others[j].shape[e]) is equal for d, j, e, equal in self.pairs)
 
 
 def _check_nested_sizes_impl(t, others, spec: NestedSizesSpec) -> None:
