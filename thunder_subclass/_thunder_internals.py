@@ -88,7 +88,10 @@ Accessors for private state (also only here): thunder's torch-callable -> symbol
 (``thunder.core.compile_data._compile_data``), a trace's signature (``TraceCtx._siginfo``, :func:`new_trace`),
 ``ctx.maybe_clear_saved_tensors`` in the backward hook, and torch's opaque-object registry
 (``torch._library.opaque_object``: :func:`is_opaque_reference_object`, :func:`opaque_guard_fn`; torch >= 2.11) and
-its fake script objects (:func:`real_script_object`).
+its fake script objects (:func:`real_script_object`); torch's nested ints of jagged NestedTensors
+(``torch.nested._internal``: the offsets -> nested int registry and ``FakeTensor.nested_int_memo``,
+:func:`registered_nested_int`, :func:`set_fake_nested_int`, :func:`new_nested_int`) and a ``FakeTensorMode`` whose
+``create_symbolic_nested_int`` makes plain nested ints instead of ``ShapeEnv`` symbols (:func:`fake_tensor_mode_class`).
 
 Supported stack: torch >= 2.10, < 2.16 (:data:`TORCH_SUPPORTED`) with lightning-thunder 0.2.6. Compatibility shims
 (:data:`SHIMS`), run by :func:`ensure_thunder_importable` before ``import thunder``, each naming the torch versions it
