@@ -88,7 +88,10 @@ Accessors for private state (also only here): thunder's torch-callable -> symbol
 (``thunder.core.compile_data._compile_data``), a trace's signature (``TraceCtx._siginfo``, :func:`new_trace`),
 ``ctx.maybe_clear_saved_tensors`` in the backward hook, and torch's opaque-object registry
 (``torch._library.opaque_object``: :func:`is_opaque_reference_object`, :func:`opaque_guard_fn`; torch >= 2.11) and
-its fake script objects (:func:`real_script_object`).
+its fake script objects (:func:`real_script_object`); torch's nested ints of jagged NestedTensors
+(``torch.nested._internal``: the offsets -> nested int registry and ``FakeTensor.nested_int_memo``,
+:func:`registered_nested_int`, :func:`set_fake_nested_int`, :func:`new_nested_int`) and a ``FakeTensorMode`` whose
+``create_symbolic_nested_int`` makes plain nested ints instead of ``ShapeEnv`` symbols (:func:`fake_tensor_mode_class`).
 
 Supported stack: torch >= 2.10, < 2.16 (:data:`TORCH_SUPPORTED`) with lightning-thunder 0.2.6. Compatibility shims
 (:data:`SHIMS`), run by :func:`ensure_thunder_importable` before ``import thunder``, each naming the torch versions it
@@ -362,6 +365,63 @@ def real_script_object(v: Any) -> Any:
     from torch._library.fake_class_registry import FakeScriptObject
 
     return v.real_obj if isinstance(v, FakeScriptObject) else v
+
+
+def is_nested_int(v: Any) -> bool:
+    """A nested int (``torch.nested._internal.nested_int.NestedIntNode`` in a ``torch.SymInt``): the ragged size of a
+    jagged NestedTensor (``j1`` in ``torch.Size([3, j1, 5])``), or a multiple of one (its strides: ``5*j1``)."""
+    if not isinstance(v, torch.SymInt):
+        return False
+    try:
+        return bool(v.node.is_nested_int())
+    except Exception:
+        return False
+
+
+def registered_nested_int(t: Any) -> torch.SymInt | None:
+    """The nested int torch associates with tensor ``t`` (the offsets or lengths of jagged NestedTensors): for a real
+    tensor, the entry of ``torch.nested._internal.nested_tensor._tensor_symint_registry``; for a fake one, its
+    ``nested_int_memo``. None when it has none (then the next NestedTensor built on it makes a new one)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    if not isinstance(t, torch.Tensor):
+        return None
+    if isinstance(t, FakeTensor):
+        return t.nested_int_memo
+    from torch.nested._internal.nested_tensor import _tensor_symint_registry
+
+    return _tensor_symint_registry.get(t)
+
+
+def set_fake_nested_int(fake: Any, value: torch.SymInt) -> None:
+    """Associate nested int ``value`` with fake tensor ``fake`` (``FakeTensor.nested_int_memo``), as torch's
+    ``NestedTensor.__tensor_unflatten__`` does for fakes: NestedTensors built on it in a fake run get that ragged size."""
+    fake.nested_int_memo = value
+
+
+def new_nested_int() -> torch.SymInt:
+    """A nested int no tensor has yet, numbered by torch's own counter (``get_tensor_symint`` of a fresh tensor, made
+    outside any fake mode), so that it never equals a nested int of a real tensor."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.nested._internal.nested_tensor import get_tensor_symint
+
+    with unset_fake_temporarily():
+        return get_tensor_symint(torch.empty(0))
+
+
+@functools.cache
+def fake_tensor_mode_class() -> type:
+    """``FakeTensorMode`` whose nested ints for offsets made inside a fake run (``nested_tensor_from_jagged`` on
+    computed offsets) are plain nested ints, as in eager (:func:`new_nested_int`), instead of symbols of a
+    ``ShapeEnv`` (torch's ``FakeTensorMode.create_symbolic_nested_int`` requires one; without it, building such a
+    NestedTensor on fakes fails)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    class NestedIntFakeTensorMode(FakeTensorMode):
+        def create_symbolic_nested_int(self, *, nt_tensor_id=None):
+            return new_nested_int()
+
+    return NestedIntFakeTensorMode
 
 
 def opaque_guard_fn(typ: type):

@@ -54,7 +54,7 @@ from thunder_subclass.recording import (
     subclass_names,
     torch_callable_for,
 )
-from thunder_subclass.interpretation import INPLACE_VIEW_OPS, subclass_class_attribute
+from thunder_subclass.interpretation import INPLACE_VIEW_OPS, is_answered_from_metadata, subclass_class_attribute
 from thunder_subclass.rules import call_rule, find_grad_rule
 from thunder_subclass._thunder_internals import (
     runs_natively, source_location, thunder_resolves_method, torch_to_thunder_symbols,
@@ -271,7 +271,7 @@ def record_backward(recipe: GradRecipe, grads, saved=None) -> tuple[list, list]:
     for old, new in zip(recipe.saved, saved or ()):
         env.rename(old, new)
     mark = len(env.subclass_inputs)
-    fake_grads = [env.to_fake(g) for g in grads]
+    fake_grads = [env.to_fake(g, outer_size=_ragged_size_of(g, out)) for g, out in zip(grads, recipe.fake_outputs)]
     recorder = RecordingMode()
     try:
         with fake_execution(), torch.enable_grad(), recorder:
@@ -284,6 +284,15 @@ def record_backward(recipe: GradRecipe, grads, saved=None) -> tuple[list, list]:
     input_grads = emit_calls(env, recorder.calls, list(fake_input_grads), scope,
                              f"the backward of {recipe.what}", recipe.subclasses, flatten_from=mark)
     return input_grads, scope
+
+
+def _ragged_size_of(grad, fake_output) -> tuple | None:
+    """The size for the fake of gradient ``grad`` when it has ragged sizes: its output's (a NestedTensor output traced
+    again has a new nested int; its gradient is of the same ragged structure), else None (the gradient's own)."""
+    if isinstance(grad, SubclassTensorProxy) and grad.nested_sizes and isinstance(fake_output, torch.Tensor) \
+            and len(fake_output.shape) == len(grad.outer_size):
+        return tuple(fake_output.shape)
+    return None
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -397,7 +406,8 @@ def torch_api_lookaside(fn, wrapped_args: tuple) -> Callable | None:
                 and name not in INPLACE_VIEW_OPS:  # those rebind the caller's variable (interpretation)
             method = getattr(torch.Tensor, name, None)
             if callable(method) and not _thunder_has(method) and not thunder_resolves_method(name) \
-                    and not subclass_class_attribute(obj.subclass_type, name)[1] and name not in obj.inner:
+                    and not subclass_class_attribute(obj.subclass_type, name)[1] and name not in obj.inner \
+                    and not is_answered_from_metadata(obj, name):
                 return interpreter_needs_wrap(lambda o, n, *d: functools.partial(apply_torch_callable, method, obj))
         return None
     if isinstance(fn, (OpOverload, OpOverloadPacket)) and _op_namespace(fn) not in ("aten", "prim", "prims"):
@@ -408,7 +418,24 @@ def torch_api_lookaside(fn, wrapped_args: tuple) -> Callable | None:
             and callable(fn) and not isinstance(fn, type) and not _thunder_has(fn):
         if has_subclass_proxy([unwrap(a) for a in wrapped_args], {}):
             return interpreter_needs_wrap(functools.partial(apply_torch_callable, fn))
+    if _is_nested_api(fn):
+        # torch.nested's functions (nested_tensor_from_jagged, as_nested_tensor, to_padded_tensor, ...) build or take
+        # jagged NestedTensors; interpreted, they reach torch's module-level dummy NestedTensor (an input thunder
+        # cannot unpack): run on fakes as one call, with plain tensor arguments too
+        if any(isinstance(unwrap(a), TensorProxy) for a in tree_flatten(list(wrapped_args))[0]):
+            return interpreter_needs_wrap(functools.partial(apply_torch_callable, fn))
     return None
+
+
+def _is_nested_api(fn: Any) -> bool:
+    return any(fn is f for f in _nested_api())
+
+
+@functools.cache
+def _nested_api() -> tuple:
+    import torch.nested
+
+    return tuple(getattr(torch.nested, name) for name in torch.nested.__all__)
 
 
 def involves_subclass(cls: type, args: tuple, kwargs: dict) -> bool:

@@ -19,9 +19,22 @@ import thunder.core.devices as devices
 import thunder.core.dtypes as dtypes
 from thunder.core.proxies import NumberProxy, TensorProxy
 
-from thunder_subclass._thunder_internals import is_interpreting, pin_numbers, tensor_producer
+from thunder_subclass._thunder_internals import (
+    fake_tensor_mode_class,
+    is_interpreting,
+    pin_numbers,
+    registered_nested_int,
+    set_fake_nested_int,
+    tensor_producer,
+)
 from thunder_subclass.errors import SubclassProtocolError
-from thunder_subclass.proxy import OpaqueObjectProxy, SubclassTensorProxy, is_marked_leaf
+from thunder_subclass.proxy import (
+    OpaqueObjectProxy,
+    SubclassTensorProxy,
+    is_marked_leaf,
+    nested_int_of,
+    remember_nested_int,
+)
 
 _STRIDE_ATTR = "_thunder_subclass_stride"
 _STRIDE_GUARD_ATTR = "_thunder_subclass_stride_guard"
@@ -29,7 +42,8 @@ _STRIDE_GUARD_ATTR = "_thunder_subclass_stride_guard"
 @functools.cache
 def fake_mode() -> FakeTensorMode:
     """The FakeTensorMode shared by every trace (creating one per operation is slow)."""
-    return FakeTensorMode(allow_non_fake_inputs=True)
+    # nested ints of offsets computed in a fake run are plain nested ints, as in eager (no ShapeEnv)
+    return fake_tensor_mode_class()(allow_non_fake_inputs=True)
 
 
 def contiguous_strides(shape) -> tuple[int, ...]:
@@ -168,6 +182,14 @@ class FakeEnv:
         self._fake_of[id(p)] = fake
         self._proxy_of[id(fake)] = p
         self._keep.append((p, fake))
+        remember_nested_int(p, registered_nested_int(fake))
+
+    def remember_nested_ints(self) -> None:
+        """After a fake run: plain values that became the offsets of a NestedTensor in it (a nested int was made
+        for their fakes) keep that nested int, so later fake runs build NestedTensors of the same ragged size."""
+        for p, fake in self._keep:
+            if isinstance(p, TensorProxy) and isinstance(fake, torch.Tensor):
+                remember_nested_int(p, registered_nested_int(fake))
 
     def copy(self) -> FakeEnv:
         """A new environment that starts with this one's bindings (for recording a backward on a forward)."""
@@ -201,11 +223,12 @@ class FakeEnv:
     def proxy_of(self, fake: torch.Tensor) -> TensorProxy | None:
         return self._proxy_of.get(id(fake))
 
-    def to_fake(self, x: Any, requires_grad: bool | None = None) -> Any:
+    def to_fake(self, x: Any, requires_grad: bool | None = None, outer_size: tuple | None = None) -> Any:
         """The fake standing for ``x`` (made once per environment). ``requires_grad`` (default: the proxy's) is
         applied when the fake is made: a fake that requires grad is a leaf only for an input of the compiled
         function that was a leaf (``proxy.mark_leaf``); other values are non-leaf, as in eager, so in-place ops on
-        them run as eager runs them."""
+        them run as eager runs them. ``outer_size``: the size of a subclass fake, when it is not the proxy's (the
+        gradient of an output has the output's ragged sizes, also when the output was traced again)."""
         pin_numbers(x)  # under cache="symbolic values": the fake run holds for these values only
         if isinstance(x, NumberProxy):
             return x.value
@@ -226,7 +249,7 @@ class FakeEnv:
         requires_grad = bool(x.requires_grad) if requires_grad is None else requires_grad
         if isinstance(x, SubclassTensorProxy):
             inner = {a: self.to_fake(p) for a, p in x.inner.items()}
-            fake = unflatten_fake(x.subclass_type, inner, x.flatten_ctx, tuple(x._shape), x.outer_stride)
+            fake = unflatten_fake(x.subclass_type, inner, x.flatten_ctx, outer_size or x.outer_size, x.outer_stride)
             restore_python_attributes(fake, x.python_attrs)
             self.subclass_inputs.append(x)
         else:
@@ -234,6 +257,9 @@ class FakeEnv:
                 fake = torch.empty_strided(
                     tuple(x._shape), stride_of(x), dtype=torch_dtype(x), device=torch_device(x)
                 )
+            nested_int = nested_int_of(x)
+            if nested_int is not None:  # the offsets of NestedTensors: those built on it share their ragged size
+                set_fake_nested_int(fake, nested_int)
         if requires_grad != fake.requires_grad and fake.is_leaf:
             fake.requires_grad_(requires_grad)
         if fake.requires_grad and fake.is_leaf and not is_marked_leaf(x):

@@ -12,6 +12,10 @@ the same values of its type's registered ``guard_fn``; the instance attributes t
 dtype, device and requires_grad they had (thunder's usual tensor check, done here in the same call), recursively
 for nested subclasses; inner tensors must be plain tensors.
 
+``check_nested_sizes(x, earlier, spec)``, for a subclass input with ragged sizes (nested ints: a jagged NestedTensor)
+after the first such input: which of its ragged sizes equal which of the earlier inputs' (NestedTensors sharing
+offsets), as when traced. A ragged dim itself is not part of ``check_subclass``'s outer-shape check.
+
 A failing check makes the prologue raise, which thunder treats as a cache miss: a new trace, never a stale one.
 """
 
@@ -44,7 +48,18 @@ __all__ = ["SubclassSpec", "add_subclass_guards", "check_subclass", "proxify_inp
 
 
 def _tensor_meta(p) -> tuple:
-    return (torch.Size([int(d) for d in p._shape]), torch_dtype(p), torch_device(p), bool(p.requires_grad))
+    if isinstance(p, SubclassTensorProxy) and p.nested_sizes:
+        # a ragged dim is not checked: its nested int is another one for every NestedTensor with new offsets, and
+        # the trace does not depend on it (inner shapes are checked; sharing between inputs: check_nested_sizes)
+        shape = tuple(None if i in p.nested_sizes else int(d) for i, d in enumerate(p._shape))
+    else:
+        shape = torch.Size([int(d) for d in p._shape])
+    return (shape, torch_dtype(p), torch_device(p), bool(p.requires_grad))
+
+
+def _same_sizes(size, expected: tuple) -> bool:
+    """``size`` equals ``expected`` at every dim but the ragged ones (None in ``expected``)."""
+    return len(size) == len(expected) and all(e is None or s == e for s, e in zip(size, expected))
 
 
 class SubclassSpec:
@@ -96,8 +111,13 @@ class SubclassSpec:
     def matches(self, t) -> bool:
         if type(t) is not self.subclass_type:
             return False
-        if self.meta is not None and (t.shape, t.dtype, t.device, t.requires_grad) != self.meta:
-            return False
+        if self.meta is not None:
+            shape, *rest = self.meta
+            if type(shape) is tuple:  # ragged dims
+                if not _same_sizes(t.shape, shape) or [t.dtype, t.device, t.requires_grad] != rest:
+                    return False
+            elif (t.shape, t.dtype, t.device, t.requires_grad) != self.meta:
+                return False
         attrs, ctx = t.__tensor_flatten__()
         if tuple(attrs) != self.attr_names:
             return False
@@ -133,7 +153,15 @@ class SubclassSpec:
         parts = [f"type({v}) is {const(self.subclass_type)}"]
         if self.meta is not None:
             shape, dtype, device, requires_grad = self.meta
-            parts.append(f"{v}.shape == {const(shape)} and {v}.dtype is {const(dtype)} and "
+            if type(shape) is tuple:  # ragged dims (None) are not checked
+                size = fresh()
+                shape_check = " and ".join(
+                    [f"len({size} := {v}.shape) == {len(shape)}"]
+                    + [f"{size}[{i}] == {const(e)}" for i, e in enumerate(shape) if e is not None]
+                )
+            else:
+                shape_check = f"{v}.shape == {const(shape)}"
+            parts.append(f"{shape_check} and {v}.dtype is {const(dtype)} and "
                          f"{v}.device == {const(device)} and {v}.requires_grad is {const(requires_grad)}")
         parts.append(f"len({flat} := {v}.__tensor_flatten__()) == 2 and tuple({flat}[0]) == {const(self.attr_names)}")
         for attr, expected, nested in self._inner_items:
@@ -183,7 +211,7 @@ def _not_restored_by_unflatten(p: SubclassTensorProxy) -> dict[str, Any]:
         return {}
     env = FakeEnv()
     rebuilt = unflatten_fake(
-        p.subclass_type, {a: env.to_fake(q) for a, q in p.inner.items()}, p.flatten_ctx, tuple(p._shape), p.outer_stride
+        p.subclass_type, {a: env.to_fake(q) for a, q in p.inner.items()}, p.flatten_ctx, p.outer_size, p.outer_stride
     )
     return {k: v for k, v in p.python_attrs.items() if not is_same_value(getattr(rebuilt, k, _MISSING), v)}
 
@@ -437,7 +465,55 @@ def _proxify_subclass(jit_ctx, value) -> SubclassTensorProxy:
     mark_leaf(p, t)
     _trace_flags(jit_ctx, first_input=p).involves_subclasses = True  # its first operation raises under a mode
     add_subclass_guards(jit_ctx, p)
+    if p.nested_sizes:
+        add_nested_sizes_guard(jit_ctx, p)
     return p
+
+
+class NestedSizesSpec:
+    """Which ragged sizes of a subclass input equal which of the inputs before it, as when traced: for each pair
+    (own dim, index of an earlier input, its dim), whether the nested ints were equal (NestedTensors sharing offsets
+    have equal ragged sizes; ``a.shape == b.shape`` and ``a + b`` depend on it)."""
+
+    __slots__ = ("pairs",)
+
+    def __init__(self, pairs: tuple):
+        self.pairs = pairs
+
+    def __repr__(self) -> str:
+        return f"NestedSizesSpec({len(self.pairs)} pairs)"
+
+    def matches(self, t, others) -> bool:
+        return all(bool(t.shape[d] == others[j].shape[e]) is equal for d, j, e, equal in self.pairs)
+
+
+def _check_nested_sizes_impl(t, others, spec: NestedSizesSpec) -> None:
+    if not spec.matches(t, others):
+        raise SubclassGuardFailure(f"the ragged sizes of a {type(t).__name__} input are shared with other inputs "
+                                   "differently than when traced")
+
+
+check_nested_sizes = subclass_executor.register_operator(
+    "check_nested_sizes", meta=lambda t, others, spec: None, fn=_check_nested_sizes_impl,
+    tags=[prims.OpTags.DONT_DCE],
+)
+
+
+def add_nested_sizes_guard(jit_ctx, p: SubclassTensorProxy) -> None:
+    """Input ``p`` has ragged sizes (nested ints): a call whose inputs share ragged sizes differently (NestedTensors
+    with the same offsets, or not) is a cache miss. Its lengths themselves are not guarded: fake runs know no
+    tensor values, so the trace holds for any offsets of the same shape (the inner tensors' shapes are checked)."""
+    state = _thunder_internals.jit_state()
+    earlier = state.setdefault("ragged_inputs", []) if state is not None else []
+    pairs = tuple(
+        (d, j, e, bool(s == s2))
+        for d, s in p.nested_sizes.items()
+        for j, q in enumerate(earlier)
+        for e, s2 in q.nested_sizes.items()
+    )
+    if pairs:
+        jit_ctx.add_constraint((check_nested_sizes, p, tuple(earlier), NestedSizesSpec(pairs)))
+    earlier.append(p)
 
 
 def _check_buffer_flag_impl(t, flag: bool) -> None:

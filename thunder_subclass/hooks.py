@@ -61,6 +61,7 @@ def _symbol_call(sym, args: tuple, kwargs: dict):
         result = torch_function.dispatch(sym, args, kwargs, torch_callable_for, denormalize)
         if result is not _thunder_internals.NOT_HANDLED:
             return result
+    interpretation.check_no_nested_int(sym, args, kwargs)
     try:
         if not has_subclass_proxy(args, kwargs):
             return _thunder_internals.NOT_HANDLED

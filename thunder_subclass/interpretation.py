@@ -36,6 +36,7 @@ from thunder.core.trace import get_tracectx
 from thunder_subclass._thunder_internals import (
     interpret_call,
     is_called_from_user_code,
+    is_nested_int,
     raise_in_interpreter,
     is_interpreting,
     rebind_wrapped_value,
@@ -120,8 +121,9 @@ def _torch_dtype_attr(obj, name, *default):
 
 
 def _torch_shape_attr(obj, name, *default):
-    shape = obj.shape
-    return torch.Size(shape) if all(type(s) is int for s in shape) else shape  # symbolic sizes stay thunder's
+    # a subclass's ragged dims as it reports them: nested ints (torch.Size([3, j1, 5]) of a jagged NestedTensor)
+    shape = obj.outer_size if isinstance(obj, SubclassTensorProxy) else obj.shape
+    return torch.Size(shape) if all(type(s) is int or is_nested_int(s) for s in shape) else shape  # symbolic sizes stay thunder's
 
 
 def _torch_device_attr(obj, name, *default):
@@ -131,6 +133,10 @@ def _torch_device_attr(obj, name, *default):
 
 
 _TORCH_TYPED_ATTRIBUTES = {"dtype": _torch_dtype_attr, "shape": _torch_shape_attr, "device": _torch_device_attr}
+
+# tensor properties thunder 0.2.6's proxies do not answer (it resolves ``is_nested`` as a method: "'getset_descriptor'
+# object is not callable"): for a subclass proxy, the answer of a fake instance of it, as eager's object gives
+STAND_IN_PROPERTIES = ("is_nested", "layout", "is_sparse", "is_quantized", "is_mkldnn")
 
 
 def _type(obj):
@@ -162,6 +168,10 @@ def attribute_lookaside(p: SubclassTensorProxy, name: str) -> Callable | None:
 
     if name == "__class__":
         return interpreter_needs_wrap(lambda obj, name, *default: p.subclass_type)
+    if name in STAND_IN_PROPERTIES:
+        return interpreter_needs_wrap(lambda obj, name, *default: getattr(_stand_in(p), name))
+    if name == "size" and p.nested_sizes:  # the sizes as the subclass reports them, nested ints at ragged dims
+        return interpreter_needs_wrap(lambda obj, name, *default: functools.partial(_outer_size, p))
     class_attr, found = subclass_class_attribute(p.subclass_type, name)
     if found and isinstance(class_attr, types.MemberDescriptorType):  # a __slots__ attribute: the instance's value
         if name in p.inner:
@@ -185,6 +195,31 @@ def attribute_lookaside(p: SubclassTensorProxy, name: str) -> Callable | None:
             return interpreter_needs_wrap(lambda obj, name, *default: class_attr.__get__(p, p.subclass_type))
         return interpreter_needs_wrap(lambda obj, name, *default: class_attr)
     return None
+
+
+def is_answered_from_metadata(p: SubclassTensorProxy, name: str) -> bool:
+    """Whether :func:`attribute_lookaside` answers ``p.<name>`` from the proxy's metadata (not by running the torch
+    method on fakes): tensor properties thunder's proxies lack, and ``size`` of a subclass with ragged sizes."""
+    return name in STAND_IN_PROPERTIES or (name == "size" and bool(p.nested_sizes))
+
+
+def _outer_size(p: SubclassTensorProxy, dim: int | None = None):
+    size = torch.Size(p.outer_size)
+    return size if dim is None else size[dim]
+
+
+def check_no_nested_int(sym: Symbol, args: tuple, kwargs: dict) -> None:
+    """A nested int (the ragged size of a jagged NestedTensor, ``x.shape[1]``) passed to a torch operation as a
+    number: thunder's traces cannot hold one. Raises :class:`UnsupportedSubclassOperationError` naming it."""
+    for a in tree_flatten((args, kwargs))[0]:
+        if is_nested_int(a):
+            raise UnsupportedSubclassOperationError(
+                f"{sym.name} at {format_location(*source_location())} received {a}, the ragged size of a jagged "
+                f"NestedTensor (a nested int, not a number), as an argument. thunder_subclass cannot put a ragged "
+                f"size in a trace (eager torch rejects it too where a concrete size is needed). Use sizes of the "
+                f"NestedTensor's values() or its offsets() instead, or keep this computation outside the compiled "
+                f"function."
+            )
 
 
 def _read_slot(p: SubclassTensorProxy, slot: types.MemberDescriptorType) -> Any:

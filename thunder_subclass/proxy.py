@@ -7,6 +7,14 @@ the subclass type, its inner tensor proxies by attribute name (recursively for n
 (``__tensor_flatten__()[1]``) and the outer strides (``__tensor_unflatten__`` needs them).
 
 In a trace it prints as ``TwoTensor[cpu f32[4, 4]] (a: cpu f32[4, 4], b: cpu f32[4, 4])``.
+
+Ragged sizes: a jagged ``NestedTensor``'s outer size holds a nested int (``torch.Size([3, j1, 5])``, a
+``torch.SymInt``), which thunder's tensor proxies cannot hold. The proxy keeps it on the side
+(``SubclassTensorProxy.nested_sizes``, dim -> nested int; :attr:`SubclassTensorProxy.outer_size` is the true size
+with it) and has :data:`RAGGED_PLACEHOLDER` at that dim of its thunder shape; it prints as
+``NestedTensor[cpu f64[3, j1, 5]]``. Plain tensors torch associates a nested int with (the offsets) carry it too
+(:func:`nested_int_of`), so fakes made from them in later fake runs build NestedTensors of the same ragged size, as
+eager does for NestedTensors sharing offsets.
 """
 
 from __future__ import annotations
@@ -30,7 +38,9 @@ from thunder.core.trace import get_tracectx
 
 from thunder_subclass._thunder_internals import (
     attribute_provenance,
+    is_nested_int,
     is_opaque_reference_object,
+    registered_nested_int,
     opaque_attributes_supported,
     opaque_attributes_unavailable,
     opaque_guard_fn,
@@ -41,8 +51,25 @@ from thunder_subclass.executor import register_symbol
 
 __all__ = [
     "SubclassTensorProxy", "OpaqueObjectProxy", "is_subclass_value", "has_subclass_proxy", "subclass_proxy_from_tensor",
-    "proxy_kind", "runtime_kind", "flatten_symbol", "record_flatten", "record_opaque_constant",
+    "proxy_kind", "runtime_kind", "flatten_symbol", "record_flatten", "record_opaque_constant", "RAGGED_PLACEHOLDER",
+    "nested_int_of", "remember_nested_int",
 ]
+
+# the size a ragged (nested-int) dim has in a subclass proxy's thunder shape: a valid length that no code reads as the
+# ragged size (user code gets the nested int, fakes are made from SubclassTensorProxy.outer_size)
+RAGGED_PLACEHOLDER = 1
+
+_NESTED_INT_ATTR = "_thunder_subclass_nested_int"
+
+
+def nested_int_of(p: Any) -> torch.SymInt | None:
+    """The nested int associated with plain tensor proxy ``p`` (it is the offsets or lengths of a NestedTensor)."""
+    return p.__dict__.get(_NESTED_INT_ATTR) if isinstance(p, TensorProxy) else None
+
+
+def remember_nested_int(p: TensorProxy, value: torch.SymInt | None) -> None:
+    if value is not None and not isinstance(p, SubclassTensorProxy) and _NESTED_INT_ATTR not in p.__dict__:
+        p.__dict__[_NESTED_INT_ATTR] = value
 
 
 class SubclassTensorProxy(TensorProxy):
@@ -92,8 +119,12 @@ class SubclassTensorProxy(TensorProxy):
                 a: OpaqueObjectProxy(p.value) if isinstance(p, OpaqueObjectProxy) else type(p)(like=p)
                 for a, p in like.inner.items()
             }
-            shape, device, dtype = like._shape, like._device, like._dtype
+            shape, device, dtype = like.outer_size, like._device, like._dtype
             requires_grad = like.requires_grad
+        # nested ints (ragged sizes) are kept aside; thunder's shape has a placeholder there
+        self.nested_sizes = {i: s for i, s in enumerate(shape or ()) if is_nested_int(s)}
+        if self.nested_sizes:
+            shape = tuple(RAGGED_PLACEHOLDER if i in self.nested_sizes else s for i, s in enumerate(shape))
         super().__init__(
             name, shape=shape, device=device, dtype=dtype, requires_grad=requires_grad, history=history, tags=tags
         )
@@ -124,6 +155,13 @@ class SubclassTensorProxy(TensorProxy):
         self.__dict__["_flattened_in"] = trace
 
     @property
+    def outer_size(self) -> tuple:
+        """The outer size as the subclass reports it: thunder's shape with the nested ints at ragged dims."""
+        if not self.nested_sizes:
+            return tuple(self._shape)
+        return tuple(self.nested_sizes.get(i, s) for i, s in enumerate(self._shape))
+
+    @property
     def attr_names(self) -> tuple[str, ...]:
         return tuple(self.inner)
 
@@ -143,7 +181,7 @@ class SubclassTensorProxy(TensorProxy):
             flatten_ctx=self.flatten_ctx,
             outer_stride=self.outer_stride,
             python_attrs=self.python_attrs,
-            shape=self._shape,
+            shape=self.outer_size,
             device=self._device,
             dtype=self._dtype,
             requires_grad=self._requires_grad,
@@ -152,7 +190,7 @@ class SubclassTensorProxy(TensorProxy):
         )
         like = changes.pop("like", None)
         if like is not None:
-            kwargs.update(shape=like.shape, device=like.device, dtype=like.dtype, requires_grad=like.requires_grad)
+            kwargs.update(shape=like.outer_size if isinstance(like, SubclassTensorProxy) else like.shape, device=like.device, dtype=like.dtype, requires_grad=like.requires_grad)
         changes.pop("grad", None)
         kwargs.update(changes)
         return SubclassTensorProxy(**kwargs)
@@ -160,7 +198,11 @@ class SubclassTensorProxy(TensorProxy):
     def type_string(self) -> str:
         inner = ", ".join(f"{a}: {p.type_string()}" for a, p in self.inner.items())
         ctx = "" if self.flatten_ctx is None else f", ctx={self.flatten_ctx!r}"
-        return f"{self.subclass_type.__name__}[{super().type_string()}] ({inner}{ctx})"
+        outer = super().type_string()
+        if self.nested_sizes:  # "cpu f64[3, 1, 5]" -> "cpu f64[3, j1, 5]"
+            prefix = outer[: outer.rindex("[")]
+            outer = f"{prefix}[{', '.join(str(s) for s in self.outer_size)}]"
+        return f"{self.subclass_type.__name__}[{outer}] ({inner}{ctx})"
 
     def __repr__(self) -> str:
         return f'<SubclassTensorProxy(name="{self.name}", {self.type_string()})>'
@@ -335,6 +377,7 @@ def subclass_proxy_from_tensor(t: torch.Tensor, *, name: str | None, history, in
             )
         else:
             inner[a] = tensorproxy(it, name=iname, history=h)
+            remember_nested_int(inner[a], registered_nested_int(it))
     # the outer name was reserved above; Proxy.__init__ records it again, so release it first
     get_tracectx().names.discard(name)
     p = SubclassTensorProxy(
@@ -384,7 +427,20 @@ def python_attributes(t: torch.Tensor, attrs) -> dict[str, Any]:
             found[name] = getattr(t, name)
     found.update(getattr(t, "__dict__", None) or {})
     return {k: v for k, v in found.items()
-            if k not in skip and not isinstance(v, torch.Tensor) and not _is_torch_bookkeeping(k)}
+            if k not in skip and not _holds_tensors_or_sizes(v) and not _is_torch_bookkeeping(k)}
+
+
+def _holds_tensors_or_sizes(v: Any) -> bool:
+    # tensors, also inside containers (NestedTensor's _metadata_cache), and symbolic sizes (its _size and _strides
+    # hold nested ints): state of the value that __tensor_unflatten__ rebuilds from the inner tensors, not attributes
+    # to guard by value
+    if isinstance(v, (torch.Tensor, torch.SymInt)):
+        return True
+    if isinstance(v, (tuple, list)):
+        return any(_holds_tensors_or_sizes(x) for x in v)
+    if isinstance(v, dict):
+        return any(_holds_tensors_or_sizes(x) for x in v.values())
+    return False
 
 
 def _is_torch_bookkeeping(name: str) -> bool:

@@ -236,6 +236,7 @@ def run_on_fakes(fn: Callable, args, kwargs, what: str, subclasses: str, *, env:
         raise
     except Exception as e:
         raise dispatch_error(what, subclasses, e) from e
+    env.remember_nested_ints()
     return env, recorder.calls, out
 
 

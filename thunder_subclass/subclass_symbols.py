@@ -27,9 +27,10 @@ __all__ = [
 ]
 
 class FlattenContext:
-    """A flatten context that is not a plain literal (DTensor's holds placements and a ``TensorMeta`` named tuple),
-    passed to the boundary symbols as an object: thunder prints literal arguments as source code, which would name
-    classes the execution trace does not import."""
+    """A flatten context that is not a plain literal (DTensor's holds placements and a ``TensorMeta`` named tuple), or
+    an outer size or stride holding nested ints (a jagged NestedTensor's ``(3, j1, 5)``), passed to the boundary
+    symbols as an object: thunder prints literal arguments as source code, which would name classes (or nested ints)
+    the execution trace does not define."""
 
     __slots__ = ("value",)
 
@@ -70,14 +71,17 @@ def unflatten_symbol(cls: type) -> Symbol:
         def meta(inner: tuple, attrs: tuple[str, ...], ctx: Any, outer_size: tuple, outer_stride: tuple):
             env = FakeEnv()
             fake = cls.__tensor_unflatten__(
-                {a: env.to_fake(p) for a, p in zip(attrs, inner)}, ctx_value(ctx), outer_size, outer_stride
+                {a: env.to_fake(p) for a, p in zip(attrs, inner)}, ctx_value(ctx), ctx_value(outer_size),
+                ctx_value(outer_stride),
             )
             out = subclass_proxy_from_tensor(fake, name=None, history=None)
             out.inner = dict(zip(attrs, inner))
             return out
 
         def impl(inner, attrs, ctx, outer_size, outer_stride):
-            return cls.__tensor_unflatten__(dict(zip(attrs, inner)), ctx_value(ctx), outer_size, outer_stride)
+            return cls.__tensor_unflatten__(
+                dict(zip(attrs, inner)), ctx_value(ctx), ctx_value(outer_size), ctx_value(outer_stride)
+            )
 
         sym = register_symbol(f"unflatten_{cls.__name__}", meta=meta, fn=impl)
         _unflatten[cls] = sym
@@ -141,5 +145,6 @@ def is_unflatten_bsym(bsym) -> bool:
 def record_unflatten(out: SubclassTensorProxy, scope: list) -> None:
     """Append ``out = unflatten_<Cls>(inner...)`` to ``scope`` (inner subclasses must already be defined)."""
     sym = unflatten_symbol(out.subclass_type)
-    args = (tuple(out.inner.values()), out.attr_names, ctx_arg(out.flatten_ctx), tuple(out._shape), out.outer_stride)
+    args = (tuple(out.inner.values()), out.attr_names, ctx_arg(out.flatten_ctx), ctx_arg(out.outer_size),
+            ctx_arg(out.outer_stride))
     scope.append(sym.bind(*args, output=out))

@@ -251,7 +251,7 @@ def _zeros_of(p):
     """A real zero tensor of the kind of proxy ``p`` (a subclass rebuilt from zero inner tensors)."""
     if isinstance(p, SubclassTensorProxy):
         inner = {a: q.value if isinstance(q, OpaqueObjectProxy) else _zeros_of(q) for a, q in p.inner.items()}
-        return p.subclass_type.__tensor_unflatten__(inner, p.flatten_ctx, tuple(p._shape), p.outer_stride)
+        return p.subclass_type.__tensor_unflatten__(inner, p.flatten_ctx, p.outer_size, p.outer_stride)
     return torch.zeros(tuple(p._shape), dtype=torch_dtype(p), device=torch_device(p))
 
 

@@ -1,0 +1,173 @@
+"""Jagged nested tensors (``torch.nested`` with ``layout=torch.jagged``), PyTorch's own wrapper subclass, compiled by
+thunder_subclass.jit and compared with eager: values, output types, ragged sizes, gradients, requires_grad, input
+mutations, the cache, and the typed errors for what is not supported."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import thunder_subclass
+import thunder
+from thunder_subclass.errors import UnsupportedSubclassOperationError
+from torch.nested._internal.nested_tensor import NestedTensor
+
+
+def njt(lengths=(2, 3, 4), d=5, requires_grad=False):
+    return torch.nested.nested_tensor(
+        [torch.randn(n, d, dtype=torch.float64) for n in lengths], layout=torch.jagged, requires_grad=requires_grad
+    )
+
+
+def copy_njt(x):
+    """An independent copy of leaf NJT ``x`` (same values and lengths, its own offsets and nested int)."""
+    return torch.nested.nested_tensor(list(x.detach().unbind()), layout=torch.jagged, requires_grad=x.requires_grad)
+
+
+def assert_njt_equal(actual, expected):
+    assert type(actual) is type(expected) is NestedTensor
+    assert actual.requires_grad == expected.requires_grad
+    assert actual.dim() == expected.dim() and actual.shape[0] == expected.shape[0]
+    assert actual.shape[2:] == expected.shape[2:]
+    torch.testing.assert_close(actual.offsets(), expected.offsets())
+    torch.testing.assert_close(actual.values(), expected.values())
+
+
+def test_pointwise_keeps_ragged_structure():
+    x = njt()
+    f = lambda t: (t * 2 + 1).sin()
+    jf = thunder_subclass.jit(f)
+    y = jf(x)
+    assert_njt_equal(y, f(x))
+    # as in eager: the result is ragged like x (same nested int, the same offsets object)
+    assert y.shape[1] == x.shape[1] and y.offsets() is x.offsets()
+    assert f"NestedTensor[cpu f64[3, {x.shape[1]}, 5]]" in str(thunder.last_traces(jf)[0])
+    assert "torch.sin(" in str(thunder.last_traces(jf)[-1])  # on the values, flattened
+
+
+def test_binary_op_on_shared_offsets_and_shape_branch():
+    def f(a, b):
+        return a + b if a.shape == b.shape else a.sin()
+
+    a = njt()
+    b = torch.nested.nested_tensor_from_jagged(torch.randn_like(a.values()), a.offsets())
+    jf = thunder_subclass.jit(f)
+    assert_njt_equal(jf(a, b), f(a, b))
+    assert "add" in str(thunder.last_traces(jf)[-1])
+    # equal lengths but offsets of their own: other nested ints, eager takes the other branch; a cache miss
+    c = copy_njt(b)
+    assert not (a.shape == c.shape)
+    assert_njt_equal(jf(a, c), f(a, c))
+    assert thunder.cache_misses(jf) == 2
+    assert "sin" in str(thunder.last_traces(jf)[-1])
+    # a new pair sharing offsets: the first trace again
+    a2 = copy_njt(a)
+    b2 = torch.nested.nested_tensor_from_jagged(torch.randn_like(a2.values()), a2.offsets())
+    assert_njt_equal(jf(a2, b2), f(a2, b2))
+    assert (thunder.cache_hits(jf), thunder.cache_misses(jf)) == (1, 2)
+
+
+def test_linear_forward_and_backward():
+    x = njt(requires_grad=True)
+    w = torch.randn(4, 5, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(4, dtype=torch.float64, requires_grad=True)
+    ex, ew, eb = (t.detach().clone().requires_grad_() for t in (x, w, b))
+    y = thunder_subclass.jit(F.linear)(x, w, b)
+    expected = F.linear(ex, ew, eb)
+    assert_njt_equal(y, expected)
+    y.values().sum().backward()
+    expected.values().sum().backward()
+    assert type(x.grad) is NestedTensor and x.grad.shape[1] == x.shape[1]
+    torch.testing.assert_close(x.grad.values(), ex.grad.values())
+    torch.testing.assert_close(w.grad, ew.grad)
+    torch.testing.assert_close(b.grad, eb.grad)
+
+
+def test_softmax_and_sum_over_the_last_dim_with_backward():
+    f = lambda t: (t.softmax(-1) * 3).sin()
+    x = njt(requires_grad=True)
+    ex = x.detach().clone().requires_grad_()
+    y, expected = thunder_subclass.jit(f)(x), f(ex)
+    assert_njt_equal(y, expected)
+    (gx,) = torch.autograd.grad(y.values().sum(), x)
+    (egx,) = torch.autograd.grad(expected.values().sum(), ex)
+    assert type(gx) is NestedTensor
+    torch.testing.assert_close(gx.values(), egx.values())
+
+    s = lambda t: t.sum(-1)
+    x = njt()
+    out, expected = thunder_subclass.jit(s)(x), s(x)
+    assert_njt_equal(out, expected)
+    assert out.dim() == 2 and not out.requires_grad
+
+
+def test_same_lengths_hit_the_cache_other_lengths_recompile():
+    jf = thunder_subclass.jit(lambda t: t.cos() * t.size(0))
+    for lengths in ((2, 3, 4), (2, 3, 4), (1, 3, 5), (1, 1, 1, 6)):
+        x = njt(lengths)
+        assert_njt_equal(jf(x), x.cos() * x.size(0))
+    # nested_tensor() caches the min / max length as inner tensors of shape (length, 0): (1, 3, 5) has other inner
+    # shapes, (1, 1, 1, 6) another batch size too: each traced again
+    assert (thunder.cache_hits(jf), thunder.cache_misses(jf)) == (1, 3)
+    # nothing in a trace depends on the lengths themselves (fake runs know no tensor values): NJTs whose inner tensors
+    # have the same shapes share a trace, with eager's result
+    x = torch.nested.nested_tensor_from_jagged(torch.randn(9, 5, dtype=torch.float64), torch.tensor([0, 4, 6, 9]))
+    y = torch.nested.nested_tensor_from_jagged(torch.randn(9, 5, dtype=torch.float64), torch.tensor([0, 1, 5, 9]))
+    jg = thunder_subclass.jit(lambda t: t.cos() * t.size(0))
+    for t in (x, y):
+        assert_njt_equal(jg(t), t.cos() * t.size(0))
+    assert (thunder.cache_hits(jg), thunder.cache_misses(jg)) == (1, 1)
+
+
+def test_construction_from_values_and_offsets_with_backward_to_values():
+    f = lambda v, o: torch.nested.nested_tensor_from_jagged(v * 2, o) * 2
+    v, o = torch.randn(10, 5, requires_grad=True), torch.tensor([0, 2, 6, 10])
+    ev = v.detach().clone().requires_grad_()
+    y, expected = thunder_subclass.jit(f)(v, o), f(ev, o)
+    assert_njt_equal(y, expected)
+    y.backward(torch.ones_like(y))
+    expected.backward(torch.ones_like(expected))
+    torch.testing.assert_close(v.grad, ev.grad)
+
+
+def test_metadata_reads_as_eager():
+    def f(x):
+        assert x.is_nested and x.dim() == 3 and len(x.size()) == 3
+        assert x.size(1) == x.shape[1]  # the same nested int
+        return x * (x.size(0) + x.shape[-1] + x.size(-1))
+
+    x = njt()
+    assert_njt_equal(thunder_subclass.jit(f)(x), f(x))
+
+
+def test_mutated_plain_input_next_to_njt():
+    def f(x, y):
+        z = x.sin()
+        y.sin_()
+        return z.cos(), y.cos()
+
+    x, y = njt((1, 2, 3, 4), 8, requires_grad=True), torch.rand(4, 8, dtype=torch.float64)
+    ex, ey = x.detach().clone().requires_grad_(), y.clone()
+    (z, w), (ez, ew) = thunder_subclass.jit(f)(x, y), f(ex, ey)
+    assert_njt_equal(z, ez)
+    torch.testing.assert_close(w, ew)
+    torch.testing.assert_close(y, ey)  # the input was written as in eager
+    z.values().sum().backward()
+    ez.values().sum().backward()
+    torch.testing.assert_close(x.grad.values(), ex.grad.values())
+
+
+def test_ragged_size_used_as_a_number_is_a_typed_error():
+    x = njt()
+    with pytest.raises(RuntimeError):  # eager fails too
+        torch.zeros(x.shape[1])
+    with pytest.raises(UnsupportedSubclassOperationError, match=r"zeros at .*test_njt.py:\d+ received j\d+, the ragged "
+                                                                r"size of a jagged NestedTensor"):
+        thunder_subclass.jit(lambda t: torch.zeros(t.shape[1]))(x)
+
+
+def test_unbind_is_a_typed_error():
+    # its results' sizes are the lengths, tensor values a trace does not know (torch.compile makes them unbacked
+    # symbolic sizes)
+    with pytest.raises(UnsupportedSubclassOperationError,
+                       match=r"torch.Tensor.unbind on NestedTensor at .*test_njt.py:\d+ makes a data-dependent"):
+        thunder_subclass.jit(lambda t: t.unbind())(njt())
