@@ -79,16 +79,17 @@ def test_inference_cache_hits_and_subclass_output():
 
 
 def test_inputs_with_other_strides_get_their_own_compiled_variant():
-    # thunder's prologue does not check strides; inductor's generated code does, and a variant is made for them
-    def f(x, w):
-        return torch.relu(x @ w) * 2
+    # thunder's prologue checks the strides only of inputs a subclass's dispatch saw (tests/test_strides.py); b meets
+    # plain operations only, and inductor's generated code checks its strides: a variant is made for them
+    def f(x, w, b):
+        return torch.relu(x @ w) * 2, b.relu() * 3
 
     jf = thunder_subclass.jit(f, executors=[thunder_subclass.inductor_ex])
     x = TwoTensor(torch.randn(4, 6), torch.randn(4, 6))
     w = torch.randn(6, 5)
-    wt = torch.randn(5, 6).t()  # same shape, transposed strides
-    for weight in (w, wt, w, wt):
-        torch.testing.assert_close(jf(x, weight), f(x, weight))
+    b, bt = torch.randn(6, 5), torch.randn(5, 6).t()  # same shape, transposed strides
+    for plain in (b, bt, b, bt):
+        torch.testing.assert_close(jf(x, w, plain), f(x, w, plain))
     assert thunder.cache_misses(jf) == 1
     (region,) = _regions(thunder.last_traces(jf)[-1])
     assert len(region.variants) == 2
