@@ -440,6 +440,15 @@ def jit_state() -> dict | None:
     return ctx.__dict__.setdefault("_thunder_subclass_state", {})
 
 
+def call_in_epilogue(sym, history, *args) -> None:
+    """Append ``sym(obj, *args)`` to the epilogue of the trace being interpreted, where ``obj`` is the caller's object
+    with provenance ``history`` (an input). The epilogue runs after the computation (and after thunder's autograd
+    Function, which would hand the computation's outputs to it as new tensors: views of an input it returns), so
+    ``obj`` comes from the prologue directly (``jit_ext.process_recorded_modifications`` does the same for a module
+    whose buffers the traced code assigns). Calls run in the order they were added."""
+    jit_state().setdefault("epilogue_calls", []).append((sym, history, args))
+
+
 def interpret_call(fn, *wrapped_args, **wrapped_kwargs):
     """Call ``fn`` under thunder's interpreter from inside a lookaside (``interpreter._interpret_call``): its body is
     traced like user code. Arguments and result are the interpreter's wrapped values."""
@@ -1387,11 +1396,28 @@ def _hook_process_recorded_modifications(original):
         saved = jit_ext.NoneType
         jit_ext.NoneType = _ConstantAttributeValue
         try:
-            return original(ctx, epilogue_trace)
+            original(ctx, epilogue_trace)
         finally:
             jit_ext.NoneType = saved
+        _add_epilogue_calls(ctx, epilogue_trace)
 
     return process_recorded_modifications
+
+
+def _add_epilogue_calls(ctx, epilogue_trace) -> None:
+    # the calls call_in_epilogue collected, each on a proxy of the caller's object made from its provenance (one per
+    # object): not a computation input, so thunder passes it from the prologue to the epilogue
+    from thunder.core.proxies import Proxy
+    from thunder.core.trace import tracectx
+
+    objects: dict[int, Any] = {}
+    for sym, history, args in ctx.__dict__.get("_thunder_subclass_state", {}).get("epilogue_calls", ()):
+        obj = objects.get(id(history))
+        if obj is None:
+            obj = objects[id(history)] = Proxy(history=history)
+            epilogue_trace.add_name(obj.name)
+        with tracectx(epilogue_trace):
+            epilogue_trace.bound_symbols.append(sym.bind(obj, *args, output=None))
 
 
 @functools.cache
