@@ -117,7 +117,7 @@ def test_in_place_on_a_non_leaf_subclass_that_requires_grad():
     assert_same(x.grad, ex.grad)  # 3, through the in-place mul_
 
 
-@pytest.mark.parametrize("kind", ["plain"])  # a TwoTensor input: see README "Limits"
+@pytest.mark.parametrize("kind", ["plain", "subclass"])
 def test_in_place_on_a_non_leaf_input_that_requires_grad(kind):
     # PyTorch's test_aotdispatch input-mutation tests with make_inputs_subclasses: the argument is base.add(1);
     # thunder 0.2.6 differentiated with respect to the input's last alias, so the outputs did not require grad
@@ -150,8 +150,36 @@ def test_in_place_on_a_non_leaf_input_that_requires_grad(kind):
 
     bases, ebases = leaves(), leaves()
     args, eargs = [t.add(1) for t in bases], [t.add(1) for t in ebases]
-    assert_same(thunder_subclass.jit(g)(*args).detach(), g(*eargs).detach())
+    out, expected = thunder_subclass.jit(g)(*args), g(*eargs)
+    assert_same(out.detach(), expected.detach())
     assert_same(args[0].detach(), eargs[0].detach())
+    out.sum().backward()
+    expected.sum().backward()
+    assert bases[0].grad is None and ebases[0].grad is None  # nothing used a's new value: undefined, as eager
+    assert_same(bases[1].grad, ebases[1].grad)
+
+    # the changed inputs' autograd history is the compiled function's, as eager's is the in-place ops': later uses
+    # differentiate through the change
+    bases, ebases = leaves(), leaves()
+    args, eargs = [t.add(1) for t in bases], [t.add(1) for t in ebases]
+    out, expected = thunder_subclass.jit(f)(*args), f(*eargs)
+    w = torch.arange(9.0).reshape(3, 3)
+    ((out * w).sum() + (args[0] * w * w).sum() + (args[1] * 5).sum()).backward()
+    ((expected * w).sum() + (eargs[0] * w * w).sum() + (eargs[1] * 5).sum()).backward()
+    for got, want in zip(bases, ebases):
+        assert_same(got.grad, want.grad)
+
+    def h(a):  # the changed input returned: the caller's object itself, as in eager
+        a.mul_(2)
+        return a
+
+    bases, ebases = leaves(), leaves()
+    x, ex = bases[0].add(1), ebases[0].add(1)
+    out, expected = thunder_subclass.jit(h)(x), h(ex)
+    assert out is x and expected is ex and out.requires_grad
+    (out * w).sum().backward()
+    (expected * w).sum().backward()
+    assert_same(bases[0].grad, ebases[0].grad)
 
 
 def test_in_place_on_a_leaf_that_requires_grad_fails_as_in_eager():
