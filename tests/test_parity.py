@@ -117,7 +117,7 @@ def test_in_place_on_a_non_leaf_subclass_that_requires_grad():
     assert_same(x.grad, ex.grad)  # 3, through the in-place mul_
 
 
-@pytest.mark.parametrize("kind", ["plain"])  # a TwoTensor input: see README "Limits"
+@pytest.mark.parametrize("kind", ["plain", "subclass"])
 def test_in_place_on_a_non_leaf_input_that_requires_grad(kind):
     # PyTorch's test_aotdispatch input-mutation tests with make_inputs_subclasses: the argument is base.add(1);
     # thunder 0.2.6 differentiated with respect to the input's last alias, so the outputs did not require grad
@@ -150,8 +150,36 @@ def test_in_place_on_a_non_leaf_input_that_requires_grad(kind):
 
     bases, ebases = leaves(), leaves()
     args, eargs = [t.add(1) for t in bases], [t.add(1) for t in ebases]
-    assert_same(thunder_subclass.jit(g)(*args).detach(), g(*eargs).detach())
+    out, expected = thunder_subclass.jit(g)(*args), g(*eargs)
+    assert_same(out.detach(), expected.detach())
     assert_same(args[0].detach(), eargs[0].detach())
+    out.sum().backward()
+    expected.sum().backward()
+    assert bases[0].grad is None and ebases[0].grad is None  # nothing used a's new value: undefined, as eager
+    assert_same(bases[1].grad, ebases[1].grad)
+
+    # the changed inputs' autograd history is the compiled function's, as eager's is the in-place ops': later uses
+    # differentiate through the change
+    bases, ebases = leaves(), leaves()
+    args, eargs = [t.add(1) for t in bases], [t.add(1) for t in ebases]
+    out, expected = thunder_subclass.jit(f)(*args), f(*eargs)
+    w = torch.arange(9.0).reshape(3, 3)
+    ((out * w).sum() + (args[0] * w * w).sum() + (args[1] * 5).sum()).backward()
+    ((expected * w).sum() + (eargs[0] * w * w).sum() + (eargs[1] * 5).sum()).backward()
+    for got, want in zip(bases, ebases):
+        assert_same(got.grad, want.grad)
+
+    def h(a):  # the changed input returned: the caller's object itself, as in eager
+        a.mul_(2)
+        return a
+
+    bases, ebases = leaves(), leaves()
+    x, ex = bases[0].add(1), ebases[0].add(1)
+    out, expected = thunder_subclass.jit(h)(x), h(ex)
+    assert out is x and expected is ex and out.requires_grad
+    (out * w).sum().backward()
+    (expected * w).sum().backward()
+    assert_same(bases[0].grad, ebases[0].grad)
 
 
 def test_in_place_on_a_leaf_that_requires_grad_fails_as_in_eager():
@@ -459,18 +487,93 @@ def test_in_place_view_ops(op):
     torch.testing.assert_close(p, ep)
 
 
-def test_in_place_view_op_on_a_subclass_input_is_a_typed_error():
+def _assert_same_metadata(actual, expected):
+    """Outer size and stride equal, and those of the inner tensors (a subclass's in-place view op changes both)."""
+    assert (actual.shape, actual.stride()) == (expected.shape, expected.stride())
+    if type(expected) is not torch.Tensor:
+        for a in expected.__tensor_flatten__()[0]:
+            _assert_same_metadata(getattr(actual, a), getattr(expected, a))
+
+
+@pytest.mark.parametrize("kind", ["subclass", "plain"])
+def test_in_place_view_ops_on_an_input_change_the_callers_object(kind):
+    # PyTorch's test_subclass_metadata_mutation / test_input_data_and_metadata_mutation: the caller's object gets
+    # eager's new outer size and stride and its inner tensors theirs, after chains of in-place view ops and with data
+    # changed through the new view; later uses see the new view
+    def chain(a):
+        a.transpose_(1, 0)
+        tmp = a.mul(2)
+        a.unsqueeze_(0)
+        a.squeeze_(0)
+        a.swapdims_(0, 2)
+        return tmp.transpose(1, 0), a.unsqueeze(0)
+
+    def data_and_metadata(a):
+        a.t_()
+        a[0].mul_(2)
+        return a.view(a.shape)
+
+    make = (lambda *s: _two(*s)) if kind == "subclass" else (lambda *s: torch.randn(*s))
+    for f, shape in ((chain, (1, 2, 4)), (data_and_metadata, (3, 3))):
+        jf = thunder_subclass.jit(f)
+        for _ in range(2):  # the second call is a cache hit that changes the caller's object too
+            x = make(*shape)
+            ex = _clone_leaf(x)
+            out, expected = jf(x), f(ex)
+            for o, e in zip(out if isinstance(out, tuple) else (out,), expected if isinstance(out, tuple) else (expected,)):
+                assert_same(o, e)
+            assert_same(x, ex)
+            _assert_same_metadata(x, ex)
+            assert_same(x * 1, ex * 1)  # later eager uses read the new view
+        assert (thunder.cache_misses(jf), thunder.cache_hits(jf)) == (1, 1)
+
+
+def test_in_place_view_op_on_a_non_leaf_subclass_input_that_requires_grad():
+    # the caller's non-leaf gets eager's autograd history (TBackward): gradients through the outputs and through
+    # later uses of the changed input equal eager's
+    def f(a):
+        a.t_()
+        return a * 3
+
+    base = _two(2, 3, requires_grad=True)
+    ebase = _clone_leaf(base)
+    x, ex = base * 2, ebase * 2
+    out, expected = thunder_subclass.jit(f)(x), f(ex)
+    assert_same(out.detach(), expected.detach())
+    _assert_same_metadata(x, ex)
+    assert type(x.grad_fn) is type(ex.grad_fn) and out.requires_grad
+    w = torch.arange(6.0).reshape(3, 2)
+    ((out * w).sum() + (x * w).sum()).backward()
+    ((expected * w).sum() + (ex * w).sum()).backward()
+    assert_same(base.grad, ebase.grad)
+
+
+def test_in_place_view_op_on_a_leaf_that_requires_grad_fails_as_in_eager():
     from thunder_subclass import UnsupportedSubclassOperationError
 
     def f(x):
         x.transpose_(0, 1)
         return x * 2
 
+    with pytest.raises(RuntimeError, match="a leaf Variable that requires grad"):
+        f(_two(3, 4, requires_grad=True))  # eager
     line = f.__code__.co_firstlineno + 1
     with pytest.raises(UnsupportedSubclassOperationError,
-                       match=rf"torch\.Tensor\.transpose_ on the TwoTensor input at .*test_parity\.py:{line} would "
-                             r"change the metadata of the caller's object.*out-of-place transpose"):
-        thunder_subclass.jit(f)(_two(3, 4))
+                       match=rf"torch\.Tensor\.transpose_ on the TwoTensor input at .*test_parity\.py:{line}: the "
+                             r"input is a leaf that requires grad.*out-of-place transpose"):
+        thunder_subclass.jit(f)(_two(3, 4, requires_grad=True))
+    # a trace made for a non-leaf, reused for a leaf: the same error, before the caller's object changes
+    jf = thunder_subclass.jit(f)
+    jf(_two(3, 4, requires_grad=True) * 1)
+    leaf = _two(3, 4, requires_grad=True)
+    with pytest.raises(UnsupportedSubclassOperationError, match=rf"test_parity\.py:{line}: the input is a leaf"):
+        jf(leaf)
+    assert leaf.shape == (3, 4)
+    with torch.no_grad():  # eager allows it under no_grad
+        x = _two(3, 4, requires_grad=True)
+        ex = _clone_leaf(x)
+        assert_same(thunder_subclass.jit(f)(x), f(ex))
+        _assert_same_metadata(x, ex)
 
 
 def test_distinct_views_of_one_storage_are_not_merged():

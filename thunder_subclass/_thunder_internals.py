@@ -50,10 +50,18 @@ Hooks (thunder 0.2.6 paths, relative to the installed ``thunder/``):
   (:func:`allow_torch_compile_fusion`), so its fusion regions are not cut at ops without a thunder equivalent.
 * ``executors/torch_autograd.py`` ``ThunderFunction.forward`` — outputs eager would not give ``requires_grad``
   (inner tensors of a computed subclass, detached values) are marked non-differentiable, per trace
-  (``Handlers.differentiable_outputs``), through thunder's own ``is_differentiable_outputs`` argument.
+  (``Handlers.differentiable_outputs``), through thunder's own ``is_differentiable_outputs`` argument; non-leaf
+  inputs changed in place are returned in place of their new values and marked dirty (``Handlers.mutated_inputs``),
+  so that their autograd history becomes the compiled function's, as eager's becomes the in-place ops'.
+* ``transforms/autodiff.py`` ``grad_transform_on_trace`` — gradients reach inputs changed in place, whose new
+  values become forward outputs (:func:`grads_for_mutated_inputs`); ``split_into_forward_and_backward`` — the
+  forward gives the epilogue the user's outputs only (the added new values stay in ``flat_output``).
+* ``core/jit_ext.py`` ``process_recorded_modifications`` — also appends the plugin's epilogue calls
+  (:func:`call_in_epilogue`: in-place view ops replayed on the caller's object).
 * ``executors/torch_autograd.py`` ``ThunderFunction.backward`` — when ``.backward(grad)`` passes gradients of another
   kind than the compiled backward expects (a plain tensor for a ``TwoTensor`` output), a backward made for those
-  gradients runs instead (``Handlers.replace_grads`` / ``run_backward``: ``thunder_subclass.tangents``); otherwise thunder's own backward runs unchanged.
+  gradients runs instead (``Handlers.replace_grads`` / ``run_backward``: ``thunder_subclass.tangents``); otherwise thunder's own backward runs unchanged. The gradient of a changed input whose new value nothing used stays
+  undefined, as in eager (``Handlers.gradless_inputs``).
 
 Interpreter fixes (thunder 0.2.6; each acts only for a plugin jit, found with Hugging Face transformers 4.55-5.x
 models at their default call arguments, none specific to them; the hook's comment names what it works around):
@@ -502,6 +510,15 @@ def jit_state() -> dict | None:
     return ctx.__dict__.setdefault("_thunder_subclass_state", {})
 
 
+def call_in_epilogue(sym, history, *args) -> None:
+    """Append ``sym(obj, *args)`` to the epilogue of the trace being interpreted, where ``obj`` is the caller's object
+    with provenance ``history`` (an input). The epilogue runs after the computation (and after thunder's autograd
+    Function, which would hand the computation's outputs to it as new tensors: views of an input it returns), so
+    ``obj`` comes from the prologue directly (``jit_ext.process_recorded_modifications`` does the same for a module
+    whose buffers the traced code assigns). Calls run in the order they were added."""
+    jit_state().setdefault("epilogue_calls", []).append((sym, history, args))
+
+
 def interpret_call(fn, *wrapped_args, **wrapped_kwargs):
     """Call ``fn`` under thunder's interpreter from inside a lookaside (``interpreter._interpret_call``): its body is
     traced like user code. Arguments and result are the interpreter's wrapped values."""
@@ -719,6 +736,11 @@ class Handlers:
     * ``run_backward(compiled_backward, grads, take_saved_tensors)``: the input gradients of a backward the plugin
       runs instead of thunder's compiled one, or ``NOT_HANDLED``; ``take_saved_tensors()`` releases the saved
       tensors to it.
+    * ``mutated_inputs(compiled_backward)``: pairs (position in a thunder forward call's ``flat_args``, position in
+      its ``flat_output``) of the inputs changed in place and their new values (``grads_for_mutated_inputs``), or
+      ``()``.
+    * ``gradless_inputs(compiled_backward, grads)``: of those, the ones whose gradient is undefined for these
+      incoming gradients (``None`` where nothing used a new value), or ``()``.
     """
 
     executor: Any
@@ -732,6 +754,8 @@ class Handlers:
     differentiable_outputs: Callable
     replace_grads: Callable
     run_backward: Callable
+    mutated_inputs: Callable
+    gradless_inputs: Callable
 
 
 _handlers: Handlers | None = None
@@ -1131,6 +1155,11 @@ def _hook_grad_transform_on_trace(original):
     return grad_transform_on_trace
 
 
+# key of a joint trace's return dict: (how many outputs were added after the user's, ((position in flat_args of an
+# input changed in place, position of its new value among the outputs), ...))
+MUTATED_INPUTS_KEY = "thunder_subclass_mutated_inputs"
+
+
 def grads_for_mutated_inputs(trace, transform: Callable):
     """``transform(trace)`` (thunder's grad transform) with gradients for inputs that the program mutates in place.
 
@@ -1159,13 +1188,32 @@ def grads_for_mutated_inputs(trace, transform: Callable):
 
     old_positions = {o.name: (k, j) for k, outs in enumerate(forward_aliases(trace)) for j, o in enumerate(outs)
                      if isinstance(o, TensorProxy)}
+    extra_outputs = isinstance(ret.args[0].get("output"), tuple)
     substituted = {i for i, (a, f) in enumerate(zip(trace.args, flat_args))
-                   if type(a) is TensorProxy and isinstance(f, TensorProxy) and a is not f and a.requires_grad
-                   and f.name in old_positions}  # (plain inputs: a subclass's last alias is rebuilt at run time)
+                   if isinstance(a, TensorProxy) and isinstance(f, TensorProxy) and a is not f and a.requires_grad
+                   and (extra_outputs or f.name in old_positions)}
     if not substituted:
         return transform(trace)
     inputs = [trace.args[i] if i in substituted else f for i, f in enumerate(flat_args)]
-    trace.bound_symbols[-1] = ret.from_bsym(args=({**ret.args[0], "flat_args": inputs}, *ret.args[1:]))
+    changed = {**ret.args[0], "flat_args": inputs}
+    order = tuple(sorted(substituted))
+    positions: list[int] = []
+    if extra_outputs:
+        # each changed input's new value is a forward output (a user's output, or one added after them): thunder's
+        # backward then takes its gradient, and at run time the ThunderFunction.forward hook returns the caller's
+        # object in its place, marked dirty, so that its autograd history becomes the compiled function's, as in eager
+        outputs = list(changed["output"])
+        n_user = len(outputs)
+        for i in order:
+            names = [getattr(o, "name", None) for o in outputs]
+            if flat_args[i].name in names:
+                positions.append(names.index(flat_args[i].name))
+            else:
+                positions.append(len(outputs))
+                outputs.append(flat_args[i])
+        changed["output"] = tuple(outputs)
+        changed[MUTATED_INPUTS_KEY] = (len(outputs) - n_user, tuple(zip(order, positions)))
+    trace.bound_symbols[-1] = ret.from_bsym(args=(changed, *ret.args[1:]))
     try:
         new_trace = transform(trace)
     finally:
@@ -1173,15 +1221,51 @@ def grads_for_mutated_inputs(trace, transform: Callable):
     new_aliases = forward_aliases(new_trace)
     new_ret = new_trace.bound_symbols[-1]
     restored = list(new_ret.args[0]["flat_args"])
-    for i in substituted:
-        k, j = old_positions[flat_args[i].name]
-        if k >= len(new_aliases) or j >= len(new_aliases[k]) or not isinstance(new_aliases[k][j], TensorProxy):
+    fw_out = new_ret.args[0].get("fw_flat_out", ())
+    for m, i in enumerate(order):
+        if extra_outputs:  # the new value, which the forward also returns
+            last = fw_out[positions[m]] if positions[m] < len(fw_out) else None
+        else:  # the same output of the same (k-th) forward update_aliases
+            k, j = old_positions[flat_args[i].name]
+            last = new_aliases[k][j] if k < len(new_aliases) and j < len(new_aliases[k]) else None
+        if not isinstance(last, TensorProxy):
             # thunder changed the structure: thunder's own result (outputs without gradient), transformed again
             return transform(trace)
-        restored[i] = new_aliases[k][j]
+        # a plain input's last alias is, at run time, the caller's tensor; a subclass input's is an object rebuilt
+        # from the changed inner tensors, without the caller's autograd history: the input itself is passed to
+        # autograd (the changed inner tensors stay alive: in-place ops are never removed)
+        restored[i] = last if type(new_trace.args[i]) is TensorProxy else new_trace.args[i]
     new_trace.bound_symbols[-1] = new_ret.from_bsym(args=({**new_ret.args[0], "flat_args": restored},
                                                           *new_ret.args[1:]))
     return new_trace
+
+
+def _hook_split_into_forward_and_backward(original):
+    # wraps thunder.transforms.autodiff.split_into_forward_and_backward (imported by name when thunder compiles a
+    # program that needs a backward): the forward returns, as "output" (what the epilogue gets), the user's outputs
+    # only; the new values of inputs changed in place (grads_for_mutated_inputs) stay in "flat_output" (what autograd
+    # connects), at its end
+    from thunder.core.proxies import TensorProxy
+
+    @functools.wraps(original)
+    def split_into_forward_and_backward(joint_trace):
+        forward, backward = original(joint_trace)
+        ret = forward.bound_symbols[-1]
+        if not ret.args or not isinstance(ret.args[0], dict) or MUTATED_INPUTS_KEY not in ret.args[0]:
+            return forward, backward
+        out = dict(ret.args[0])
+        n_added, pairs = out.pop(MUTATED_INPUTS_KEY)
+        # a user output that is a changed input's new value (`a.mul_(2); return a`) is the caller's object itself, as
+        # in eager (for a subclass input, the new value is an object rebuilt from the changed inner tensors)
+        outputs = list(out["output"][: len(out["output"]) - n_added])
+        for i, pos in pairs:
+            if pos < len(outputs):
+                outputs[pos] = out["flat_args"][i]
+        out["output"] = tuple(outputs)
+        forward.bound_symbols[-1] = ret.from_bsym(args=(out, *ret.args[1:]))
+        return forward, backward
+
+    return split_into_forward_and_backward
 
 
 def _hook_thunder_function_forward(original):
@@ -1195,6 +1279,23 @@ def _hook_thunder_function_forward(original):
         # the split-autograd side channel (thunder_subclass.jit's default); the plugin knows it per trace
         if _handlers is not None and side_channel is None and is_differentiable_outputs is None:
             is_differentiable_outputs = _handlers.differentiable_outputs(compiled_backward)
+        mutated = _handlers.mutated_inputs(compiled_backward) if _handlers is not None and side_channel is None else ()
+        # torch refuses a Function that changes an input that is a view of another tensor and has more than one
+        # output: such an input keeps its history from before the call (README "Limits")
+        if mutated and not any(flat_args[i]._base is not None for i, _ in mutated):
+            # the outputs that are new values of inputs changed in place (grads_for_mutated_inputs): the caller's
+            # objects themselves, marked dirty (autograd gives them this function's history)
+            flat_output = list(flat_output)
+            for i, pos in mutated:
+                flat_output[pos] = flat_args[i]
+            flat_output = tuple(flat_output)
+            if is_differentiable_outputs is not None:  # the new value of an input that requires grad does too
+                positions = {pos for _, pos in mutated}
+                is_differentiable_outputs = tuple(d or k in positions for k, d in enumerate(is_differentiable_outputs))
+            ctx.mark_dirty(*(flat_args[i] for i, _ in mutated))
+            # undefined gradients reach the backward hook as None (an input's gradient stays undefined, as in eager,
+            # when nothing used its new value); BackwardVariants.canonical fills in zeros for the compiled backward
+            ctx.set_materialize_grads(False)
         return original(ctx, return_none_instead_of_grads, compiled_backward, side_channel, saved_tensors,
                         saved_other, is_differentiable_outputs, flat_output, *flat_args)
 
@@ -1207,6 +1308,15 @@ def _hook_thunder_function_backward(original):
 
     @functools.wraps(original)
     def backward(ctx, *raw_args):
+        if _handlers is None:
+            return original(ctx, *raw_args)
+        grads = ctx.side_channel["bw"] if ctx.side_channel is not None else raw_args
+        gradless = _handlers.gradless_inputs(ctx.compiled_backward, grads)
+        result = _backward(ctx, raw_args)
+        # ThunderFunction.forward takes 7 non-tensor arguments before the flat tensors
+        return tuple(None if k - 7 in gradless else r for k, r in enumerate(result)) if gradless else result
+
+    def _backward(ctx, raw_args):
         if _handlers is not None:
             side_channel = ctx.side_channel
             grads = side_channel["bw"] if side_channel is not None else raw_args
@@ -1461,11 +1571,28 @@ def _hook_process_recorded_modifications(original):
         saved = jit_ext.NoneType
         jit_ext.NoneType = _ConstantAttributeValue
         try:
-            return original(ctx, epilogue_trace)
+            original(ctx, epilogue_trace)
         finally:
             jit_ext.NoneType = saved
+        _add_epilogue_calls(ctx, epilogue_trace)
 
     return process_recorded_modifications
+
+
+def _add_epilogue_calls(ctx, epilogue_trace) -> None:
+    # the calls call_in_epilogue collected, each on a proxy of the caller's object made from its provenance (one per
+    # object): not a computation input, so thunder passes it from the prologue to the epilogue
+    from thunder.core.proxies import Proxy
+    from thunder.core.trace import tracectx
+
+    objects: dict[int, Any] = {}
+    for sym, history, args in ctx.__dict__.get("_thunder_subclass_state", {}).get("epilogue_calls", ()):
+        obj = objects.get(id(history))
+        if obj is None:
+            obj = objects[id(history)] = Proxy(history=history)
+            epilogue_trace.add_name(obj.name)
+        with tracectx(epilogue_trace):
+            epilogue_trace.bound_symbols.append(sym.bind(obj, *args, output=None))
 
 
 @functools.cache
@@ -1902,6 +2029,7 @@ def _targets() -> list[tuple[Any, str, Callable]]:
         (thunder, "_with_cache_info_ctx", _hook_with_cache_info_ctx),
         (passes, "_transform_for_operator_executor_execution", _hook_operator_executor_execution),
         (autodiff, "grad_transform_on_trace", _hook_grad_transform_on_trace),
+        (autodiff, "split_into_forward_and_backward", _hook_split_into_forward_and_backward),
         (torch_autograd.ThunderFunction, "forward", _hook_thunder_function_forward),
         (torch_autograd.ThunderFunction, "backward", _hook_thunder_function_backward),
         (jit_ext, "Sequence", _hook_jit_ext_sequence),

@@ -19,7 +19,7 @@ above the stages, hands it one :class:`~thunder_subclass._thunder_internals.Hand
   (transformers functions thunder cannot trace, once transformers is imported);
 * before executors claim operations -> ``tangents.flatten_for_executors`` (the flatten pass);
 * a thunder forward call connected to autograd -> ``tangents.differentiable_outputs`` (``requires_grad`` of the
-  outputs as in eager);
+  outputs as in eager) and ``tangents.mutated_inputs`` (inputs changed in place, marked dirty);
 * a thunder backward call -> ``tangents.replace_grads`` / ``tangents.run_backward`` (``.backward(grad)`` with
   gradients of another kind).
 """
@@ -116,6 +116,8 @@ HANDLERS = _thunder_internals.Handlers(
     differentiable_outputs=tangents.differentiable_outputs,
     replace_grads=tangents.replace_grads,
     run_backward=tangents.run_backward,
+    mutated_inputs=tangents.mutated_inputs,
+    gradless_inputs=tangents.gradless_inputs,
 )
 
 

@@ -34,7 +34,9 @@ from thunder.core.symbol import Symbol
 from thunder.core.trace import get_tracectx
 
 from thunder_subclass._thunder_internals import (
+    call_in_epilogue,
     interpret_call,
+    jit_state,
     is_called_from_user_code,
     is_nested_int,
     raise_in_interpreter,
@@ -315,19 +317,30 @@ INPLACE_VIEW_OPS = {
 }
 
 
-def _write_back_meta(x, name, args, kwargs):
+def _leaf_error(cls_name: str, name: str, where: str) -> UnsupportedSubclassOperationError:
+    return UnsupportedSubclassOperationError(
+        f"torch.Tensor.{name} on the {cls_name} input at {where}: the input is a leaf that requires grad, which "
+        "PyTorch does not change in place (eager raises \"a leaf Variable that requires grad is being used in an "
+        f"in-place operation\"). Use the out-of-place {INPLACE_VIEW_OPS[name]}, or call under torch.no_grad()."
+    )
+
+
+def _write_back_meta(x, name, args, kwargs, grad_enabled, where):
     return None
 
 
-def _write_back_impl(x, name, args, kwargs):
-    # eager's in-place op on the caller's tensor, so that it sees the input's new view metadata as in eager
-    getattr(x, name)(*args, **kwargs)
+def _write_back_impl(x, name, args, kwargs, grad_enabled, where):
+    # eager's in-place op on the caller's object, under the call's grad mode (a non-leaf's autograd history records
+    # the view, as in eager); its dispatch changes a subclass's inner tensors' metadata and its own
+    if grad_enabled and x.requires_grad and x.is_leaf:  # a trace made for a non-leaf serves a leaf: before changing it
+        raise _leaf_error(type(x).__qualname__, name, where)
+    with torch.set_grad_enabled(grad_enabled):
+        getattr(x, name)(*args, **kwargs)
 
 
-# IN_PLACE: thunder's alias pass (core/update_aliases.py) treats it as a write to x; DONT_DCE: it has no output
+# in the epilogue (no output: DONT_DCE)
 inplace_view_write_back = register_symbol(
-    "inplace_view_write_back", meta=_write_back_meta, fn=_write_back_impl,
-    tags=[prims.OpTags.IN_PLACE, prims.OpTags.DONT_DCE],
+    "inplace_view_write_back", meta=_write_back_meta, fn=_write_back_impl, tags=[prims.OpTags.DONT_DCE],
 )
 
 
@@ -356,17 +369,21 @@ class InplaceViewMethod:
 
 def inplace_view_call(x: TensorProxy, name: str, *args, **kwargs):
     """``x.<name>(*args, **kwargs)`` for an in-place view op: the out-of-place view (``x.transpose(0, 1)``, through
-    ``__torch_dispatch__`` for subclasses), which the caller makes ``x`` denote from then on. For a plain input, the
-    caller's tensor gets the in-place op at run time too (``inplace_view_write_back``); a subclass input cannot (its
-    outer metadata is not part of the flattened program): a typed error."""
-    if isinstance(x, SubclassTensorProxy) and x.history is not None:
-        raise UnsupportedSubclassOperationError(
-            f"torch.Tensor.{name} on the {x.subclass_type.__qualname__} input at "
-            f"{format_location(*source_location())} would change the metadata of the caller's object, which a "
-            f"compiled program cannot do for a tensor subclass; use the out-of-place {INPLACE_VIEW_OPS[name]} "
-            "and return the result."
-        )
+    ``__torch_dispatch__`` for subclasses), which the caller makes ``x`` denote from then on. When ``x`` is an input
+    (or what earlier in-place view ops made of one), the caller's object gets the same in-place op at run time, in the
+    epilogue (after the computation, in order, under the call's grad mode): a subclass's dispatch then changes its
+    inner tensors' metadata and its outer size and stride, as in eager, and a non-leaf's autograd history records
+    the view."""
+    state = jit_state()
+    roots = state.setdefault("inplace_view_roots", {}) if state is not None else {}
+    root = roots.get(x.name, x if x.history is not None else None)
+    where = format_location(*source_location())
+    if root is not None and root.requires_grad and is_marked_leaf(root) and is_traced_grad_enabled():
+        typ = root.subclass_type if isinstance(root, SubclassTensorProxy) else torch.Tensor
+        raise _leaf_error(typ.__qualname__, name, where)
     y = getattr(x, INPLACE_VIEW_OPS[name])(*args, **kwargs)
-    if not isinstance(x, SubclassTensorProxy) and x.history is not None:
-        inplace_view_write_back(x, name, tuple(args), dict(kwargs))
+    if root is not None and state is not None:
+        call_in_epilogue(inplace_view_write_back, root.history, name, tuple(args), dict(kwargs),
+                         is_traced_grad_enabled(), where)
+        roots[y.name] = root
     return y

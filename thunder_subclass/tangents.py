@@ -44,7 +44,7 @@ from thunder_subclass.proxy import OpaqueObjectProxy, SubclassTensorProxy, proxy
 
 __all__ = [
     "BackwardVariants", "SavedTensorNames", "flatten_for_executors", "replace_grads", "run_backward",
-    "differentiable_outputs",
+    "differentiable_outputs", "mutated_inputs", "gradless_inputs",
 ]
 
 
@@ -92,6 +92,9 @@ class BackwardVariants:
         self._compiled: dict[tuple, Any] = {}
         # which forward outputs eager would give requires_grad (the others are marked non-differentiable)
         self.differentiable = _differentiable_outputs(joint)
+        # (flat_args position, output position) of each input changed in place and its new value
+        self.mutated_inputs = tuple(ret.args[0].get(_thunder_internals.MUTATED_INPUTS_KEY, (0, ()))[1])
+        self._from_outputs = _grads_from_user_outputs(joint, self) if self.mutated_inputs else ()
 
     def canonical(self, grads) -> list | None:
         """``grads`` with a zero gradient of the expected kind where autograd materialized a plain zero tensor for
@@ -99,10 +102,20 @@ class BackwardVariants:
         when nothing changes. A zero gradient contributes nothing, whatever its type."""
         changed = None
         for i, (g, p) in enumerate(zip(grads, self.expected_proxy)):
-            if isinstance(p, SubclassTensorProxy) and type(g) is torch.Tensor and not g.any():
+            if g is None and isinstance(p, TensorProxy):  # not materialized (a function changing inputs in place)
+                changed = list(grads) if changed is None else changed
+                changed[i] = _zeros_of(p)
+            elif isinstance(p, SubclassTensorProxy) and type(g) is torch.Tensor and not g.any():
                 changed = list(grads) if changed is None else changed
                 changed[i] = _zeros_of(p)
         return changed
+
+    def gradless_inputs(self, grads) -> tuple[int, ...]:
+        """flat_args positions of inputs changed in place whose gradient eager leaves undefined for these incoming
+        gradients: the new value's gradient is undefined (nothing used it after the call) and the input's gradient
+        does not depend on another output's."""
+        return tuple(i for (i, pos), from_others in zip(self.mutated_inputs, self._from_outputs)
+                     if grads[pos] is None and not from_others)
 
     def __repr__(self) -> str:
         return f"BackwardVariants({len(self._compiled)} compiled)"
@@ -203,6 +216,27 @@ class BackwardVariants:
         return fn, [available[p.name] for p in saved_args], grad_positions
 
 
+def _grads_from_user_outputs(joint, variants) -> tuple[bool, ...]:
+    """For each input changed in place (``variants.mutated_inputs``), whether its gradient in ``joint`` depends on the
+    gradient of an output other than its new value."""
+    grads = joint.bound_symbols[-1].args[0]["output"]
+    found = []
+    for i, pos in variants.mutated_inputs:
+        others = {variants.grad_of[o.name].name for k, o in enumerate(variants.outputs)
+                  if k != pos and isinstance(o, TensorProxy) and o.name in variants.grad_of}
+        for bsym in joint.bound_symbols:
+            if any(a.name in others for a in bsym.flat_proxy_args):
+                others.update(o.name for o in bsym.flat_proxy_outs)
+        found.append(isinstance(grads[i], TensorProxy) and grads[i].name in others)
+    return tuple(found)
+
+
+def gradless_inputs(compiled_backward, grads) -> tuple[int, ...]:
+    """The ``ThunderFunction.backward`` hook's handler: inputs whose gradient is undefined, as in eager."""
+    variants = _variants_of(compiled_backward)
+    return () if variants is None else variants.gradless_inputs(grads)
+
+
 def _differentiable_outputs(joint) -> tuple[bool, ...] | None:
     """For each forward output of ``joint``, whether eager would return it requiring grad, propagated through the
     forward as autograd does: from the inputs' ``requires_grad``, through every differentiable op to floating-point
@@ -245,6 +279,12 @@ def differentiable_outputs(compiled_backward) -> tuple[bool, ...] | None:
     """The ``ThunderFunction.forward`` hook's handler: which outputs are differentiable (None: all)."""
     variants = _variants_of(compiled_backward)
     return None if variants is None else variants.differentiable
+
+
+def mutated_inputs(compiled_backward) -> tuple[int, ...]:
+    """The ``ThunderFunction.forward`` hook's handler: which inputs' new values end the outputs (to mark dirty)."""
+    variants = _variants_of(compiled_backward)
+    return () if variants is None else variants.mutated_inputs
 
 
 def _zeros_of(p):
