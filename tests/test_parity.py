@@ -657,3 +657,44 @@ def test_isinstance_of_a_buffer_argument_as_eager_and_guarded():
     assert thunder.cache_misses(jf) == 2
     assert_same(jf(torch.nn.Buffer(torch.zeros(3))), torch.ones(3))
     assert thunder.cache_misses(jf) == 2
+
+
+class _NotATensor:
+    """Not a tensor, but torch's functions call its ``__torch_function__`` (a wrapper class)."""
+
+    def __init__(self, t):
+        self.tensor = t
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        args = tuple(a.tensor if isinstance(a, _NotATensor) else a for a in args)
+        return func(*args, **(kwargs or {}))
+
+
+def test_non_tensor_class_with_torch_function():
+    def f(w, x):
+        return torch.add(w, 1.0, alpha=2.0) + torch.mul(x, w)
+
+    jf = thunder_subclass.jit(f)
+    x = torch.randn(2, 2)
+    for value in (torch.ones(2, 2), torch.randn(2, 2)):
+        w = _NotATensor(value)
+        out = jf(w, x)
+        assert type(out) is torch.Tensor
+        torch.testing.assert_close(out, f(w, x))
+    assert thunder.cache_misses(jf) == 1 and thunder.cache_hits(jf) == 1
+
+
+@pytest.mark.parametrize("make", [lambda: torch.randn(3), lambda: TwoTensor(torch.randn(3), torch.randn(3))],
+                         ids=["plain", "TwoTensor"])
+def test_requires_grad_inside_compiled_code_is_a_typed_error(make):
+    def f(x):
+        y = x.detach().requires_grad_()
+        return y * 2
+
+    from thunder_subclass import UnsupportedSubclassOperationError
+
+    kind = "a TwoTensor" if isinstance(make(), TwoTensor) else "a tensor"
+    with pytest.raises(UnsupportedSubclassOperationError,
+                       match=rf"requires_grad_\(\) on {kind} at .*test_parity.py:\d+: it makes a new autograd leaf"):
+        thunder_subclass.jit(f)(make())

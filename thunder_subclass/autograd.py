@@ -377,6 +377,21 @@ def _autograd_inside_compiled_code(fn, *args, **kwargs):
     )
 
 
+def _requires_grad_inside_compiled_code(obj, *args, **kwargs):
+    if isinstance(obj, SubclassTensorProxy):
+        what = f"a {obj.subclass_type.__name__}"
+    elif isinstance(obj, torch.Tensor) and hasattr(type(obj), "__tensor_flatten__"):  # a subclass value
+        what = f"a {type(obj).__name__}"
+    else:
+        what = "a tensor"
+    raise UnsupportedSubclassOperationError(
+        f"Tensor.requires_grad_() on {what} at {format_location(*source_location())}: it makes a new autograd leaf "
+        f"inside the compiled function, which thunder 0.2.6's autograd cannot return as a leaf (the outputs are "
+        f"results of one autograd function). Call requires_grad_() outside the compiled function and pass the "
+        f"tensor in."
+    )
+
+
 def _thunder_has(fn: Callable) -> bool:
     try:
         return fn in torch_to_thunder_symbols()
@@ -402,6 +417,8 @@ def torch_api_lookaside(fn, wrapped_args: tuple) -> Callable | None:
         return None
     if fn is getattr and len(wrapped_args) in (2, 3):
         obj, name = unwrap(wrapped_args[0]), unwrap(wrapped_args[1])
+        if isinstance(obj, TensorProxy) and name == "requires_grad_":
+            return interpreter_needs_wrap(lambda o, n, *d: functools.partial(_requires_grad_inside_compiled_code, o))
         if isinstance(obj, SubclassTensorProxy) and isinstance(name, str) and not name.startswith("__") \
                 and name not in INPLACE_VIEW_OPS:  # those rebind the caller's variable (interpretation)
             method = getattr(torch.Tensor, name, None)

@@ -28,7 +28,7 @@ import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 import thunder.core.prims as prims
-from thunder.core.proxies import TensorProxy, variableify
+from thunder.core.proxies import Proxy, TensorProxy, variableify
 from thunder.core.pytree import tree_flatten, tree_map
 from thunder.core.trace import TraceProvenance, from_trace
 from thunder.core.transform_common import Transform
@@ -596,6 +596,8 @@ def lookaside(fn: Any, wrapped_args: tuple) -> Callable | None:
         return interpreter_needs_wrap(functools.partial(torch_api_call, fn))
     if _is_hashable(fn) and (fn in _proxy_operators() or fn in _thunder_internals.torch_to_thunder_symbols()):
         uargs = [unwrap(a) for a in wrapped_args]
+        if any(_is_non_tensor_overload(a) for a in tree_flatten(uargs)[0]):
+            return interpreter_needs_wrap(functools.partial(_call_non_tensor_torch_function, fn))
         if has_typed_proxy(uargs, {}):
             func = _proxy_operators().get(fn, fn)
             return interpreter_needs_wrap(functools.partial(torch_api_call, func))
@@ -607,6 +609,32 @@ def lookaside(fn: Any, wrapped_args: tuple) -> Callable | None:
         if any(isinstance(a, TensorProxy) for a in tree_flatten([unwrap(a) for a in wrapped_args])[0]):
             return interpreter_needs_wrap(functools.partial(_construct, fn))
     return None
+
+
+def _is_non_tensor_overload(x: Any) -> bool:
+    """An object that is not a tensor but whose class defines ``__torch_function__`` (a wrapper class: torch's
+    functions call its ``__torch_function__`` instead of running)."""
+    return (not isinstance(x, (torch.Tensor, Proxy)) and not isinstance(x, type)
+            and getattr(type(x), "__torch_function__", None) is not None)
+
+
+def _call_non_tensor_torch_function(func: Callable, *args, **kwargs):
+    """``func(*args, **kwargs)`` where arguments are non-tensor objects with ``__torch_function__``: as
+    ``torch.overrides.handle_torch_function`` does, each such class's ``__torch_function__`` (traced) in argument
+    order, one per class, until one does not return ``NotImplemented``."""
+    overloaded: list = []
+    for a in tree_flatten((args, kwargs))[0]:
+        if _is_non_tensor_overload(a) and all(type(o) is not type(a) for o in overloaded):
+            overloaded.append(a)
+    types_ = tuple(type(o) for o in overloaded)
+    for o in overloaded:
+        result = _thunder_internals.interpret_native_call(o.__torch_function__, func, types_, args, kwargs)
+        if result is not NotImplemented:
+            return result
+    raise TypeError(
+        f"no implementation found for {getattr(func, '__qualname__', func)} on types that implement "
+        f"__torch_function__: {[c.__qualname__ for c in types_]}"
+    )
 
 
 def _stand_in(typ: TensorType) -> torch.Tensor:
