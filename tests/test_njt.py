@@ -171,3 +171,11 @@ def test_unbind_is_a_typed_error():
     with pytest.raises(UnsupportedSubclassOperationError,
                        match=r"torch.Tensor.unbind on NestedTensor at .*test_njt.py:\d+ makes a data-dependent"):
         thunder_subclass.jit(lambda t: t.unbind())(njt())
+
+
+def test_returning_the_ragged_size_is_a_typed_error():
+    # the epilogue would return the nested int seen when traced: stale for an NJT with other offsets on a cache hit
+    with pytest.raises(UnsupportedSubclassOperationError, match=r"returns j\d+, the ragged size of a jagged NestedTensor"):
+        thunder_subclass.jit(lambda t: (t * 2, t.shape[1]))(njt())
+    with pytest.raises(UnsupportedSubclassOperationError, match=r"returns j\d+, the ragged size"):
+        thunder_subclass.jit(lambda t: t.shape)(njt())

@@ -1642,6 +1642,14 @@ def _hook_build_value_from_wrapped(original):
         from thunder.core.interpreter import unwrap
 
         v = unwrap(wrapped_v)
+        if is_plugin_active() and is_nested_int(v):
+            from thunder_subclass.errors import UnsupportedSubclassOperationError
+
+            raise UnsupportedSubclassOperationError(
+                f"the compiled function returns {v}, the ragged size of a jagged NestedTensor (a nested int): the "
+                f"compiled program would return the one seen when it was traced, also for a NestedTensor with other "
+                f"offsets on a cache hit. Return the NestedTensor and read its .shape outside the compiled function."
+            )
         if (
             is_plugin_active()
             and not hasattr(wrapped_v, "anyproxy")
