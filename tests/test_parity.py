@@ -698,3 +698,21 @@ def test_requires_grad_inside_compiled_code_is_a_typed_error(make):
     with pytest.raises(UnsupportedSubclassOperationError,
                        match=rf"requires_grad_\(\) on {kind} at .*test_parity.py:\d+: it makes a new autograd leaf"):
         thunder_subclass.jit(f)(make())
+
+
+class _Tagged(torch.Tensor):
+    """A ``__torch_function__``-only subclass (no dispatch): results of torch functions on it keep the type."""
+
+
+@pytest.mark.parametrize("fn", [lambda x: list(x), lambda x: [r * 2 for r in x], lambda x: (lambda a, b, c: (a + b, c))(*x)],
+                         ids=["list", "comprehension", "unpack"])
+def test_iterating_a_torch_function_subclass_keeps_the_type(fn):
+    base = torch.randn(3, 2, requires_grad=True)
+    ebase = base.detach().clone().requires_grad_()
+    out, expected = thunder_subclass.jit(fn)(base.as_subclass(_Tagged)), fn(ebase.as_subclass(_Tagged))
+    assert [type(o) for o in out] == [type(e) for e in expected] == [_Tagged] * len(expected)
+    for o, e in zip(out, expected):
+        torch.testing.assert_close(o.as_subclass(torch.Tensor), e.as_subclass(torch.Tensor))
+    sum(o.sum() for o in out).backward()
+    sum(e.sum() for e in expected).backward()
+    torch.testing.assert_close(base.grad, ebase.grad)

@@ -562,6 +562,13 @@ def lookaside(fn: Any, wrapped_args: tuple) -> Callable | None:
             if name == "as_subclass":
                 return interpreter_needs_wrap(lambda o, n, *d: functools.partial(_as_subclass, obj))
         return None
+    if fn is iter and len(wrapped_args) == 1:
+        obj = unwrap(wrapped_args[0])
+        typ = tensor_type(obj) if isinstance(obj, TensorProxy) else None
+        if typ is not None and typ.cls is not torch.Tensor:
+            # eager's Tensor.__iter__ is iter(self.unbind(0)) through __torch_function__: the elements keep the type
+            return interpreter_needs_wrap(lambda o: iter(torch_api_call(torch.Tensor.unbind, o, 0)))
+        return None
     if fn is super:
         cls, obj = _thunder_internals.super_arguments(wrapped_args)
         if isinstance(obj, TensorProxy) and isinstance(cls, type) and issubclass(cls, torch.Tensor):
