@@ -30,7 +30,10 @@ torch215|3.11|2.15.0|test|t215|registry build (CUDA 13.2)
 find_python() {  # find_python 3.12 -> path of an interpreter of that version
     local want="$1" var="PYTHON${1/./_}" candidate
     if [[ -n "${!var:-}" ]]; then echo "${!var}"; return; fi
-    if command -v "python$want" >/dev/null 2>&1; then command -v "python$want"; return; fi
+    # (a pyenv shim answers `command -v` for versions it does not select: check that it runs)
+    if command -v "python$want" >/dev/null 2>&1 && "python$want" -c "" >/dev/null 2>&1; then
+        command -v "python$want"; return
+    fi
     if command -v pyenv >/dev/null 2>&1; then
         candidate="$(ls -d "$(pyenv root)/versions/$want".*/bin/python 2>/dev/null | sort -V | tail -1)"
         if [[ -n "$candidate" ]]; then echo "$candidate"; return; fi

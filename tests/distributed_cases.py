@@ -316,7 +316,18 @@ def dtensor_api(world, device):
 
     torch.manual_seed(0)
     x0, w0 = torch.randn(4, 8, device=device) + rank, torch.randn(6, 8, device=device)
-    for fn in (from_local, distribute, partial_to_shard):
+    from thunder_subclass._thunder_internals import torch_version
+    from thunder_subclass.errors import TorchFeatureUnavailableError
+
+    if torch_version() < (2, 11):  # c10d::scatter_ / broadcast_ have no fake implementation there: a typed error
+        x, w = x0.clone(), torch.nn.Parameter(distribute_tensor(w0.clone(), mesh, [Replicate()]))
+        try:
+            thunder_subclass.jit(distribute)(x, w)
+        except TorchFeatureUnavailableError as e:
+            assert "distribute_tensor inside a thunder_subclass-compiled function" in str(e) and e.needs_torch == "2.11"
+        else:
+            raise AssertionError("distribute_tensor in compiled code under torch < 2.11 did not raise")
+    for fn in (from_local, distribute, partial_to_shard) if torch_version() >= (2, 11) else (from_local, partial_to_shard):
         results = []
         for call in (fn, thunder_subclass.jit(fn)):
             x = x0.clone().requires_grad_(True)

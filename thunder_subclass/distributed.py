@@ -35,7 +35,9 @@ import torch
 
 from thunder.core.proxies import TensorProxy
 
+from thunder_subclass._thunder_internals import source_location, torch_version
 from thunder_subclass.autograd import record_function_call
+from thunder_subclass.errors import TorchFeatureUnavailableError, format_location
 from thunder_subclass.proxy import is_marked_leaf
 
 __all__ = ["lookaside", "is_tensor_parallel_hook", "dtensor_entry_points"]
@@ -70,6 +72,14 @@ def _distribute_leaf(tensor, *args, **kwargs):
 
 
 def _record_distribute_tensor(tensor, *args, **kwargs):
+    if torch_version() < (2, 11):
+        raise TorchFeatureUnavailableError(
+            f"torch.distributed.tensor.distribute_tensor inside a thunder_subclass-compiled function at "
+            f"{format_location(*source_location())} needs torch >= 2.11: the collectives it issues (c10d::scatter_, "
+            f"c10d::broadcast_) have no fake implementation in torch {torch.__version__}, so it cannot be traced. "
+            f"Call distribute_tensor outside the compiled function and pass the DTensor in.",
+            feature="distribute_tensor in compiled code", needs_torch="2.11",
+        )
     if isinstance(tensor, TensorProxy) and tensor.requires_grad and not is_marked_leaf(tensor):
         raise RuntimeError("`distribute_tensor` should be used to distribute leaf tensors! but found non-leaf tensor!")
     return record_function_call(_distribute_leaf, "distribute_tensor", "torch.distributed.tensor.distribute_tensor",
