@@ -11,7 +11,6 @@ import importlib.util
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import thunder_subclass
 import thunder
@@ -95,30 +94,13 @@ def test_twotensor_mlp_training_on_cuda(executor):
 def test_torchao_float8_training_on_cuda(executor):
     if torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("float8 matmuls need compute capability 8.9 or newer")
-    from torchao.float8 import convert_to_float8_training
+    from test_real_subclasses import float8_sgd_steps_match_eager
 
     torch.manual_seed(0)
     with torch.device("cuda"):
         model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 32))
-    convert_to_float8_training(model)
-    eager = copy.deepcopy(model)
-    jmodel = thunder_subclass.jit(model, executors=_executors(executor))
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    eopt = torch.optim.SGD(eager.parameters(), lr=0.05)
     x, target = torch.randn(32, 64, device="cuda"), torch.randn(32, 32, device="cuda")
-    for _ in range(3):
-        loss, eloss = F.mse_loss(jmodel(x), target), F.mse_loss(eager(x), target)
-        torch.testing.assert_close(loss, eloss)
-        opt.zero_grad()
-        eopt.zero_grad()
-        loss.backward()
-        eloss.backward()
-        for p, ep in zip(model.parameters(), eager.parameters()):
-            torch.testing.assert_close(p.grad, ep.grad)
-        opt.step()
-        eopt.step()
-    for p, ep in zip(model.parameters(), eager.parameters()):
-        torch.testing.assert_close(p, ep)
+    jmodel = float8_sgd_steps_match_eager(model, x, target, executors=_executors(executor))
     fw = thunder.last_traces(jmodel)[-1]
     assert "_scaled_mm" in str(fw)  # the float8 GEMM runs as float8 on the GPU, inside the flattened program
 

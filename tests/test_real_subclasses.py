@@ -17,19 +17,17 @@ def _mlp(d_in=32, d_hidden=64, d_out=16):
     return torch.nn.Sequential(torch.nn.Linear(d_in, d_hidden), torch.nn.ReLU(), torch.nn.Linear(d_hidden, d_out))
 
 
-@pytest.mark.parametrize("executor", ["default", "torch_compile"])
-def test_torchao_float8_training_three_steps(executor):
-    from thunder.executors.torch_compile import torch_compile_ex
+def float8_sgd_steps_match_eager(model, x, target, executors=None, steps=3):
+    """Convert ``model`` to torchao float8 training, then take ``steps`` SGD steps with it compiled and with an eager
+    copy: losses, gradients and the updated parameters equal eager's. Returns the compiled model."""
     from torchao.float8 import convert_to_float8_training
 
-    model = _mlp()
     convert_to_float8_training(model)
     eager = copy.deepcopy(model)
-    jmodel = thunder_subclass.jit(model, executors=[torch_compile_ex] if executor == "torch_compile" else None)
+    jmodel = thunder_subclass.jit(model, executors=executors)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     eopt = torch.optim.SGD(eager.parameters(), lr=0.05)
-    x, target = torch.randn(16, 32), torch.randn(16, 16)
-    for _ in range(3):
+    for _ in range(steps):
         loss, eloss = F.mse_loss(jmodel(x), target), F.mse_loss(eager(x), target)
         torch.testing.assert_close(loss, eloss)
         opt.zero_grad()
@@ -42,6 +40,16 @@ def test_torchao_float8_training_three_steps(executor):
         eopt.step()
     for p, ep in zip(model.parameters(), eager.parameters()):
         torch.testing.assert_close(p, ep)
+    return jmodel
+
+
+@pytest.mark.parametrize("executor", ["default", "torch_compile"])
+def test_torchao_float8_training_three_steps(executor):
+    from thunder.executors.torch_compile import torch_compile_ex
+
+    x, target = torch.randn(16, 32), torch.randn(16, 16)
+    jmodel = float8_sgd_steps_match_eager(_mlp(), x, target,
+                                          executors=[torch_compile_ex] if executor == "torch_compile" else None)
     fw = thunder.last_traces(jmodel)[-1]
     bw = thunder.last_backward_traces(jmodel)[-1]
     fw_names, bw_names = ([b.sym.name for b in t.bound_symbols] for t in (fw, bw))
