@@ -1690,44 +1690,44 @@ def _is_input_number(v) -> bool:
     return v.history is not None and should_register_for_prologue(v.history)
 
 
-def _number_producers() -> dict:
-    """name of each proxy output -> the bound symbol producing it, over the computation trace being built."""
-    from thunder.core.trace import get_tracectx
-
-    trace, table = get_tracectx(), {}
-
-    def visit(bsyms):
-        for b in bsyms:
-            for o in b.flat_proxy_outs:
-                table.setdefault(o.name, b)
-            visit(b.subsymbols)
-
-    visit(trace.bound_symbols)
-    for scope in trace.scopes:
-        visit(scope)
-    return table
-
-
-class _TensorProducers:
-    """name of each tensor proxy -> the bound symbol that produced it, over the top level of the computation trace
-    being built (extended as the trace grows; the few open nested scopes are read each time)."""
+class _Producers:
+    """name of each proxy -> the first bound symbol producing it (an outer symbol before its subsymbols), over the
+    computation trace being built: its top level is indexed as it grows (again from the start if it shrank: a
+    recording that was undone), the few open nested scopes are searched on each lookup."""
 
     def __init__(self, trace):
         self.trace, self.table, self.seen = weakref.proxy(trace), {}, 0
 
+    def _index(self, bsyms, table) -> None:
+        for b in bsyms:
+            for o in b.flat_proxy_outs:
+                table.setdefault(o.name, b)
+            self._index(b.subsymbols, table)
+
     def get(self, name: str):
         top = self.trace.bound_symbols
-        for b in top[self.seen:]:
-            for o in b.flat_proxy_outs:
-                self.table.setdefault(o.name, b)
+        if len(top) < self.seen:
+            self.table, self.seen = {}, 0
+        self._index(top[self.seen:], self.table)
         self.seen = len(top)
         b = self.table.get(name)
         if b is None:
+            open_scopes: dict = {}
             for scope in self.trace.scopes[1:]:
-                for c in scope:
-                    if any(o.name == name for o in c.flat_proxy_outs):
-                        return c
+                self._index(scope, open_scopes)
+            b = open_scopes.get(name)
         return b
+
+
+def _trace_producers() -> _Producers:
+    """The :class:`_Producers` of the computation trace being built (kept on the trace)."""
+    from thunder.core.trace import get_tracectx
+
+    trace = get_tracectx()
+    producers = trace.__dict__.get("_thunder_subclass_producers")
+    if producers is None:
+        producers = trace.__dict__["_thunder_subclass_producers"] = _Producers(trace)
+    return producers
 
 
 @functools.cache
@@ -1746,13 +1746,9 @@ def tensor_producer(p) -> tuple[tuple[Callable, ...], Any] | None:
     callable on fakes gives eager's.)"""
     from thunder.core.trace import get_tracectx
 
-    trace = get_tracectx()
-    if trace is None or not is_interpreting():
+    if get_tracectx() is None or not is_interpreting():
         return None
-    producers = trace.__dict__.get("_thunder_subclass_producers")
-    if producers is None:
-        producers = trace.__dict__["_thunder_subclass_producers"] = _TensorProducers(trace)
-    b = producers.get(p.name)
+    b = _trace_producers().get(p.name)
     if b is None:
         return None
     fns = _torch_callables_by_symbol_id().get(b.sym.id)
@@ -1776,7 +1772,7 @@ def _pin_input_numbers(v) -> None:
                 p.make_static_constrained()
             ctx.add_constraint((clang.check_number_type_and_value, p, p.value))
             continue
-        producers = producers if producers is not None else _number_producers()
+        producers = producers if producers is not None else _trace_producers()
         b = producers.get(p.name)
         if b is not None:
             stack.extend(a for a in b.flat_proxy_args if isinstance(a, NumberProxy))
@@ -1935,7 +1931,7 @@ def _condition_program(v):
     """``(input proxies, _Condition)`` for ``v`` computed from input numbers by number prims only; None otherwise."""
     from thunder.core.proxies import NumberProxy, Proxy
 
-    producers, ops = _number_producers(), _number_ops()
+    producers, ops = _trace_producers(), _number_ops()
     inputs, steps, seen = {}, [], set()
 
     def visit(p) -> bool:

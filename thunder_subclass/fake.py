@@ -75,11 +75,11 @@ def _infer_strides(p: TensorProxy) -> None:
     fakes with its inputs' strides. Subclass dispatch that looks at strides (torchao's float8 GEMMs choose a
     column-major operand by them; ``torch._scaled_mm`` on CUDA refuses others) then decides on fakes as eager does
     on the real values. Values with no producer (inputs of the trace) keep what was recorded, else contiguous."""
-    order, stack, done = [], [(p, False)], set()
+    order, stack, done = [], [(p, None)], set()
     while stack:  # post-order over the producers, without recursion (long chains of operations)
-        q, expanded = stack.pop()
-        if expanded:
-            order.append(q)
+        q, found = stack.pop()
+        if found is not None:  # its inputs were visited
+            order.append((q, found))
             continue
         if id(q) in done or isinstance(q, SubclassTensorProxy) or _STRIDE_ATTR in q.__dict__:
             continue
@@ -89,12 +89,10 @@ def _infer_strides(p: TensorProxy) -> None:
         found = tensor_producer(q)
         if found is None:
             continue
-        q.__dict__["_thunder_subclass_producer"] = found
-        stack.append((q, True))
-        stack.extend((a, False) for a in found[1].flat_proxy_args if isinstance(a, TensorProxy))
-    for q in order:
-        fns, bsym = q.__dict__.pop("_thunder_subclass_producer")
-        if _STRIDE_ATTR in q.__dict__:
+        stack.append((q, found))
+        stack.extend((a, None) for a in found[1].flat_proxy_args if isinstance(a, TensorProxy))
+    for q, (fns, bsym) in order:
+        if _STRIDE_ATTR in q.__dict__:  # recorded with an earlier output of the same operation
             continue
         out = _run_on_fakes(fns, bsym)
         if out is None:  # an operation fakes cannot run: its results keep contiguous strides
@@ -133,13 +131,9 @@ def _strided_fakes(tree):
             raise NotImplementedError  # not a plain operation
         if isinstance(x, TensorProxy):
             return torch.empty_strided(tuple(x._shape), stride_of(x), dtype=torch_dtype(x), device=torch_device(x))
-        if isinstance(x, NumberProxy):
+        if isinstance(x, NumberProxy):  # not pinned (to_fake pins): only strides are computed from it
             return x.value
-        if isinstance(x, dtypes.dtype):
-            return dtypes.to_torch_dtype(x)
-        if isinstance(x, devices.Device):
-            return devices.to_torch_device(x)
-        return x
+        return torch_argument(x)
 
     return pytree.tree_map(fake, tree, is_leaf=lambda x: isinstance(x, (TensorProxy, NumberProxy)))
 
@@ -155,6 +149,15 @@ def remember_stride(p: TensorProxy, t: torch.Tensor) -> TensorProxy:
     if not isinstance(p, SubclassTensorProxy):
         p.__dict__[_STRIDE_ATTR] = tuple(t.stride())
     return p
+
+
+def torch_argument(x: Any) -> Any:
+    """thunder's own argument types (its dtypes and devices) as torch takes them; anything else unchanged."""
+    if isinstance(x, dtypes.dtype):
+        return dtypes.to_torch_dtype(x)
+    if isinstance(x, devices.Device):
+        return devices.to_torch_device(x)
+    return x
 
 
 def torch_dtype(p: TensorProxy) -> torch.dtype:
@@ -232,10 +235,8 @@ class FakeEnv:
         pin_numbers(x)  # under cache="symbolic values": the fake run holds for these values only
         if isinstance(x, NumberProxy):
             return x.value
-        if isinstance(x, dtypes.dtype):  # thunder's own argument types, as torch takes them
-            return dtypes.to_torch_dtype(x)
-        if isinstance(x, devices.Device):
-            return devices.to_torch_device(x)
+        if isinstance(x, (dtypes.dtype, devices.Device)):
+            return torch_argument(x)
         if isinstance(x, OpaqueObjectProxy):  # the object seen while tracing stands in for it in fake runs
             if id(x.value) not in self._proxy_of:
                 self._proxy_of[id(x.value)] = x
