@@ -123,6 +123,7 @@ def _rank_main(rank: int, world: int, port: int, scenarios: list, modes: list, s
                     times.append(time.perf_counter() - t)
             if rank == 0:
                 queue.put((scenario, {mode: times for mode, *_, times in runs}))
+        dist.barrier()  # ranks tear down together
     finally:
         dist.destroy_process_group()
 

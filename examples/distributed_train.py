@@ -147,6 +147,9 @@ def main():
         else:
             fsdp2_float8(mesh, device, args.steps)
         tensor_parallel(mesh, device, args.steps)
+        # Every rank reaches teardown together: a rank that destroys its process group and exits while a peer's gloo
+        # threads still talk to it can abort at interpreter exit ("terminate called without an active exception").
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 

@@ -40,6 +40,7 @@ def _entry(rank: int, fn, world: int, port: int, backend: str, args: tuple) -> N
     dist.init_process_group(backend, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
     try:
         fn(rank, world, *args)  # an exception reaches run() with its traceback (mp.spawn's ProcessRaisedException)
+        dist.barrier()  # ranks tear down together (a rank exiting while a peer's gloo threads run can abort)
     finally:
         dist.destroy_process_group()
 
