@@ -271,6 +271,122 @@ def test_fused_check_failure_names_the_check():
     assert thunder.cache_misses(jm) == 1
 
 
+def _tensor_guard(jf):
+    (fused,) = _fused(jf)
+    return fused.args[1].fn.__globals__["_tensor_guard"]
+
+
+def test_tensor_metadata_runs_as_torch_cpp_guard_after_the_first_hit():
+    from thunder_subclass.prologue import _no_guard
+
+    m = _linear_stack(layers=2)
+    jm = thunder_subclass.jit(m)
+    x = torch.randn(2, 16)
+    with torch.no_grad():
+        jm(x)
+        guard = _tensor_guard(jm)
+        assert guard is not _no_guard and type(guard).__name__ == "builtin_function_or_method"  # TensorGuards.check
+        _exact(jm(x), m(x))
+        # metadata that the C++ guard sees changed in place on a parameter's inner tensor: a miss, eager's values
+        m[1].weight.a.requires_grad_(True)
+        m[1].weight.b.requires_grad_(True)
+        _exact(jm(x), m(x))
+        assert thunder.cache_misses(jm) == 2
+        m[1].weight.a.requires_grad_(False)
+        m[1].weight.b.requires_grad_(False)
+        _exact(jm(x), m(x))
+        assert (thunder.cache_misses(jm), thunder.cache_hits(jm)) == (2, 2)  # the first entry again
+
+
+def test_tensors_the_cpp_guard_rejects_but_thunder_accepts_still_hit():
+    # an inference tensor has other dispatch keys than a normal one: the C++ guard says no, the Python checks (the
+    # guards thunder has) say yes, so it is a hit, as before the C++ guard; alternating with normal tensors, more
+    # times than the guard is made again
+    m = _linear_stack(layers=2)
+    jm = thunder_subclass.jit(m)
+    with torch.inference_mode():
+        xi = torch.randn(2, 16)
+    with torch.no_grad():
+        for _ in range(6):
+            x = torch.randn(2, 16)
+            _exact(jm(x), m(x))
+            _exact(jm(xi), m(xi))
+    assert (thunder.cache_misses(jm), thunder.cache_hits(jm)) == (1, 11)
+
+
+def test_a_tensor_reached_twice_keeps_the_cpp_guard_and_untying_is_seen():
+    # tied weights: one object reached from two modules. torch's C++ guard refuses a tensor passed twice, so it
+    # gets each object once and the repeat is checked by identity
+    m = _linear_stack(layers=2, bias=False)
+    m[1].weight = m[0].weight
+    jm = thunder_subclass.jit(m)
+    x = torch.randn(2, 16)
+    with torch.no_grad():
+        _exact(jm(x), m(x))
+        _exact(jm(x), m(x))
+        assert getattr(_tensor_guard(jm), "__name__", None) == "tensor_guard"
+        w = m[0].weight
+        m[1].weight = nn.Parameter(TwoTensor(w.a * 3, w.b * 3), requires_grad=False)  # untied, same metadata
+        _exact(jm(x), m(x))
+        _exact(jm(x), m(x))
+    assert thunder.cache_misses(jm) == 1 and thunder.cache_hits(jm) == 3
+
+
+def _checked_values(jm, x):
+    """The values the fused check of ``jm``'s prologue gets for a call ``jm(x)`` (no grad)."""
+    (fused,) = _fused(jm)
+    checks, captured = fused.args[1], []
+    real = checks.fn
+    checks.fn = lambda *values: captured.append(values) or real(*values)
+    try:
+        with torch.no_grad():
+            jm(x)
+    finally:
+        checks.fn = real
+    return list(captured[0])
+
+
+def test_a_failing_tensor_check_is_named():
+    m = _linear_stack(layers=1)
+    jm = thunder_subclass.jit(m)
+    x = torch.randn(2, 16)
+    with torch.no_grad():
+        jm(x)
+    (fused,) = _fused(jm)
+    values, checks = fused.args
+    index = [getattr(p, "name", None) for p in values].index("input")
+    bad = _checked_values(jm, x)
+    assert checks.fn(*bad) is True
+    bad[index] = torch.randn(3, 16)
+    assert checks.fn(*bad) is False
+    message = checks.failure(tuple(bad))
+    assert message.startswith(f"prologue check `(isinstance(v{index}, _Tensor) and v{index}.shape ==")
+    assert message.endswith("failed")
+    bad[index] = torch.randn(2, 16).double()
+    assert "v%d.dtype is" % index in checks.failure(tuple(bad))
+
+
+def test_module_hooks_added_after_compiling_are_misses_and_run():
+    m = _linear_stack(layers=2)
+    jm = thunder_subclass.jit(m)
+    x = torch.randn(2, 16)
+    seen = []
+    with torch.no_grad():
+        jm(x)
+        handle = m[1].register_forward_hook(lambda mod, args, out: seen.append("own"))
+        _exact(jm(x), m(x))
+        assert thunder.cache_misses(jm) == 2 and seen == ["own", "own"]
+        handle.remove()
+        handle = torch.nn.modules.module.register_module_forward_hook(lambda mod, args, out: seen.append("global"))
+        try:
+            jm(x)
+        finally:
+            handle.remove()
+        assert "global" in seen and thunder.cache_misses(jm) == 3
+        jm(x)
+        assert thunder.cache_misses(jm) == 3  # the first entry again
+
+
 def test_unfusable_checks_are_kept():
     # symbolic-value shapes (NumberProxy) are not fused: the original check stays in the prologue
     jf = thunder_subclass.jit(lambda t: t * 2, cache="symbolic values")

@@ -99,7 +99,10 @@ Accessors for private state (also only here): thunder's torch-callable -> symbol
 its fake script objects (:func:`real_script_object`); torch's nested ints of jagged NestedTensors
 (``torch.nested._internal``: the offsets -> nested int registry and ``FakeTensor.nested_int_memo``,
 :func:`registered_nested_int`, :func:`set_fake_nested_int`, :func:`new_nested_int`) and a ``FakeTensorMode`` whose
-``create_symbolic_nested_int`` makes plain nested ints instead of ``ShapeEnv`` symbols (:func:`fake_tensor_mode_class`).
+``create_symbolic_nested_int`` makes plain nested ints instead of ``ShapeEnv`` symbols (:func:`fake_tensor_mode_class`);
+torch's C++ tensor guard ``torch._C._dynamo.guards.TensorGuards`` (:func:`tensor_metadata_guard`: the fused
+prologue's fast check of tensor metadata, with the Python checks behind it) and ``nn.Module``'s hook dictionaries
+(:func:`has_no_module_hooks`, :func:`module_has_no_own_hooks_expression`).
 
 Supported stack: torch >= 2.10, < 2.16 (:data:`TORCH_SUPPORTED`) with lightning-thunder 0.2.6. Compatibility shims
 (:data:`SHIMS`), run by :func:`ensure_thunder_importable` before ``import thunder``, each naming the torch versions it
@@ -129,7 +132,7 @@ import dataclasses
 import functools
 import types
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from importlib import metadata
 from typing import Any
 
@@ -671,6 +674,45 @@ def has_no_module_hooks(module) -> bool:
     )
 
 
+def has_no_global_module_hooks() -> bool:
+    """The module-independent part of :func:`has_no_module_hooks`: no global module hooks, no ``torch.jit`` tracing."""
+    from torch.nn.modules import module as m
+
+    return not (m._global_backward_pre_hooks or m._global_backward_hooks or m._global_forward_hooks
+                or m._global_forward_pre_hooks or torch._C._get_tracing_state())
+
+
+def module_has_no_own_hooks_expression(v: str) -> str:
+    """A Python expression, for generated code, true when the module named ``v`` has no hooks of its own (with
+    :func:`has_no_global_module_hooks` it is :func:`has_no_module_hooks`, without a call per module)."""
+    return f"not ({v}._forward_pre_hooks or {v}._forward_hooks or {v}._backward_hooks or {v}._backward_pre_hooks)"
+
+
+def tensor_metadata_guard(tensors: Sequence, strides: Sequence) -> Callable | None:
+    """``check(*tensors) -> bool``: torch's C++ tensor guard (``torch._C._dynamo.guards.TensorGuards``, what dynamo's
+    ``TENSOR_MATCH`` guards run), made from ``tensors`` as examples, that is True for tensors of the same Python types,
+    dispatch keys, dtypes, devices, ``requires_grad``, sizes and, where ``strides[i]`` is not None, strides (None for
+    a non-tensor argument). That is stricter than thunder's metadata checks (dispatch keys) and much cheaper than
+    them in Python: a caller checks in Python when it is False. None when this torch has no such guard or it does not
+    accept ``tensors`` (it is checked on them once)."""
+    guards = getattr(getattr(torch._C, "_dynamo", None), "guards", None)
+    make = getattr(guards, "TensorGuards", None)
+    if make is None or not tensors:
+        return None
+    try:
+        with torch._C.DisableTorchFunctionSubclass():  # no __torch_function__ of the user's runs for these reads
+            sizes = [list(t.shape) for t in tensors]
+        guard = make(*tensors, dynamic_dims_sizes=sizes,
+                     dynamic_dims_strides=[list(st) if st is not None else [None] * len(size)
+                                           for size, st in zip(sizes, strides)])
+        check = guard.check
+        if check(*tensors) is not True:
+            return None
+    except Exception:  # noqa: BLE001 - no C++ guard: the Python checks stay
+        return None
+    return check
+
+
 def module_forward_hooks(module) -> tuple | None:
     """``(pre, post)``: the forward pre-hooks and forward hooks of ``module`` as ``(hook, takes_kwargs)`` pairs, in
     the order ``Module._call_impl`` calls them (``torch/nn/modules/module.py``); None when its call involves more than
@@ -993,6 +1035,26 @@ def _plain_strided_tensors(args: tuple, kwargs: dict) -> int:
     return n
 
 
+def _default_device_function() -> Callable[[], torch.device]:
+    """``torch.get_default_device`` with a shorter common case: with no torch function mode active and no global
+    default device set (``torch._GLOBAL_DEVICE_CONTEXT``, which ``torch.set_default_device`` fills), it returns
+    ``torch.device("cpu")``, as torch's function does then (``torch/__init__.py``, torch 2.10-2.15); otherwise it is
+    torch's function."""
+    context = getattr(torch, "_GLOBAL_DEVICE_CONTEXT", None)
+    modes = getattr(torch._C, "_len_torch_function_stack", None)
+    get_default_device = torch.get_default_device
+    if context is None or modes is None:
+        return get_default_device
+    cpu = torch.device("cpu")
+
+    def default_device() -> torch.device:
+        if modes() or getattr(context, "device_context", None) is not None:
+            return get_default_device()
+        return cpu
+
+    return default_device
+
+
 def _use_fast_populate_cache_info(get_computation_and_inputs, jit_locals: dict) -> None:
     """For a plugin jit, thunder's ``populate_cache_info`` (a local function of ``thunder.jit`` that
     ``get_computation_and_inputs`` calls through its closure cell of that name, every call) is replaced by one that
@@ -1013,7 +1075,7 @@ def _use_fast_populate_cache_info(get_computation_and_inputs, jit_locals: dict) 
     if options.get("skip_inplace_alias_updates", False) or not callable(original):
         return
     get_default_dtype, get_default_device, is_grad_enabled = (
-        torch.get_default_dtype, torch.get_default_device, torch.is_grad_enabled
+        torch.get_default_dtype, _default_device_function(), torch.is_grad_enabled
     )
     autocast = torch.is_autocast_enabled  # ("cpu") is torch.is_autocast_cpu_enabled() without its deprecation path
     dict_update = dict.update
@@ -1065,7 +1127,7 @@ def with_fast_cache_hits(jfn):
     ``ThunderModule`` with its ``_forward_fn`` wrapped, or, for a function, a wrapper carrying thunder's ``_lc_*``
     attributes (``thunder.compile_stats`` and friends read them)."""
     import thunder
-    from thunder.core.compile_data import compile_data_and_stats
+    from thunder.core.compile_data import reset_compile_data_and_stats, set_compile_data_and_stats
     from thunder.core.module import ThunderModule
     from thunder.core.options import CACHE_OPTIONS
     from thunder.core.trace import is_tracing
@@ -1095,7 +1157,8 @@ def with_fast_cache_hits(jfn):
         try:
             populate(cache_info_ctx.get(), *args, **kwargs)
             hit = None
-            with compile_data_and_stats(cd, cs):
+            data_token = set_compile_data_and_stats(cd, cs)  # thunder's compile_data_and_stats, without a generator
+            try:
                 for entry in reversed(cs.interpreter_cache):
                     try:
                         inps, pro_to_epi = entry.prologue_fn(*args, **kwargs)
@@ -1103,6 +1166,8 @@ def with_fast_cache_hits(jfn):
                         continue
                     hit = entry
                     break
+            finally:
+                reset_compile_data_and_stats(data_token)
         finally:
             cache_info_ctx.reset(token)
         if hit is None or hit.backward_fn is not None:

@@ -145,10 +145,17 @@ class SubclassSpec:
                 return False
         return True
 
-    def expression(self, v: str, const, fresh) -> str:
+    def expression(self, v: str, const, fresh, tensor=None) -> str:
         """A Python expression true exactly when :meth:`matches` of the value named ``v`` is (the same checks in the
         same order, inline: ``thunder_subclass.prologue`` puts it in a generated function). ``const(obj)`` names a
-        constant, ``fresh()`` a new local name. Uses ``_plain``, ``_same`` (:func:`is_same_value`) and ``_MISSING``."""
+        constant, ``fresh()`` a new local name. Uses ``_plain``, ``_same`` (:func:`is_same_value`) and ``_MISSING``.
+
+        ``tensor(x, shape, dtype, device, requires_grad, plain)``, when given, stands for each check of a tensor's
+        metadata (the outer tensor's, and each plain inner tensor's with ``plain=True``: its type is then one of
+        ``_plain``): it returns the expression to put in its place, or ``""`` when the caller checks that tensor
+        itself after this expression (the prologue's C++ tensor checks)."""
+        if tensor is None:
+            tensor = inline_tensor_check(const)
         flat = fresh()
         parts = [f"type({v}) is {const(self.subclass_type)}"]
         if self.meta is not None:
@@ -159,21 +166,19 @@ class SubclassSpec:
                     [f"len({size} := {v}.shape) == {len(shape)}"]
                     + [f"{size}[{i}] == {const(e)}" for i, e in enumerate(shape) if e is not None]
                 )
+                parts.append(f"{shape_check} and {v}.dtype is {const(dtype)} and "
+                             f"{v}.device == {const(device)} and {v}.requires_grad is {const(requires_grad)}")
             else:
-                shape_check = f"{v}.shape == {const(shape)}"
-            parts.append(f"{shape_check} and {v}.dtype is {const(dtype)} and "
-                         f"{v}.device == {const(device)} and {v}.requires_grad is {const(requires_grad)}")
+                parts.append(tensor(v, shape, dtype, device, requires_grad, False))
         parts.append(f"len({flat} := {v}.__tensor_flatten__()) == 2 and tuple({flat}[0]) == {const(self.attr_names)}")
         for attr, expected, nested in self._inner_items:
             x = fresh()
             bind = f"({x} := getattr({v}, {const(attr)})) is {x}"
             if nested:
-                parts.append(f"{bind} and {expected.expression(x, const, fresh)}")
+                parts.append(f"{bind} and {expected.expression(x, const, fresh, tensor)}")
             else:
-                shape, dtype, device, requires_grad = expected
-                parts.append(f"{bind} and type({x}) in _plain and {x}.shape == {const(shape)} and "
-                             f"{x}.dtype is {const(dtype)} and {x}.device == {const(device)} and "
-                             f"{x}.requires_grad is {const(requires_grad)}")
+                parts.append(bind)
+                parts.append(tensor(x, *expected, True))
         if self.opaque:
             parts.append(f"{const(self)}._opaque_match({v})")
         for name, value in self.python_attrs.items():
@@ -183,7 +188,18 @@ class SubclassSpec:
             parts.append(f"bool({const(self._metadata_guard)}({const(self.flatten_ctx)}, {flat}[1]))")
         else:
             parts.append(f"bool({flat}[1] == {const(self.flatten_ctx)})")
-        return "(" + " and ".join(parts) + ")"
+        return "(" + " and ".join(p for p in parts if p) + ")"
+
+
+def inline_tensor_check(const):
+    """The ``tensor`` argument of :meth:`SubclassSpec.expression` that checks a tensor's metadata inline, in Python."""
+
+    def tensor(x: str, shape, dtype, device, requires_grad, plain: bool) -> str:
+        return (f"{'type(' + x + ') in _plain and ' if plain else ''}{x}.shape == {const(shape)} and "
+                f"{x}.dtype is {const(dtype)} and {x}.device == {const(device)} and "
+                f"{x}.requires_grad is {const(requires_grad)}")
+
+    return tensor
 
 
 _SPEC_ATTR = "_thunder_subclass_spec"
