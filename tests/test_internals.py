@@ -79,3 +79,61 @@ def test_torch_compile_fusion_of_aten_symbols_is_registered_only_while_installed
     assert torch.ops.thunder_subclass_opaque.aten__scaled_mm_default.default._schema.arguments[1].name == "mat2"
     # in-place ops stay outside
     assert thunder_subclass.aten_symbols.aten_symbol(torch.ops.aten.add_.Tensor).id not in torch_compile_ex.implmap
+
+
+_TRACEBACK_PROGRAM = '''
+import os, sys, traceback
+import torch
+import thunder_subclass, thunder
+import thunder.core.interpreter as interpreter
+from torch.testing._internal.two_tensor import TwoTensor
+
+
+def helper(d):
+    return d["missing"] + 1
+
+
+def f(x):
+    for _ in range(2):  # the interpreter ends the loop with a StopIteration, caught: a made-up frame each
+        x = x * 2
+    return helper({}) + x
+
+
+def user_frames(jfn, x):
+    try:
+        jfn(x)
+    except KeyError as e:
+        return [(fr.lineno, fr.name, fr.line) for fr in traceback.extract_tb(e.__traceback__) if fr.filename == __file__]
+    raise AssertionError("no KeyError")
+
+
+eager = user_frames(f, torch.ones(2))
+thunder_subclass.install_hooks()
+hooked = interpreter.InterpreterFrame.get_or_make_python_frame
+assert getattr(hooked, "_thunder_subclass_hook", False)
+plain = user_frames(thunder.jit(f), torch.ones(2))  # thunder's own frames (the hooks act only for plugin jits)
+plugin = user_frames(thunder_subclass.jit(f), TwoTensor(torch.ones(2), torch.ones(2)))
+# the interpreter's bytecode was read from the cache while the plugin jit traced
+cached = interpreter.dis._instructions[f.__code__]
+assert cached == tuple(__import__("dis").get_instructions(f.__code__))
+thunder_subclass.uninstall_hooks()
+assert interpreter.InterpreterFrame.get_or_make_python_frame is hooked.__wrapped__
+assert interpreter.dis is sys.modules["dis"]
+print(repr((eager, plain, plugin)))
+'''
+
+
+def test_tracebacks_from_interpreted_code_show_the_user_lines_in_a_fresh_process(tmp_path):
+    # thunder's interpreter puts a made-up frame per interpreted function into the traceback (the hook on
+    # InterpreterFrame.get_or_make_python_frame makes it without thunder's 5 ms busy wait): the user's file, line, function
+    # name and source line, as in eager and in plain thunder.jit
+    script = tmp_path / "program.py"
+    script.write_text(_TRACEBACK_PROGRAM)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    eager, plain, plugin = eval(out.stdout.strip().splitlines()[-1])
+    lines = _TRACEBACK_PROGRAM.splitlines()
+    helper_line = 1 + lines.index('    return d["missing"] + 1')
+    f_line = 1 + lines.index("    return helper({}) + x")
+    assert eager[-2:] == [(f_line, "f", "return helper({}) + x"), (helper_line, "helper", 'return d["missing"] + 1')]
+    assert plugin == plain and plain[-2:] == eager[-2:], (plugin, plain)

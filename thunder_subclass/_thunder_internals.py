@@ -29,6 +29,13 @@ Hooks (thunder 0.2.6 paths, relative to the installed ``thunder/``):
 * ``core/interpreter.py`` ``wrap_args_from_list`` — ``f(*args)`` with an iterable that is not a list or tuple (a
   generator: ``torch.nn.utils.parametrize``'s ``ParametrizationList.forward``) fails in thunder's interpreter
   (``len()`` of a generator); it is made a tuple first, as CPython does.
+* ``core/interpreter.py`` ``InterpreterFrame.get_or_make_python_frame`` — the made-up CPython frame (user's file,
+  line, function) that the interpreter puts into the traceback of every exception leaving an interpreted function is
+  made as thunder makes it, in a new thread, but waited for on a lock instead of thunder's busy loop, which holds the
+  GIL until the 5 ms switch interval (5 ms per exception; every interpreted ``for`` loop and ``next()`` ends in one).
+* ``core/interpreter.py`` module global ``dis`` — the interpreter decodes the bytecode of every frame it runs
+  (``_run_frame``); ``dis.get_instructions(code)`` is answered from a cache per code object
+  (:class:`_CachedInstructionsDis`), the rest of ``dis`` is the module itself.
 * ``thunder/__init__.py`` ``_with_cache_info_ctx`` — for a plugin jit, the per-call cache info groups tensor
   arguments as aliases only when they are the same view (thunder groups any that share a storage and replaces one by
   a reshape of the other: a wrong value for ``f(x[:, :2], x[:, 2:])`` with an in-place op). In the same hook, the
@@ -803,12 +810,39 @@ class Handlers:
 _handlers: Handlers | None = None
 
 
+class _PluginActivity:
+    """Whether the plugin's executor is in a compile data's executor list, remembered for the compile data last asked
+    about (weakly: a jit's compile data holds the user's model). The hooks ask on every interpreted call; the answer
+    changes only with the compile data (``CompileData.executors_list`` is a tuple set once, ``thunder/common.py``)."""
+
+    def __init__(self):
+        from thunder.core.compile_data import _compile_data
+
+        self.compile_data_var = _compile_data
+        # (weak reference to the compile data last asked about, the handlers installed then, the answer), replaced as
+        # one tuple so that a thread never reads one jit's answer with another's compile data
+        self.last = (lambda: None, None, False)
+
+    def __call__(self) -> bool:
+        cd = self.compile_data_var.get()[0]
+        if cd is None:
+            return False
+        ref, handlers, active = self.last
+        if ref() is cd and handlers is _handlers:
+            return active
+        active = _handlers is not None and _handlers.executor in cd.executors_list
+        self.last = (weakref.ref(cd), _handlers, active)
+        return active
+
+
+@functools.cache
+def _plugin_activity() -> _PluginActivity:
+    return _PluginActivity()
+
+
 def is_plugin_active() -> bool:
     """True while a jit that uses thunder_subclass traces or transforms (reads thunder's current compile data)."""
-    from thunder.core.compile_data import get_compile_data
-
-    cd = get_compile_data()
-    return _handlers is not None and cd is not None and _handlers.executor in cd.executors_list
+    return _handlers is not None and _plugin_activity()()
 
 
 def _hook_proxify(original):
@@ -910,9 +944,9 @@ def _hook_general_jit_lookaside(original):
     @functools.wraps(original)
     def general_jit_lookaside(fn, /, *args, **kwargs):
         if is_plugin_active():
-            from thunder.core.interpreter import interpreter_needs_wrap
-
             if _is_native_function(fn) or is_pybind11_class(fn):
+                from thunder.core.interpreter import interpreter_needs_wrap
+
                 return interpreter_needs_wrap(fn)
             lookaside = (
                 _handlers.lookaside(fn, args) or _interpreter_fix_lookaside(fn) or _symbolic_values_lookaside(fn, args)
@@ -958,6 +992,80 @@ def _hook_wrap_args_from_list(original):
         return original(lst)
 
     return wrap_args_from_list
+
+
+def _python_frame_in_new_thread(filename, firstlineno, rel_lineno, name, qualname, globals_, out, done) -> None:
+    # a function whose body raises at line `rel_lineno` of its code (counted from 1), renamed and moved to the user's
+    # function: its frame, taken from the traceback, says what a CPython frame of that function at that line would
+    try:
+        code = compile("\n" * (rel_lineno - 1) + "raise ValueError()", filename, "exec")
+        code = code.replace(co_filename=filename, co_firstlineno=firstlineno, co_name=name, co_qualname=qualname)
+        try:
+            types.FunctionType(code, globals_)()
+        except ValueError as e:
+            tb = e.__traceback__
+        while tb.tb_next is not None:
+            tb = tb.tb_next
+        out.append(tb.tb_frame)
+    finally:
+        done.release()
+
+
+def _hook_python_frame(original):
+    # wraps thunder.core.interpreter.InterpreterFrame.get_or_make_python_frame, which puts a made-up CPython frame
+    # (the user's file, line and function name) in the traceback of every exception leaving an interpreted function
+    # (user code's error messages and tracebacks show the user's lines through it). thunder makes the frame in a new
+    # thread (so that its f_back chain ends there) and waits for it in a busy loop holding the GIL: the thread runs
+    # only when the interpreter's switch interval (5 ms) takes the GIL away, 5 ms per exception. The interpreter raises
+    # one at the end of every interpreted for loop and next() (StopIteration): ~320 in a 2-layer Llama's first call.
+    # The same frame, made the same way (same code object fields and globals), waiting on a lock instead.
+    import _thread
+    import sys
+
+    @functools.wraps(original)
+    def get_or_make_python_frame(self):
+        if self.positions is None or sys.version_info < (3, 11) or not is_plugin_active():
+            return original(self)
+        lineno = self.positions.lineno if self.positions.lineno is not None else self.code.co_firstlineno
+        code = self.code
+        out, done = [], _thread.allocate_lock()
+        done.acquire()
+        _thread.start_new_thread(_python_frame_in_new_thread, (
+            code.co_filename, code.co_firstlineno, lineno - code.co_firstlineno + 1, code.co_name, self.qualname,
+            original.__globals__, out, done,
+        ))
+        done.acquire()
+        return out[0] if out else original(self)
+
+    return get_or_make_python_frame
+
+
+class _CachedInstructionsDis(types.ModuleType):
+    """What ``thunder.core.interpreter`` sees as its module global ``dis``: the ``dis`` module, except that
+    ``get_instructions(code)`` is read from a cache per code object while a plugin jit traces. The interpreter
+    decodes the bytecode of every frame it runs (``_run_frame``: ``tuple(dis.get_instructions(frame.code))``), the
+    same functions over and over (~26,000 frames, ~270,000 instructions in a 2-layer Llama's first call). Code objects
+    equal by value have equal instructions (``dis.Instruction`` holds no file name)."""
+
+    def __init__(self, dis_module):
+        super().__init__(dis_module.__name__, dis_module.__doc__)
+        self.__dict__.update(vars(dis_module))  # read as often as a module's attributes (dis.Instruction)
+        self._dis = dis_module
+        self._instructions = weakref.WeakKeyDictionary()
+        self.get_instructions = self._cached_instructions
+
+    def _cached_instructions(self, x, *args, **kwargs):
+        if args or kwargs or not isinstance(x, types.CodeType) or not is_plugin_active():
+            return self._dis.get_instructions(x, *args, **kwargs)
+        instructions = self._instructions.get(x)
+        if instructions is None:
+            instructions = self._instructions[x] = tuple(self._dis.get_instructions(x))
+        return iter(instructions)
+
+
+def _hook_interpreter_dis(original):
+    # replaces the module global `dis` of thunder.core.interpreter (used by _run_frame and the opcode handlers)
+    return _CachedInstructionsDis(original)
 
 
 class _ViewAwareCacheInfo(dict):
@@ -1742,11 +1850,12 @@ def _hook_build_value_from_wrapped(original):
 
 
 def _symbolic_values_active() -> bool:
+    if not is_plugin_active():
+        return False
     from thunder.core.compile_data import get_compile_data
     from thunder.core.options import CACHE_OPTIONS
 
-    cd = get_compile_data()
-    return is_plugin_active() and cd.cache_option is CACHE_OPTIONS.SYMBOLIC_VALUES
+    return get_compile_data().cache_option is CACHE_OPTIONS.SYMBOLIC_VALUES
 
 
 def _is_input_number(v) -> bool:
@@ -2062,6 +2171,8 @@ def _bool_lookaside(original):
 
 def _symbolic_values_lookaside(fn, wrapped_args):
     """The lookaside of a symbolic-values fix for ``fn``, or None."""
+    if not (fn is bool or fn is list.__getitem__ or fn is tuple.__getitem__ or fn is isinstance):
+        return None
     if not _symbolic_values_active():
         return None
     import thunder.core.interpreter as interpreter
@@ -2095,6 +2206,8 @@ def _targets() -> list[tuple[Any, str, Callable]]:
         (jit_ext, "general_jit_lookaside", _hook_general_jit_lookaside),
         (update_aliases, "_get_new_alias", _hook_get_new_alias),
         (interpreter, "wrap_args_from_list", _hook_wrap_args_from_list),
+        (interpreter.InterpreterFrame, "get_or_make_python_frame", _hook_python_frame),
+        (interpreter, "dis", _hook_interpreter_dis),
         (thunder, "_with_cache_info_ctx", _hook_with_cache_info_ctx),
         (passes, "_transform_for_operator_executor_execution", _hook_operator_executor_execution),
         (autodiff, "grad_transform_on_trace", _hook_grad_transform_on_trace),

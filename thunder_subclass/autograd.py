@@ -31,10 +31,12 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch._ops import OpOverload, OpOverloadPacket
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 import thunder.core.dtypes as dtypes
 import thunder.core.prims as prims
+from thunder.core.interpreter import interpreter_needs_wrap, unwrap
 from thunder.core.proxies import TensorProxy
 from thunder.core.pytree import tree_flatten, tree_map
 from thunder.core.symbol import Symbol
@@ -407,10 +409,6 @@ def torch_api_lookaside(fn, wrapped_args: tuple) -> Callable | None:
     """Lookasides for torch APIs thunder 0.2.6 has no symbol for, recorded by :func:`apply_torch_callable`:
     custom ops (``torch.ops.<ns>.<op>``, e.g. torchao's ``dequantize_affine`` that a subclass method calls) with
     tensor arguments, and torch functions / tensor methods (``x.fill_``) with subclass arguments."""
-    from thunder.core.interpreter import interpreter_needs_wrap, unwrap
-
-    from torch._ops import OpOverload, OpOverloadPacket
-
     if fn is torch.autograd.grad or fn is torch.autograd.backward:
         if any(isinstance(unwrap(a), TensorProxy) for a in tree_flatten(list(wrapped_args))[0]):
             return interpreter_needs_wrap(functools.partial(_autograd_inside_compiled_code, fn))
@@ -445,14 +443,15 @@ def torch_api_lookaside(fn, wrapped_args: tuple) -> Callable | None:
 
 
 def _is_nested_api(fn: Any) -> bool:
-    return any(fn is f for f in _nested_api())
+    return _nested_api().get(id(fn)) is fn
 
 
 @functools.cache
-def _nested_api() -> tuple:
+def _nested_api() -> dict:
+    """``id(f) -> f`` for torch.nested's functions (by identity: some callables are unhashable)."""
     import torch.nested
 
-    return tuple(getattr(torch.nested, name) for name in torch.nested.__all__)
+    return {id(f): f for f in (getattr(torch.nested, name) for name in torch.nested.__all__)}
 
 
 def involves_subclass(cls: type, args: tuple, kwargs: dict) -> bool:
@@ -479,8 +478,6 @@ def apply_autograd_function(cls: type, *args, **kwargs):
 def function_apply_lookaside(fn, wrapped_args: tuple) -> Callable | None:
     """The interpreter lookaside for ``MyFunction.apply(*args)`` (it reaches the interpreter as
     ``Function.apply.__func__(MyFunction, *args)``) when subclasses are involved, else None."""
-    from thunder.core.interpreter import interpreter_needs_wrap, unwrap
-
     if fn is not torch.autograd.function.Function.apply.__func__ or not wrapped_args:
         return None
     cls, *uargs = (unwrap(a) for a in wrapped_args)

@@ -100,18 +100,18 @@ def is_tensor_parallel_hook(fn) -> bool:
 def lookaside(fn, wrapped_args: tuple) -> Callable | None:
     """The interpreter lookaside recording ``fn`` as one container symbol when it is a DTensor entry point or a
     tensor-parallel hook function, else None."""
-    from thunder.core.interpreter import interpreter_needs_wrap
-
     try:
         entry = dtensor_entry_points().get(fn)
     except TypeError:  # unhashable callable
         return None
-    if entry is not None and entry[0] == "distribute_tensor":
-        return interpreter_needs_wrap(_record_distribute_tensor)
     if entry is not None:
         name, what = entry
     elif is_tensor_parallel_hook(fn):
         name, what = fn.__qualname__.replace(".", "_"), f"torch.distributed.tensor.parallel {fn.__qualname__}"
     else:
         return None
+    from thunder.core.interpreter import interpreter_needs_wrap
+
+    if name == "distribute_tensor":
+        return interpreter_needs_wrap(_record_distribute_tensor)
     return interpreter_needs_wrap(functools.partial(record_function_call, fn, name, what))

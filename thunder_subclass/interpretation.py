@@ -28,6 +28,7 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass_type
 
 import thunder.core.dtypes as dtypes
 import thunder.core.prims as prims
+from thunder.core.interpreter import interpreter_needs_wrap, unwrap
 from thunder.core.proxies import TensorProxy
 from thunder.core.pytree import tree_flatten
 from thunder.core.symbol import Symbol
@@ -166,8 +167,6 @@ def attribute_lookaside(p: SubclassTensorProxy, name: str) -> Callable | None:
     the instance's attributes (inner tensors: their proxies; other instance attributes: their values, guarded),
     then the subclass's methods and other class attributes. None for ``torch.Tensor``'s own attributes, which
     thunder's tensor proxies implement."""
-    from thunder.core.interpreter import interpreter_needs_wrap
-
     if name == "__class__":
         return interpreter_needs_wrap(lambda obj, name, *default: p.subclass_type)
     if name in STAND_IN_PROPERTIES:
@@ -261,8 +260,6 @@ def _read_python_attribute(p: SubclassTensorProxy, name: str, *default):
 
 def subclass_lookaside(fn: Any, wrapped_args: tuple) -> Callable | None:
     """A lookaside for ``fn`` when it involves subclasses, else ``None`` (thunder's own lookaside applies)."""
-    from thunder.core.interpreter import interpreter_needs_wrap, unwrap
-
     if isinstance(fn, InplaceViewMethod):
         return fn.call
     if fn is isinstance and len(wrapped_args) == 2 and unwrap(wrapped_args[1]) is torch.nn.Buffer:
@@ -355,8 +352,6 @@ class InplaceViewMethod:
         raise RuntimeError(f"{self.name} of a traced tensor called outside thunder's interpreter")
 
     def call(self, *wrapped_args, **wrapped_kwargs):
-        from thunder.core.interpreter import unwrap
-
         x = unwrap(self.wrapped_x)
         try:
             y = inplace_view_call(x, self.name, *(unwrap(a) for a in wrapped_args),

@@ -34,10 +34,10 @@ __all__ = ["call_impl_lookaside"]
 
 def call_impl_lookaside(fn, wrapped_args: tuple) -> Callable | None:
     """The interpreter lookaside for ``Module._call_impl(module, ...)``, or None (thunder's own handling)."""
-    from thunder.core.interpreter import unwrap
-
     if fn is not module_call_impl() or not wrapped_args:
         return None
+    from thunder.core.interpreter import unwrap
+
     wrapped_module = wrapped_args[0]
     module = unwrap(wrapped_module)
     hooks = module_forward_hooks(module)

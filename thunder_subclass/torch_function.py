@@ -28,6 +28,7 @@ import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 import thunder.core.prims as prims
+from thunder.core.interpreter import interpreter_needs_wrap, unwrap
 from thunder.core.proxies import Proxy, TensorProxy, variableify
 from thunder.core.pytree import tree_flatten, tree_map
 from thunder.core.trace import TraceProvenance, from_trace
@@ -397,8 +398,6 @@ def _tensor_base_new(cls, *args, **kwargs):
 
 
 def _attribute_lookaside(p: TensorProxy, typ: TensorType, name: str):
-    from thunder.core.interpreter import interpreter_needs_wrap
-
     if name == "__class__":
         return interpreter_needs_wrap(lambda obj, name, *default: typ.cls)
     if name == "as_subclass":
@@ -549,8 +548,6 @@ def _setattr(p: TensorProxy, name: str, value: Any):
 
 def lookaside(fn: Any, wrapped_args: tuple) -> Callable | None:
     """A lookaside for ``fn`` involving typed values or non-wrapper subclass classes, else None."""
-    from thunder.core.interpreter import interpreter_needs_wrap, unwrap
-
     if fn is getattr and len(wrapped_args) in (2, 3):
         obj, name = unwrap(wrapped_args[0]), unwrap(wrapped_args[1])
         if isinstance(obj, ProxySuper):
@@ -593,7 +590,8 @@ def lookaside(fn: Any, wrapped_args: tuple) -> Callable | None:
         return None
     if fn is _DEFAULT_TORCH_FUNCTION:  # super().__torch_function__(...) in a class's own __torch_function__
         return interpreter_needs_wrap(default_torch_function)
-    override = _torch_overrides_lookasides().get(fn) if _is_hashable(fn) else None
+    hashable = _is_hashable(fn)
+    override = _torch_overrides_lookasides().get(fn) if hashable else None
     if override is not None:
         uargs = [unwrap(a) for a in wrapped_args]
         if has_typed_proxy(uargs, {}):
@@ -601,7 +599,7 @@ def lookaside(fn: Any, wrapped_args: tuple) -> Callable | None:
     if _tensor_base_method_name(fn) is not None and wrapped_args and isinstance(unwrap(wrapped_args[0]), TensorProxy):
         # torch.Tensor.size(x) or TensorBase.__mul__(x, y) called as functions (redispatching __torch_function__s)
         return interpreter_needs_wrap(functools.partial(torch_api_call, fn))
-    if _is_hashable(fn) and (fn in _proxy_operators() or fn in _thunder_internals.torch_to_thunder_symbols()):
+    if hashable and (fn in _proxy_operators() or fn in _thunder_internals.torch_to_thunder_symbols()):
         uargs = [unwrap(a) for a in wrapped_args]
         if any(_is_non_tensor_overload(a) for a in tree_flatten(uargs)[0]):
             return interpreter_needs_wrap(functools.partial(_call_non_tensor_torch_function, fn))
