@@ -442,14 +442,26 @@ def test_fast_cache_hits_for_functions_and_grad_mode_calls():
         _exact(jf(x), f(x))
         _exact(jf(x), f(x))
     assert (thunder.cache_hits(jf), thunder.cache_misses(jf)) == (1, 1)
-    # grad mode on: thunder's own path (its entries may connect to autograd), a new entry for the grad mode
+    # grad mode on: a new entry for the grad mode (a miss, through thunder's fn_), then hits on the fast path too,
+    # connected to autograd as thunder connects them (thunder's fn_ would set its call timer, the fast path does not)
     xr = torch.randn(3, 4, requires_grad=True)
     out = jf(xr)
     out.sum().backward()
     assert xr.grad is not None and thunder.cache_misses(jf) == 2
+    cs = thunder.compile_stats(jf)
+    timer = cs.last_trace_host_start
+    for _ in range(2):
+        xr2 = xr.detach().clone().requires_grad_()
+        xe = xr.detach().clone().requires_grad_()
+        out, expected = jf(xr2), f(xe)
+        _exact(out, expected)
+        out.sum().backward()
+        expected.sum().backward()
+        torch.testing.assert_close(xr2.grad, xe.grad)
+    assert (thunder.cache_hits(jf), thunder.cache_misses(jf)) == (3, 2) and cs.last_trace_host_start == timer
     with torch.no_grad():
         jf(x)
-    assert (thunder.cache_hits(jf), thunder.cache_misses(jf)) == (2, 2)
+    assert (thunder.cache_hits(jf), thunder.cache_misses(jf)) == (4, 2)
 
 
 def test_fast_cache_hits_leave_grad_mode_as_thunder_does():

@@ -1224,15 +1224,19 @@ def _undecorated(fn):
 
 
 def with_fast_cache_hits(jfn):
-    """A ``thunder.jit`` result (function or ``ThunderModule``) of a plugin jit whose calls without grad mode take a
-    shorter path to a cache hit than thunder 0.2.6's ``fn_`` (``thunder/__init__.py``): the same steps for the
-    same result — the per-call cache info (this jit's ``populate_cache_info``, in thunder's cache-info context), the
-    cache entries' prologues newest first under the jit's compile data, the hit's computation and epilogue (without
-    their ``no_grad``/``no_autocast`` decorators, no-ops here: :func:`_undecorated`), the grad mode restored, and
-    thunder's statistics (calls, cache hits, last traces) — without thunder's layers of wrappers around them. Calls with grad mode on (whose entries may connect to autograd), while tracing, under autocast, with
-    a cache option other than constant values, and any call no entry's prologue accepts (a cache miss) go to
-    thunder's own ``fn_``, which checks the entries again and traces. Returns the object to hand to the user: the same
-    ``ThunderModule`` with its ``_forward_fn`` wrapped, or, for a function, a wrapper carrying thunder's ``_lc_*``
+    """A ``thunder.jit`` result (function or ``ThunderModule``) of a plugin jit whose calls take a shorter path to a
+    cache hit than thunder 0.2.6's ``fn_`` (``thunder/__init__.py``): the same steps for the same result — the per-call
+    cache info (this jit's ``populate_cache_info``, in thunder's cache-info context), the cache entries' prologues
+    newest first under the jit's compile data, the hit's computation, its connection to autograd when the entry has a
+    backward (thunder's ``connect_to_autograd`` with the arguments thunder's ``maybe_connect_to_autograd`` passes),
+    the epilogue, the grad mode restored, and thunder's statistics (calls, cache hits, last traces) — without thunder's
+    layers of wrappers around them (call statistics, language context, cache-info context, the timers and the
+    per-call copy of the cache entry of ``decorate_computation_function``). Without grad mode the computation and
+    epilogue run without their ``no_grad``/``no_autocast`` decorators, no-ops then (:func:`_undecorated`). Calls
+    while tracing, under autocast, with a cache option other than constant values, and any call no entry's prologue
+    accepts (a cache miss) go to thunder's own ``fn_``, which checks the entries again and traces. Returns the object
+    to hand to the user: the same ``ThunderModule`` with its ``_forward_fn`` wrapped, or, for a function, a wrapper
+    carrying thunder's ``_lc_*``
     attributes (``thunder.compile_stats`` and friends read them)."""
     import thunder
     from thunder.core.compile_data import reset_compile_data_and_stats, set_compile_data_and_stats
@@ -1250,15 +1254,20 @@ def with_fast_cache_hits(jfn):
         return jfn
     import weakref
 
+    from thunder.executors.torch_autograd import connect_to_autograd
+
+    # what thunder.jit reads from its compile options once, for its maybe_connect_to_autograd
+    disable_split_autograd = bool(cd.compile_options.get("thunderfx_disable_split_autograd", False))
+    is_differentiable_outputs = cd.compile_options.get("is_differentiable_outputs", None)
     weak_cd, weak_cs = weakref.ref(cd), weakref.ref(cs)  # no reference cycle through the compiled function
-    grad_enabled, set_grad_enabled = torch.is_grad_enabled, torch.set_grad_enabled
+    set_grad_enabled = torch.set_grad_enabled
     autocast = torch.is_autocast_enabled
     cache_info_ctx = thunder._cache_info_ctx
 
     @functools.wraps(original)
     def fast_call(*args, **kwargs):
         cs = weak_cs()
-        if grad_enabled() or autocast("cpu") or autocast() or cs is None or not cs.interpreter_cache or is_tracing():
+        if autocast("cpu") or autocast() or cs is None or not cs.interpreter_cache or is_tracing():
             return original(*args, **kwargs)
         cd = weak_cd()
         token = cache_info_ctx.set(_ViewAwareCacheInfo(args, kwargs))
@@ -1278,7 +1287,7 @@ def with_fast_cache_hits(jfn):
                 reset_compile_data_and_stats(data_token)
         finally:
             cache_info_ctx.reset(token)
-        if hit is None or hit.backward_fn is not None:
+        if hit is None:
             return original(*args, **kwargs)
         cs.calls += 1
         cs.cache_hits += 1
@@ -1287,10 +1296,23 @@ def with_fast_cache_hits(jfn):
         cs.last_interpreter_log = None
         cs.last_prologue_traces = hit.prologue_traces
         cs.last_prologue = hit.prologue_fn
-        fns = plain_fns.get(id(hit))
-        if fns is None or fns[0] is not hit:
-            fns = plain_fns[id(hit)] = (hit, _undecorated(hit.computation_fn), _undecorated(hit.epilogue_fn))
-        result = fns[2](*pro_to_epi, *fns[1](*inps))
+        if cd.is_grad_enabled:  # thunder's fn_: the computation (under its no_grad), connected to autograd, epilogue
+            result = hit.computation_fn(*inps)
+            if hit.backward_fn is not None:  # thunder's maybe_connect_to_autograd
+                data_for_autograd, (saved_tensors, saved_other) = result
+                connect_to_autograd(
+                    backward_fn=hit.backward_fn, flat_args=data_for_autograd["flat_args"],
+                    flat_output=data_for_autograd["flat_output"], saved_tensors=saved_tensors,
+                    saved_other=saved_other, return_none_instead_of_grads=hit.return_none_instead_of_grads,
+                    disable_split_autograd=disable_split_autograd, is_differentiable_outputs=is_differentiable_outputs,
+                )
+                result = data_for_autograd["output"]
+            result = hit.epilogue_fn(*pro_to_epi, *result)
+        else:
+            fns = plain_fns.get(id(hit))
+            if fns is None or fns[0] is not hit:
+                fns = plain_fns[id(hit)] = (hit, _undecorated(hit.computation_fn), _undecorated(hit.epilogue_fn))
+            result = fns[2](*pro_to_epi, *fns[1](*inps))
         set_grad_enabled(cd.is_grad_enabled)
         cs.last_computation = hit.computation_fn
         return result

@@ -54,8 +54,8 @@ def jit(fn: Callable, /, **kwargs) -> Callable:
     appended (it lets ``.backward(grad)`` accept gradients of other kinds than the outputs', as eager does), and
     thunder's compile option ``thunderfx_disable_split_autograd`` defaults to True (faster per call; see the code).
     Per call it is thunder's jit with less overhead: the prologue's checks run as one generated function
-    (``thunder_subclass.prologue``), and calls without grad mode take a shorter path to a cache hit
-    (``_thunder_internals.with_fast_cache_hits``); the guards are the same.
+    (``thunder_subclass.prologue``; tensor metadata through torch's C++ tensor guard), and cache hits take a shorter
+    path (``_thunder_internals.with_fast_cache_hits``); the guards are the same.
 
     Example::
 
