@@ -43,9 +43,9 @@ Hooks (thunder 0.2.6 paths, relative to the installed ``thunder/``):
   replaced by one that fills the same entries with less work when no autocast, DDP/FSDP or possible alias is involved
   (:func:`_use_fast_populate_cache_info`), and calls thunder's otherwise.
 * ``thunder/__init__.py`` ``fn_`` (not a hook: :func:`with_fast_cache_hits`, applied by ``thunder_subclass.jit`` to
-  what ``thunder.jit`` returns) — calls without grad mode reach a cache hit through the same steps as thunder's
-  ``fn_`` (cache info, prologues under the compile data, computation, epilogue, grad mode, statistics) without its
-  wrapper layers; everything else (grad mode, autocast, tracing, misses) calls thunder's ``fn_``.
+  what ``thunder.jit`` returns) — calls reach a cache hit through the same steps as thunder's ``fn_`` (cache info,
+  prologues under the compile data, computation, connection to autograd, epilogue, grad mode, statistics) without
+  its wrapper layers; everything else (autocast, tracing, misses) calls thunder's ``fn_``.
 * ``executors/passes.py`` ``_transform_for_operator_executor_execution`` — the point after autograd and before
   executors claim operations (looked up at call time by ``thunder/__init__.py`` and by ``transform_for_execution``):
   subclass-level bound symbols are replaced by their flat subsymbols (``Handlers.before_executors``:
