@@ -109,7 +109,7 @@ its fake script objects (:func:`real_script_object`); torch's nested ints of jag
 ``create_symbolic_nested_int`` makes plain nested ints instead of ``ShapeEnv`` symbols (:func:`fake_tensor_mode_class`);
 torch's C++ tensor guard ``torch._C._dynamo.guards.TensorGuards`` (:func:`tensor_metadata_guard`: the fused
 prologue's fast check of tensor metadata, with the Python checks behind it) and ``nn.Module``'s hook dictionaries
-(:func:`has_no_module_hooks`, :func:`module_has_no_own_hooks_expression`).
+(:func:`module_forward_hooks`, :func:`has_no_global_module_hooks`, :func:`module_has_no_own_hooks_expression`).
 
 Supported stack: torch >= 2.10, < 2.16 (:data:`TORCH_SUPPORTED`) with lightning-thunder 0.2.6. Compatibility shims
 (:data:`SHIMS`), run by :func:`ensure_thunder_importable` before ``import thunder``, each naming the torch versions it
@@ -669,20 +669,9 @@ def is_unpackable_provenance(record) -> bool:
     return all(is_unpackable_provenance(i) for i in record.inputs)
 
 
-def has_no_module_hooks(module) -> bool:
-    """``module_forward_hooks(module) == ((), ())`` with fewer steps (the prologue checks this for every module
-    called in traced code, on every call)."""
-    from torch.nn.modules import module as m
-
-    return not (
-        module._forward_pre_hooks or module._forward_hooks or module._backward_hooks or module._backward_pre_hooks
-        or m._global_backward_pre_hooks or m._global_backward_hooks or m._global_forward_hooks
-        or m._global_forward_pre_hooks or torch._C._get_tracing_state()
-    )
-
-
 def has_no_global_module_hooks() -> bool:
-    """The module-independent part of :func:`has_no_module_hooks`: no global module hooks, no ``torch.jit`` tracing."""
+    """No global module hooks and no ``torch.jit`` tracing: what every module call depends on besides the module's own
+    hooks (:func:`module_forward_hooks`; the fused prologue checks it once per call)."""
     from torch.nn.modules import module as m
 
     return not (m._global_backward_pre_hooks or m._global_backward_hooks or m._global_forward_hooks
@@ -691,7 +680,7 @@ def has_no_global_module_hooks() -> bool:
 
 def module_has_no_own_hooks_expression(v: str) -> str:
     """A Python expression, for generated code, true when the module named ``v`` has no hooks of its own (with
-    :func:`has_no_global_module_hooks` it is :func:`has_no_module_hooks`, without a call per module)."""
+    :func:`has_no_global_module_hooks`: ``module_forward_hooks(module) == ((), ())``, without a call per module)."""
     return f"not ({v}._forward_pre_hooks or {v}._forward_hooks or {v}._backward_hooks or {v}._backward_pre_hooks)"
 
 
@@ -724,13 +713,7 @@ def module_forward_hooks(module) -> tuple | None:
     """``(pre, post)``: the forward pre-hooks and forward hooks of ``module`` as ``(hook, takes_kwargs)`` pairs, in
     the order ``Module._call_impl`` calls them (``torch/nn/modules/module.py``); None when its call involves more than
     those (backward hooks, global module hooks, ``torch.jit`` tracing)."""
-    from torch.nn.modules import module as m
-
-    if (
-        module._backward_hooks or module._backward_pre_hooks or m._global_backward_pre_hooks
-        or m._global_backward_hooks or m._global_forward_hooks or m._global_forward_pre_hooks
-        or torch._C._get_tracing_state()
-    ):
+    if module._backward_hooks or module._backward_pre_hooks or not has_no_global_module_hooks():
         return None
     pre, post = module._forward_pre_hooks, module._forward_hooks
     return (
