@@ -16,6 +16,7 @@ __all__ = [
     "SubclassRegistrationError",
     "ThunderVersionError",
     "TorchFeatureUnavailableError",
+    "UnsupportedModuleHookError",
 ]
 
 
@@ -67,6 +68,11 @@ class TorchFeatureUnavailableError(SubclassProtocolError, NotImplementedError):
         super().__init__(message)
         self.feature = feature
         self.needs_torch = needs_torch
+
+
+class UnsupportedModuleHookError(TensorSubclassError, NotImplementedError):
+    """A module called in compiled code has hooks that cannot be compiled (backward hooks: thunder 0.2.6 cannot trace
+    the ``torch.autograd.Function`` that ``nn.Module`` wraps inputs and outputs in for them)."""
 
 
 def format_location(filename: str | None, lineno: int | None) -> str:
