@@ -16,6 +16,7 @@ __all__ = [
     "SubclassRegistrationError",
     "ThunderVersionError",
     "TorchFeatureUnavailableError",
+    "UnsupportedTracingError",
     "UnsupportedModuleHookError",
 ]
 
@@ -70,7 +71,12 @@ class TorchFeatureUnavailableError(SubclassProtocolError, NotImplementedError):
         self.needs_torch = needs_torch
 
 
-class UnsupportedModuleHookError(TensorSubclassError, NotImplementedError):
+class UnsupportedTracingError(TensorSubclassError, NotImplementedError):
+    """Code in the compiled function that thunder_subclass cannot trace faithfully (no subclass need be involved);
+    the message names the operation, the user's source line and what to do instead."""
+
+
+class UnsupportedModuleHookError(UnsupportedTracingError):
     """A module called in compiled code has hooks that cannot be compiled (backward hooks: thunder 0.2.6 cannot trace
     the ``torch.autograd.Function`` that ``nn.Module`` wraps inputs and outputs in for them)."""
 

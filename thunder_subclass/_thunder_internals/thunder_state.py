@@ -365,6 +365,12 @@ def _torch_callables_by_symbol_id() -> dict:
     return {k: tuple(v) for k, v in table.items()}
 
 
+def torch_callables_of_symbol(sym) -> tuple[Callable, ...]:
+    """The torch callables thunder traces as symbol ``sym`` (``torch.nn.functional.linear`` for ``ltorch.linear``;
+    ``torch.mul``, ``Tensor.mul``, ... for ``ltorch.mul``), from thunder's torch -> symbol table."""
+    return _torch_callables_by_symbol_id().get(sym.id, ())
+
+
 def tensor_producer(p) -> tuple[tuple[Callable, ...], Any] | None:
     """``(torch_fns, bsym)``: the torch callables that thunder traces as the torch-level symbol which produced
     tensor proxy ``p`` in the computation trace being interpreted (``torch.relu``, ``Tensor.relu``, ``F.relu``: the

@@ -45,6 +45,7 @@ import torch
 from thunder_subclass._thunder_internals import plugin_state
 from thunder_subclass._thunder_internals.interpreter_fixes import (
     interpreter_fix_lookaside,
+    torch_arguments,
 )
 from thunder_subclass._thunder_internals.plugin_state import (
     NOT_HANDLED,
@@ -96,6 +97,8 @@ def _hook_symbol_call(original):
         if self.id is put_grad_id and len(args) == 2 and is_plugin_active():
             args = (args[0], sum_to_scalar_grad(*args))
         elif (torch_level or (plugin_state.handlers is not None and self.id in plugin_state.handlers.prim_ids)) and is_plugin_active():
+            if torch_level:
+                args, kwargs = torch_arguments(self, args, kwargs)
             result = plugin_state.handlers.symbol_call(self, args, kwargs)
             if result is not NOT_HANDLED:
                 return result
@@ -154,7 +157,8 @@ def _hook_general_jit_lookaside(original):
 
                 return interpreter_needs_wrap(fn)
             lookaside = (
-                plugin_state.handlers.lookaside(fn, args) or interpreter_fix_lookaside(fn) or symbolic_values_lookaside(fn, args)
+                plugin_state.handlers.lookaside(fn, args) or interpreter_fix_lookaside(fn, args)
+                or symbolic_values_lookaside(fn, args)
             )
             if lookaside is not None:
                 return lookaside
