@@ -189,3 +189,11 @@ def test_every_docs_page_is_reachable_from_the_index():
     linked = {os.path.normpath(os.path.join("docs", path.partition("#")[0])) for _, path in relative_links("docs/index.md")}
     missing = [doc for doc in DOCS if doc.startswith("docs/") and doc != "docs/index.md" and doc not in linked]
     assert not missing, f"docs/index.md does not link {missing}"
+
+
+def test_internals_page_has_a_section_per_internals_module():
+    package = os.path.join(ROOT, "thunder_subclass", "_thunder_internals")
+    modules = sorted(f[:-3] for f in os.listdir(package) if f.endswith(".py") and f != "__init__.py")
+    sections = {m.group(1) for m in re.finditer(r"^## `(\w+)`: ", open(os.path.join(ROOT, "docs", "internals.md"),
+                                                                      encoding="utf-8").read(), re.M)}
+    assert modules and sections == set(modules), (sorted(sections), modules)
