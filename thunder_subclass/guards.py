@@ -241,7 +241,21 @@ def guard_python_attribute(p: SubclassTensorProxy, name: str) -> None:
 
 
 class SubclassGuardFailure(Exception):
-    """Raised by a prologue guard: thunder catches it and treats the call as a cache miss."""
+    """Raised by a prologue guard: thunder catches it and treats the call as a cache miss.
+
+    The message may be given as a function (``explain``), called the first time the message is read: a call that
+    misses every cache entry but one (or all) raises one of these per rejecting entry, and nothing reads them unless
+    the user asks why it missed (``thunder_subclass.explain_recompiles``), so a hit costs no message building."""
+
+    def __init__(self, message: str | None = None, *, explain=None):
+        super().__init__(message)
+        self._explain = explain
+
+    def __str__(self) -> str:
+        if self._explain is not None:
+            explain, self._explain = self._explain, None
+            self.args = (explain(),)
+        return super().__str__()
 
 
 def _check_subclass_impl(t, spec: SubclassSpec) -> None:

@@ -72,20 +72,26 @@ class FusedChecks:
     """The checks of one prologue as one function of the checked values (``fn``), with the text of each check for
     error messages. Not printable as a literal: thunder passes it to the prologue as a global."""
 
-    __slots__ = ("fn", "conditions", "source")
+    __slots__ = ("fn", "conditions", "source", "_compiled")
 
     def __init__(self, fn, conditions: list[str], source: str):
         self.fn, self.conditions, self.source = fn, conditions, source
+        self._compiled = None
 
     def __repr__(self) -> str:
         return f"FusedChecks({len(self.conditions)} checks)"
 
     def failure(self, values: tuple) -> str:
-        namespace = dict(self.fn.__globals__)
-        namespace.update({f"v{i}": v for i, v in enumerate(values)})
-        for cond in self.conditions:  # in order, in one namespace: names bound by `:=` reach later conditions
+        """The first check that ``values`` fail, in words (only built when a miss is explained: see
+        :class:`~thunder_subclass.guards.SubclassGuardFailure`)."""
+        if self._compiled is None:
+            self._compiled = [compile(c, "<thunder_subclass prologue check>", "eval") for c in self.conditions]
+        # the generated function's constants are its globals; the values and the names bound by `:=` are locals, so
+        # that a later condition reads what an earlier one bound
+        namespace = {f"v{i}": v for i, v in enumerate(values)}
+        for cond, code in zip(self.conditions, self._compiled):
             try:
-                ok = eval(cond, namespace)
+                ok = eval(code, self.fn.__globals__, namespace)
             except Exception as e:  # noqa: BLE001 - reported as the failing check
                 return f"prologue check `{cond}` raised {type(e).__name__}: {e}"
             if not ok:
@@ -146,8 +152,8 @@ def _no_guard(*tensors) -> bool:
 
 
 def _check_prologue_impl(values: tuple, checks: FusedChecks) -> None:
-    if not checks.fn(*values):
-        raise SubclassGuardFailure(checks.failure(values))
+    if not checks.fn(*values):  # the message (which check failed) is found only when it is read
+        raise SubclassGuardFailure(explain=lambda: checks.failure(values))
 
 
 # DONT_DCE: no output, and dead-code elimination must keep it in the prologue
