@@ -10,7 +10,8 @@ trace from the checks it replaces, each one an inline expression with the same m
   (``==``), ``check_len``, ``check_none``, ``check_type`` and ``check_instance``;
 * the plugin's ``check_subclass`` (:meth:`thunder_subclass.guards.SubclassSpec.matches`, inlined by
   :meth:`~thunder_subclass.guards.SubclassSpec.expression`), ``check_plain_tensor``, ``check_tensor_strides``,
-  ``check_no_dispatch_mode`` and ``check_module_hooks`` (a module without hooks: its four hook dictionaries inline,
+  ``check_no_dispatch_mode``, ``check_object`` (:meth:`thunder_subclass.guards.ObjectSpec.expression`) and
+  ``check_module_hooks`` (a module without hooks: its four hook dictionaries inline,
   and the global module hooks once per call: ``_thunder_internals.module_has_no_own_hooks_expression``).
 
 Tensor metadata (thunder's ``check_tensor_metadata``, the outer and plain inner tensors of ``check_subclass``, and
@@ -53,6 +54,7 @@ from thunder_subclass.guards import (
     check_module_hooks,
     check_tensor_strides,
     check_subclass,
+    check_object,
     inline_tensor_check,
 )
 from thunder_subclass._thunder_internals import (
@@ -237,7 +239,9 @@ class _Builder:
             return False
         cond = None
         if sid == check_module_hooks.id:  # guards.check_module_hooks
-            v, hooks = self.value(args[0]), args[1].hooks
+            v, hooks, module_type = self.value(args[0]), args[1].hooks, args[1].module_type
+            if module_type is not None:
+                self.conditions.append(f"(type({v}) is {self.const(module_type)})")
             if hooks == ((), ()):
                 if not self.global_hooks_checked:
                     self.conditions.append("_no_global_hooks()")
@@ -247,6 +251,8 @@ class _Builder:
                 cond = f"(_hooks({v}) == {self.const(hooks)})"
         elif sid == check_subclass.id:
             cond = args[1].expression(self.value(args[0]), self.const, self.fresh, self.tensor)
+        elif sid == check_object.id:
+            cond = args[1].expression(self.value(args[0]), self.const)
         elif sid == check_plain_tensor.id:
             cond = f"type({self.value(args[0])}) in _plain"
         elif sid == check_tensor_strides.id:
