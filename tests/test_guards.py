@@ -137,9 +137,13 @@ def _placement_branch(p):
 
 def test_placement_type_is_guarded():
     jf = thunder_subclass.jit(_placement_branch)
-    results = [jf(Shard(0)), jf(Replicate()), jf(Shard(1)), jf(Replicate())]
-    assert results == [_placement_branch(p) for p in (Shard(0), Replicate(), Shard(1), Replicate())] == [2, 1, 2, 1]
-    assert thunder.cache_misses(jf) == 2  # Shard(1) and the second Replicate() are hits
+    placements = (Shard(0), Replicate(), Shard(1), Replicate(), Shard(0))
+    assert [jf(p) for p in placements] == [_placement_branch(p) for p in placements] == [2, 1, 2, 1, 2]
+    # is_replicate is a pybind11 method (native: it may read anything of the placement), so the placement is guarded
+    # by value: Shard(1) is a miss, an equal Replicate() or Shard(0) a hit
+    assert (thunder.cache_misses(jf), thunder.cache_hits(jf)) == (3, 2)
+    spec = [b for b in thunder.last_prologue_traces(jf)[0].bound_symbols if b.sym.name == "check_object"][0].args[1]
+    assert (spec.kind, spec.where) == ("equal", "args[0]")
 
 
 def test_placement_attribute_read_is_guarded():

@@ -48,7 +48,8 @@ from thunder_subclass.proxy import (
 )
 
 __all__ = ["SubclassSpec", "add_subclass_guards", "check_subclass", "proxify_input", "add_module_hooks_guard",
-           "ObjectSpec", "check_object", "guard_input_object", "guard_object_by_value", "is_guardable_provenance"]
+           "ObjectSpec", "check_object", "guard_input_object", "guard_object_by_value", "guard_native_call_arguments",
+           "is_guardable_provenance"]
 
 
 def _tensor_meta(p) -> tuple:
@@ -726,17 +727,19 @@ def _describe_provenance(record) -> str:
 _guarded_object_names = itertools.count()
 
 
-def guard_input_object(jit_ctx, obj, provenance) -> None:
+def guard_input_object(obj, provenance) -> None:
     """Traced code reached ``obj`` from the inputs (its ``provenance`` is one the prologue can unpack): a call where it
     is another object, one of another type, or (after :func:`guard_object_by_value`) another value is a cache miss.
-    One guard per object and trace."""
+    One guard per object and trace; objects reached only on the interpreter's way (see
+    :func:`is_guardable_provenance`) and values thunder checks itself get none."""
     from thunder.core.proxies import AnyProxy
 
     kind = object_guard_kind(obj)
-    if kind is None:
+    if kind is None or not is_guardable_provenance(provenance):
         return
     state = _thunder_internals.jit_state()
-    if state is None:
+    jit_ctx = _thunder_internals.jit_context()
+    if state is None or jit_ctx is None:
         return
     guarded = state.setdefault("object_guards", {})
     if id(obj) in guarded:
@@ -745,6 +748,31 @@ def guard_input_object(jit_ctx, obj, provenance) -> None:
     guarded[id(obj)] = (obj, spec)  # the object is kept for the trace's lifetime, so its id stays its own
     name = f"guarded_object{next(_guarded_object_names)}"
     jit_ctx.add_constraint((check_object, AnyProxy(obj, name=name, history=provenance), spec))
+
+
+# descriptors' __get__ that only bind a function to the object (the interpreter's method lookup runs them natively)
+_BINDING_GETS = frozenset({
+    types.FunctionType.__get__, types.MethodDescriptorType.__get__, types.WrapperDescriptorType.__get__,
+    types.ClassMethodDescriptorType.__get__, staticmethod.__get__, classmethod.__get__,
+})
+
+
+def guard_native_call_arguments(fn, wrapped_args: tuple) -> None:
+    """The interpreter runs ``fn`` natively with ``wrapped_args``: each guarded input object among them is guarded
+    by value from now on (:func:`guard_object_by_value`), except for the descriptors that bind methods."""
+    try:
+        if fn in _BINDING_GETS:
+            return
+    except TypeError:  # unhashable callable
+        pass
+    state = _thunder_internals.jit_state()
+    guarded = state.get("object_guards") if state is not None else None
+    if not guarded:
+        return
+    for a in wrapped_args:
+        value = getattr(a, "value", a)
+        if id(value) in guarded:
+            guard_object_by_value(value)
 
 
 def guard_object_by_value(obj) -> None:
