@@ -27,7 +27,6 @@ from __future__ import annotations
 import collections
 import warnings
 from collections.abc import Callable
-from typing import Any
 
 from thunder_subclass.errors import CacheLimitWarning
 
@@ -76,7 +75,8 @@ class CachePolicy:
     def on_miss(self, call: int, n_entries: int, reasons: list[str]) -> bool:
         """Record a miss of call number ``call`` with ``n_entries`` entries, each rejecting it for ``reasons[i]``
         (newest first). Returns whether a new entry may be traced (False: the bound is reached; warns once)."""
-        self.misses.append((call, n_entries, tuple(reasons)))
+        if n_entries:  # a recompile (the first trace is no miss to explain)
+            self.misses.append((call, n_entries, tuple(reasons)))
         if self.limit is None or n_entries < self.limit:
             return True
         if not self.warned:
@@ -88,7 +88,7 @@ class CachePolicy:
                 "Call it with inputs of fewer kinds (shapes, types, values the trace depends on), or raise the "
                 "bound: thunder_subclass.jit(fn, cache_size_limit=N) or thunder_subclass.config.cache_size_limit. "
                 "thunder_subclass.explain_recompiles(compiled) lists every miss."
-            ), stacklevel=4)
+            ), stacklevel=_user_stacklevel())
         return False
 
     def explain(self) -> list[str]:
@@ -98,6 +98,22 @@ class CachePolicy:
             lines += [f"  entry {n - i} (of {n}): {r}" for i, r in enumerate(reasons)]
             out.append("\n".join(lines))
         return out
+
+
+def _user_stacklevel() -> int:
+    """The ``stacklevel`` of ``warnings.warn`` called from here that names the first frame outside thunder,
+    thunder_subclass and ``torch.nn.modules`` (the user's call of the compiled function or module)."""
+    import os
+    import sys
+
+    import thunder
+    import torch.nn.modules.module as module
+
+    own = tuple(os.path.dirname(f) + os.sep for f in (__file__, thunder.__file__, module.__file__))
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(own):
+        frame, level = frame.f_back, level + 1
+    return level  # stacklevel 1 is on_miss, the frame _getframe(1) starts from
 
 
 def _first_line(text: str) -> str:
@@ -124,7 +140,3 @@ def last_miss_reasons(jfn) -> tuple[str, ...]:
     misses = _policy(jfn).misses
     return misses[-1][2] if misses else ()
 
-
-def eager_callable(fn: Any) -> Callable:
-    """What runs eagerly past the bound: the user's function or module itself."""
-    return fn

@@ -136,9 +136,10 @@ def uninstall() -> None:
     _thunder_internals.uninstall()
 
 
-def with_fast_cache_hits(jfn):
-    """``thunder_subclass.jit``'s result with the shorter path to cache hits (``_thunder_internals``)."""
-    return _thunder_internals.with_fast_cache_hits(jfn)
+def with_fast_cache_hits(jfn, policy=None):
+    """``thunder_subclass.jit``'s result with the shorter path to cache hits and the cache ``policy``
+    (``thunder_subclass.cache.CachePolicy``) (``_thunder_internals``)."""
+    return _thunder_internals.with_fast_cache_hits(jfn, policy)
 
 
 def is_installed() -> bool:

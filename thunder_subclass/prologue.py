@@ -74,10 +74,11 @@ class FusedChecks:
     """The checks of one prologue as one function of the checked values (``fn``), with the text of each check for
     error messages. Not printable as a literal: thunder passes it to the prologue as a global."""
 
-    __slots__ = ("fn", "conditions", "source", "_compiled")
+    __slots__ = ("fn", "conditions", "source", "names", "_compiled")
 
-    def __init__(self, fn, conditions: list[str], source: str):
+    def __init__(self, fn, conditions: list[str], source: str, names: tuple[str, ...] = ()):
         self.fn, self.conditions, self.source = fn, conditions, source
+        self.names = names  # the prologue's name of each checked value (v0, v1, ... in the conditions)
         self._compiled = None
 
     def __repr__(self) -> str:
@@ -95,10 +96,27 @@ class FusedChecks:
             try:
                 ok = eval(code, self.fn.__globals__, namespace)
             except Exception as e:  # noqa: BLE001 - reported as the failing check
-                return f"prologue check `{cond}` raised {type(e).__name__}: {e}"
+                return f"prologue check `{cond}` raised {type(e).__name__}: {e}{self._readable(cond)}"
             if not ok:
-                return f"prologue check `{cond}` failed"
+                return f"prologue check `{cond}` failed{self._readable(cond)}"
         return "prologue check failed"
+
+    def _readable(self, cond: str) -> str:
+        """The condition with the prologue's names for the values and the constants' values, for people."""
+        import re
+
+        constants = self.fn.__globals__
+
+        def name(m: re.Match) -> str:
+            kind, i = m.group(1), int(m.group(2))
+            if kind == "v":
+                return self.names[i] if i < len(self.names) else m.group(0)
+            value = constants.get(m.group(0), m.group(0))
+            text = getattr(value, "__qualname__", None) if isinstance(value, type) else repr(value)
+            return text if text is not None and len(text) <= 80 else m.group(0)
+
+        readable = re.sub(r"\b([vc])(\d+)\b", name, cond)
+        return "" if readable == cond else f" (that is, `{readable}`)"
 
 
 class _TensorChecks:
@@ -309,7 +327,7 @@ class _Builder:
         if self.slots:
             namespace["_tensor_checks"] = _TensorChecks(namespace["tensor_checks"],
                                                         [slot.strides for slot in self.slots], namespace)
-        return FusedChecks(namespace["fused_prologue_checks"], shown, source)
+        return FusedChecks(namespace["fused_prologue_checks"], shown, source, tuple(p.name for p in self.values))
 
 
 def fuse_prologue_checks(trace):
