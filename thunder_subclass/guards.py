@@ -734,18 +734,24 @@ def guard_input_object(obj, provenance) -> None:
     :func:`is_guardable_provenance`) and values thunder checks itself get none."""
     from thunder.core.proxies import AnyProxy
 
-    kind = object_guard_kind(obj)
-    if kind is None or not is_guardable_provenance(provenance):
-        return
     state = _thunder_internals.jit_state()
     jit_ctx = _thunder_internals.jit_context()
     if state is None or jit_ctx is None:
         return
+    # every value read from the inputs, by its provenance record: the holders of later attribute reads
+    seen = state.setdefault("input_values", {})
+    seen[id(provenance)] = (provenance, obj)
+    kind = object_guard_kind(obj)
+    if kind is None or not is_guardable_provenance(provenance):
+        return
     guarded = state.setdefault("object_guards", {})
     if id(obj) in guarded:
         return
+    stable = _is_stored(obj, provenance, seen)
+    if kind == "identity" and not stable and not isinstance(obj, _SINGLETON_TYPES):
+        kind = "type"  # made anew by each read (a property): the same object will not come again
     spec = ObjectSpec(kind, type(obj), obj if kind == "identity" else None, _describe_provenance(provenance))
-    guarded[id(obj)] = (obj, spec)  # the object is kept for the trace's lifetime, so its id stays its own
+    guarded[id(obj)] = (obj, spec, stable)  # the object is kept for the trace's lifetime, so its id stays its own
     name = f"guarded_object{next(_guarded_object_names)}"
     jit_ctx.add_constraint((check_object, AnyProxy(obj, name=name, history=provenance), spec))
 
@@ -783,12 +789,43 @@ def guard_object_by_value(obj) -> None:
     entry = state.get("object_guards", {}).get(id(obj)) if state is not None else None
     if entry is None or entry[1].kind != "type":
         return
-    spec = entry[1]
+    _, spec, stable = entry
     snapshot = _value_snapshot(obj)
     if snapshot is not None:
         spec.kind, spec.value = "equal", snapshot
-    else:
+    elif stable:
         spec.kind, spec.value = "identity", obj
+    # else: made anew by each read and without value equality: its type stays what is guarded
+
+
+# members of these types are the same object whenever they are equal (None, enum members, dtypes, ...)
+_SINGLETON_TYPES = (type(None), enum.Enum, torch.dtype, torch.layout, torch.memory_format)
+
+
+def _is_stored(obj, provenance, seen: dict) -> bool:
+    """Whether ``obj`` is stored where ``provenance`` reads it (an argument, an item, an instance attribute or slot,
+    a bound method's ``__self__``), so that the same object is read again next call if nothing replaced it; False for
+    a value a property or ``__getattr__`` makes at each read."""
+    import inspect
+
+    name = getattr(provenance.inst, "name", None)
+    if name in ("INPUT_ARGS", "INPUT_KWARGS", "BINARY_SUBSCR"):
+        return True
+    if name != "LOAD_ATTR" or len(provenance.inputs) != 2:
+        return False
+    base, attr = provenance.inputs[0], getattr(provenance.inputs[1], "value", None)
+    if attr == "__self__":
+        return True
+    if getattr(base.inst, "name", None) == "INPUT_FN":
+        holder = getattr(_thunder_internals.current_compile_data()[0], "fn", None)
+    else:
+        holder = seen.get(id(base), (None, None))[1]
+    if holder is None or not isinstance(attr, str):
+        return False
+    if getattr(holder, "__dict__", {}).get(attr, _MISSING) is obj:
+        return True
+    return isinstance(inspect.getattr_static(type(holder), attr, None), types.MemberDescriptorType) and \
+        getattr(holder, attr, _MISSING) is obj
 
 
 def _value_snapshot(obj):

@@ -238,10 +238,12 @@ def _call_key(args: tuple, kwargs: dict, grad: bool) -> tuple:
 
 class _EntryIndex:
     """The cache entries of one compiled function by the :func:`_call_key` of the calls they accepted, so that a call
-    tries first the entries that accepted calls like it (a hit costs the same with 1 or 100 entries), then, if none
-    accepts, every other entry newest first as thunder does (an entry found so is added to the key's list). The keys
-    only order the search: every hit is still an entry whose prologue accepted the call. Owned by the fast call;
-    forgotten when thunder's entry list shrinks or is replaced, and when it holds more than ``MAX_KEYS`` keys."""
+    tries first the entries that accepted calls like it, the one that accepted the last such call first (a repeated
+    call costs one prologue with 1 or 100 entries; subclass arguments are keyed by type only, as reading their shape
+    may run Python, so calls alternating between k shapes cost at most k), then, if none accepts, every other entry
+    newest first as thunder does (an entry found so is added to the key's list). The keys only order the search:
+    every hit is still an entry whose prologue accepted the call. Owned by the fast call; forgotten when thunder's
+    entry list shrinks or is replaced, and when it holds more than ``MAX_KEYS`` keys."""
 
     __slots__ = ("buckets", "entries", "n")
 
@@ -430,12 +432,18 @@ def with_fast_cache_hits(jfn, policy=None):
             bucket = index.bucket(cache, key)
             data_token = set_compile_data_and_stats(cd, cs)  # thunder's compile_data_and_stats, without a generator
             try:
-                for entry in reversed(bucket):  # the entries that accepted calls like this one, newest first
+                for i in range(len(bucket) - 1, -1, -1):  # the entries that accepted calls like this one, last hit first
+                    entry = bucket[i]
                     try:
                         inps, pro_to_epi = entry.prologue_fn(*args, **kwargs)
                     except Exception:
                         continue
                     hit = entry
+                    if i != len(bucket) - 1:
+                        try:  # another thread may have moved entries since: any permutation is a valid order
+                            bucket.append(bucket.pop(i))
+                        except IndexError:
+                            pass
                     break
                 else:  # then the others, newest first (as thunder's get_computation_and_inputs)
                     for entry in reversed(cache):
