@@ -25,7 +25,7 @@ from torch.testing._internal.two_tensor import TwoTensor
 
 def _jit(fn, limit: int):
     if "cache_size_limit" in inspect.signature(thunder_subclass.jit).parameters:
-        return thunder_subclass.jit(fn, cache_size_limit=limit)
+        return thunder_subclass.jit(fn, cache_size_limit=limit, dynamic=False)  # a trace per size
     return thunder_subclass.jit(fn)  # a version without a cache bound (for the "before" numbers)
 
 

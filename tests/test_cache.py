@@ -1,5 +1,6 @@
 """The cache of a compiled function (issue 24): bounded, hits that cost the same with many entries, misses explained,
-eager runs past the bound, and parameters / buffers / submodules replaced after compiling."""
+eager runs past the bound, and parameters / buffers / submodules replaced after compiling. Calls vary input sizes
+to make cache entries, so those jits trace once per size (``dynamic=False``)."""
 
 import warnings
 
@@ -27,7 +28,7 @@ def _entries(jf) -> int:
 
 def test_default_bound_is_torch_compile_s():
     assert thunder_subclass.config.cache_size_limit == 8
-    jf = thunder_subclass.jit(_f)
+    jf = thunder_subclass.jit(_f, dynamic=False)
     with pytest.warns(CacheLimitWarning):
         for n in range(1, 12):
             x = torch.randn(n)
@@ -36,7 +37,7 @@ def test_default_bound_is_torch_compile_s():
 
 
 def test_entries_never_exceed_the_bound_and_values_stay_eager():
-    jf = thunder_subclass.jit(_f, cache_size_limit=3)
+    jf = thunder_subclass.jit(_f, cache_size_limit=3, dynamic=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CacheLimitWarning)
         for n in range(1, 10):
@@ -53,7 +54,7 @@ def test_entries_never_exceed_the_bound_and_values_stay_eager():
 
 
 def test_limit_warning_is_given_once_and_names_the_failing_check():
-    jf = thunder_subclass.jit(_f, cache_size_limit=2)
+    jf = thunder_subclass.jit(_f, cache_size_limit=2, dynamic=False)
     jf(torch.randn(1))
     jf(torch.randn(2))
     with pytest.warns(CacheLimitWarning, match=r"reached its cache size limit \(2 entries, cache_size_limit=2\)") as rec:
@@ -74,7 +75,7 @@ def test_eager_fallback_equals_eager_with_gradients():
     def g(x):
         return (x @ w).relu().sum(dim=0)
 
-    jf = thunder_subclass.jit(g, cache_size_limit=1)
+    jf = thunder_subclass.jit(g, cache_size_limit=1, dynamic=False)
     jf(torch.randn(2, 3, requires_grad=True)).sum().backward()
     w.grad = None
     x = torch.randn(5, 3, requires_grad=True)
@@ -97,7 +98,7 @@ def test_eager_fallback_equals_eager_with_gradients():
 
 def test_eager_fallback_of_a_module_runs_the_module():
     m = nn.Linear(3, 2)
-    jm = thunder_subclass.jit(m, cache_size_limit=1)
+    jm = thunder_subclass.jit(m, cache_size_limit=1, dynamic=False)
     jm(torch.randn(1, 3))
     x = torch.randn(4, 3)
     with pytest.warns(CacheLimitWarning, match="Linear reached its cache size limit"):
@@ -106,7 +107,7 @@ def test_eager_fallback_of_a_module_runs_the_module():
 
 
 def test_explain_recompiles_lists_the_failing_guard():
-    jf = thunder_subclass.jit(_f)
+    jf = thunder_subclass.jit(_f, dynamic=False)
     assert thunder_subclass.explain_recompiles(jf) == [] and thunder_subclass.last_miss_reasons(jf) == ()
     jf(_two(2, 2))
     jf(_two(2, 2))
@@ -125,11 +126,11 @@ def test_explain_recompiles_lists_the_failing_guard():
 
 def test_bad_limit_is_rejected():
     with pytest.raises(ValueError, match="cache_size_limit must be a positive int or None"):
-        thunder_subclass.jit(_f, cache_size_limit=0)
+        thunder_subclass.jit(_f, cache_size_limit=0, dynamic=False)
 
 
 def test_unbounded_cache_when_asked():
-    jf = thunder_subclass.jit(_f, cache_size_limit=None)
+    jf = thunder_subclass.jit(_f, cache_size_limit=None, dynamic=False)
     with warnings.catch_warnings():
         warnings.simplefilter("error", CacheLimitWarning)
         for n in range(1, 11):
@@ -154,7 +155,7 @@ def _count_prologue_calls(jf) -> list:
 
 
 def test_a_hit_on_the_oldest_entry_runs_one_prologue():
-    jf = thunder_subclass.jit(_f, cache_size_limit=None)
+    jf = thunder_subclass.jit(_f, cache_size_limit=None, dynamic=False)
     xs = [torch.randn(n) for n in range(1, 21)]
     for x in xs:
         jf(x)
@@ -179,7 +180,7 @@ def test_hit_failure_messages_are_not_built():
         built.append(1)
         return original(self, values)
 
-    jf = thunder_subclass.jit(_f)
+    jf = thunder_subclass.jit(_f, dynamic=False)
     for n in (1, 2, 3):
         jf(torch.randn(n))
     prologue.FusedChecks.failure = failure

@@ -16,7 +16,7 @@ a prologue check that fails raises an exception whose message is made when read
 Example::
 
     >>> import torch, thunder_subclass
-    >>> jf = thunder_subclass.jit(lambda t: t * 2, cache_size_limit=2)
+    >>> jf = thunder_subclass.jit(lambda t: t * 2, cache_size_limit=2, dynamic=False)
     >>> _ = jf(torch.ones(1)), jf(torch.ones(2))
     >>> [r.splitlines()[0] for r in thunder_subclass.explain_recompiles(jf)]
     ['call 2 (a cache miss; 1 entry checked):']

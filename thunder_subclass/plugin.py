@@ -59,6 +59,13 @@ def jit(fn: Callable, /, *, cache_size_limit: int | None | object = _DEFAULT, **
     (``thunder_subclass.prologue``; tensor metadata through torch's C++ tensor guard), and cache hits take a shorter
     path (``_thunder_internals.with_fast_cache_hits``); the guards are the same.
 
+    Sizes (``dynamic``, as ``torch.compile``'s): by default (``dynamic=None`` and no ``cache`` option) a call traces
+    with the sizes it sees as constants, and after a cache miss caused only by new tensor sizes (or int values) the
+    next trace makes them symbolic (thunder's ``cache="symbolic values"``; sizes that reach a subclass operation stay
+    guarded), so new sizes stop retracing: ``_thunder_internals.AutomaticDynamicShapes``. ``dynamic=False`` traces once
+    per size (``cache="constant values"``), ``dynamic=True`` makes sizes symbolic from the first trace. An explicit
+    ``cache`` option is used as given.
+
     ``cache_size_limit`` (default ``thunder_subclass.config.cache_size_limit``, 8 like ``torch.compile``'s
     ``recompile_limit``; ``None``: unbounded) bounds the number of traces kept: once reached, a call that no trace
     accepts runs ``fn`` eagerly, after a one-time :class:`~thunder_subclass.errors.CacheLimitWarning` naming the check
@@ -77,6 +84,15 @@ def jit(fn: Callable, /, *, cache_size_limit: int | None | object = _DEFAULT, **
     import thunder
     from thunder.extend import resolve_executors
 
+    dynamic = kwargs.pop("dynamic", None)
+    if dynamic not in (None, True, False):
+        raise TypeError(f"thunder_subclass.jit: dynamic must be None, True or False, got {dynamic!r}")
+    if dynamic is not None and "cache" in kwargs:
+        raise TypeError("thunder_subclass.jit: pass either dynamic or cache, not both (dynamic=True is "
+                        "cache='symbolic values', dynamic=False is cache='constant values')")
+    if dynamic is not None:
+        kwargs["cache"] = "symbolic values" if dynamic else "constant values"
+    automatic_dynamic = dynamic is None and "cache" not in kwargs
     if fsdp.holds_fsdp_units(fn):
         return fsdp.compile_between_fsdp_hooks(
             fn, lambda region_fn: jit(region_fn, cache_size_limit=cache_size_limit, **kwargs))
@@ -91,4 +107,5 @@ def jit(fn: Callable, /, *, cache_size_limit: int | None | object = _DEFAULT, **
     # 2-core CPU, a fifth of a small model's training step); without it thunder connects its autograd.Function the
     # classic way. Pass thunderfx_disable_split_autograd=False to get thunder's default back.
     kwargs.setdefault("thunderfx_disable_split_autograd", True)
-    return hooks.with_fast_cache_hits(thunder.jit(fn, executors=executors, transforms=transforms, **kwargs), policy)
+    return hooks.with_fast_cache_hits(thunder.jit(fn, executors=executors, transforms=transforms, **kwargs), policy,
+                                      automatic_dynamic=automatic_dynamic)
