@@ -255,3 +255,20 @@ def test_object_read_by_a_native_call_is_guarded_by_value():
     assert (thunder.cache_misses(jf), thunder.cache_hits(jf)) == (2, 1)
     torch.testing.assert_close(jf(x, datetime.timedelta(seconds=3)), x * 3.0)  # an equal copy: a hit
     assert thunder.cache_hits(jf) == 2
+
+
+def test_python_function_argument_is_guarded_by_code_and_closure():
+    jf = thunder_subclass.jit(lambda t, f: f(t))
+    x = torch.randn(3)
+    for scale in (2.0, 2.0, 3.0, 2.0):
+        f = lambda t, s=scale: t * s  # noqa: E731 - a new function object per call, as in a loop
+        torch.testing.assert_close(jf(x, f), x * scale)
+    assert (thunder.cache_misses(jf), thunder.cache_hits(jf)) == (2, 2)
+
+    def make(k):
+        return lambda t: t + k
+
+    jg = thunder_subclass.jit(lambda t, f: f(t))
+    for k in (1.0, 1.0, 5.0):
+        torch.testing.assert_close(jg(x, make(k)), x + k)
+    assert thunder.cache_misses(jg) == 2

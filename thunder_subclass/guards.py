@@ -587,8 +587,10 @@ class ObjectSpec:
     the arguments or the compiled module) was when traced, as far as the trace may depend on it; the prologue checks
     it every call (``check_object``), as dynamo guards the objects it reads:
 
-    * ``"identity"``: the same object (a function, a class, an enum member, ``None``, a dtype; an object passed to a
-      native call that has no value equality): the trace may have inlined what it does or is;
+    * ``"identity"``: the same object (a builtin function, a class, an enum member, ``None``, a dtype; an object passed
+      to a native call that has no value equality): the trace may have inlined what it does or is;
+    * ``"function"``: a Python function: the same one, or one with the same code, defaults and closure values (the
+      interpreter inlined its body);
     * ``"equal"``: an object of the same type equal (``==``) to a copy taken when traced (an object passed to a native
       call, which may read any of its state, when its type defines value equality);
     * ``"type"``: an object of the same exact type (any other object): methods and class attributes come from the type,
@@ -606,6 +608,8 @@ class ObjectSpec:
     def matches(self, obj) -> bool:
         if self.kind == "identity":
             return obj is self.value
+        if self.kind == "function":
+            return _same_function(obj, self.value)
         if type(obj) is not self.typ:
             return False
         return self.kind == "type" or _equal_to_snapshot(obj, self.value)
@@ -614,6 +618,8 @@ class ObjectSpec:
         """An inline Python expression true exactly when :meth:`matches` is (for the fused prologue checks)."""
         if self.kind == "identity":
             return f"({v} is {const(self.value)})"
+        if self.kind == "function":
+            return f"({v} is {const(self.value[0])} or {const(_same_function)}({v}, {const(self.value)}))"
         if self.kind == "type":
             return f"(type({v}) is {const(self.typ)})"
         return f"(type({v}) is {const(self.typ)} and {const(_equal_to_snapshot)}({v}, {const(self.value)}))"
@@ -622,9 +628,42 @@ class ObjectSpec:
         what = f"the {self.where}" if self.where else "an object"
         if self.kind == "identity":
             return f"{what} is {obj!r}, not {self.value!r} (the object the trace was made for)"
+        if self.kind == "function":
+            return (f"{what} is {obj!r}, not {self.value[0]!r} or a function with its code, defaults and closure "
+                    "values (the function the trace was made for)")
         if type(obj) is not self.typ:
             return f"{what} is a {type(obj).__qualname__}, the trace was made for a {self.typ.__qualname__}"
         return f"{what} is {obj!r}, not equal to {self.value!r} as when traced"
+
+
+def _function_snapshot(fn: types.FunctionType) -> tuple:
+    """``(fn, code, defaults, keyword defaults, closure values)``: what a Python function passed to traced code is, for
+    the trace (the interpreter inlines its body): another function object with all of these the same behaves alike
+    (a lambda made anew for each call)."""
+    cells = tuple(c.cell_contents for c in fn.__closure__ or ())
+    return fn, fn.__code__, fn.__defaults__, fn.__kwdefaults__, cells
+
+
+def _same_function(obj, snapshot: tuple) -> bool:
+    fn, code, defaults, kwdefaults, cells = snapshot
+    if obj is fn:
+        return True
+    if type(obj) is not types.FunctionType or obj.__code__ is not code:
+        return False
+    if not _same_values(obj.__defaults__ or (), defaults or ()) or obj.__kwdefaults__ != kwdefaults:
+        return False
+    closure = obj.__closure__ or ()
+    try:
+        return len(closure) == len(cells) and _same_values(tuple(c.cell_contents for c in closure), cells)
+    except ValueError:  # an empty cell
+        return False
+
+
+def _same_values(a: tuple, b: tuple) -> bool:
+    return len(a) == len(b) and all(x is y or (type(x) in _SCALARS and is_same_value(x, y)) for x, y in zip(a, b))
+
+
+_SCALARS = frozenset({int, float, bool, complex, str, bytes, type(None)})
 
 
 def _equal_to_snapshot(obj, snapshot) -> bool:
@@ -750,7 +789,13 @@ def guard_input_object(obj, provenance) -> None:
     stable = _is_stored(obj, provenance, seen)
     if kind == "identity" and not stable and not isinstance(obj, _SINGLETON_TYPES):
         kind = "type"  # made anew by each read (a property): the same object will not come again
-    spec = ObjectSpec(kind, type(obj), obj if kind == "identity" else None, _describe_provenance(provenance))
+    value = obj if kind == "identity" else None
+    if kind == "identity" and type(obj) is types.FunctionType:
+        try:
+            kind, value = "function", _function_snapshot(obj)
+        except ValueError:  # an empty closure cell: the object itself
+            pass
+    spec = ObjectSpec(kind, type(obj), value, _describe_provenance(provenance))
     guarded[id(obj)] = (obj, spec, stable)  # the object is kept for the trace's lifetime, so its id stays its own
     name = f"guarded_object{next(_guarded_object_names)}"
     jit_ctx.add_constraint((check_object, AnyProxy(obj, name=name, history=provenance), spec))
