@@ -96,9 +96,9 @@ class FusedChecks:
             try:
                 ok = eval(code, self.fn.__globals__, namespace)
             except Exception as e:  # noqa: BLE001 - reported as the failing check
-                return f"prologue check `{cond}` raised {type(e).__name__}: {e}{self._readable(cond)}"
+                return f"prologue check `{cond}`{self._readable(cond)} raised {type(e).__name__}: {e}"
             if not ok:
-                return f"prologue check `{cond}` failed{self._readable(cond)}"
+                return f"prologue check `{cond}`{self._readable(cond)} failed"
         return "prologue check failed"
 
     def _readable(self, cond: str) -> str:
