@@ -18,6 +18,7 @@ __all__ = [
     "TorchFeatureUnavailableError",
     "UnsupportedTracingError",
     "UnsupportedModuleHookError",
+    "CacheLimitWarning",
 ]
 
 
@@ -85,3 +86,9 @@ def format_location(filename: str | None, lineno: int | None) -> str:
     if filename is None:
         return "an unknown source line"
     return f"{filename}:{lineno}" if lineno is not None else filename
+
+
+class CacheLimitWarning(UserWarning):
+    """A function compiled by ``thunder_subclass.jit`` reached its cache size limit (``cache_size_limit``): calls
+    that none of its cache entries accepts run eagerly from then on. Warned once per compiled function; the message
+    names the check that failed."""
