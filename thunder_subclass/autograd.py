@@ -56,7 +56,9 @@ from thunder_subclass.recording import (
     subclass_names,
     torch_callable_for,
 )
-from thunder_subclass.interpretation import INPLACE_VIEW_OPS, is_answered_from_metadata, subclass_class_attribute
+from thunder_subclass.interpretation import (
+    INPLACE_VIEW_OPS, STORAGE_QUERIES, is_answered_from_metadata, storage_query_error, subclass_class_attribute,
+)
 from thunder_subclass.rules import call_rule, find_grad_rule
 from thunder_subclass._thunder_internals import (
     runs_natively, source_location, thunder_resolves_method, torch_to_thunder_symbols,
@@ -394,6 +396,10 @@ def _requires_grad_inside_compiled_code(obj, *args, **kwargs):
     )
 
 
+def _storage_query_inside_compiled_code(obj, name, *default):
+    raise storage_query_error(name)  # at the attribute read: thunder's interpreter fails on a bound method of an input
+
+
 def _thunder_has(fn: Callable) -> bool:
     try:
         return fn in torch_to_thunder_symbols()
@@ -417,6 +423,8 @@ def torch_api_lookaside(fn, wrapped_args: tuple) -> Callable | None:
         obj, name = unwrap(wrapped_args[0]), unwrap(wrapped_args[1])
         if isinstance(obj, TensorProxy) and name == "requires_grad_":
             return interpreter_needs_wrap(lambda o, n, *d: functools.partial(_requires_grad_inside_compiled_code, o))
+        if isinstance(obj, TensorProxy) and name in STORAGE_QUERIES:
+            return interpreter_needs_wrap(_storage_query_inside_compiled_code)
         if isinstance(obj, SubclassTensorProxy) and isinstance(name, str) and not name.startswith("__") \
                 and name not in INPLACE_VIEW_OPS:  # those rebind the caller's variable (interpretation)
             method = getattr(torch.Tensor, name, None)

@@ -252,6 +252,21 @@ def check_no_nested_int(sym: Symbol, args: tuple, kwargs: dict) -> None:
             )
 
 
+# storage facts a fake run cannot know (a fake's storage offset is 0 and its data pointer is not the tensor's): run on
+# fakes, the stand-in's answer would be put in the trace as a constant
+STORAGE_QUERIES = frozenset({"storage_offset", "data_ptr", "untyped_storage", "storage"})
+
+
+def storage_query_error(name: str) -> UnsupportedTracingError:
+    """The typed error for ``x.<name>()`` (one of :data:`STORAGE_QUERIES`) of a tensor in traced code, naming the
+    line."""
+    return UnsupportedTracingError(
+        f"x.{name}() at {format_location(*source_location())}: thunder_subclass does not track tensor storages while "
+        f"tracing (the answer would be that of a stand-in tensor, not of your tensor). Read it outside the compiled "
+        f"function, or compute what you need from x.shape and x.stride()."
+    )
+
+
 def _read_slot(p: SubclassTensorProxy, slot: types.MemberDescriptorType) -> Any:
     """A ``__slots__`` attribute that is not an inner tensor, read from a stand-in rebuilt by ``__tensor_unflatten__``
     (DTensor's ``_spec``: placements and tensor metadata from the flatten context, which the prologue guards, and the
