@@ -21,7 +21,6 @@ thunder ``Transform`` that reads the final backward trace), and is found again a
 
 from __future__ import annotations
 
-import weakref
 from typing import Any
 
 import torch
@@ -346,17 +345,23 @@ def variants_in(fn) -> BackwardVariants | None:
 
 # run time: the ThunderFunction.backward hook's handlers
 
-_variants_cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # compiled backward -> BackwardVariants
+_VARIANTS_ATTR = "_thunder_subclass_backward_variants"
+_UNSET = object()
 
 
 def _variants_of(compiled_backward) -> BackwardVariants | None:
-    try:
-        return _variants_cache[compiled_backward]
-    except KeyError:
-        v = _variants_cache[compiled_backward] = variants_in(compiled_backward)
-        return v
-    except TypeError:  # not weak-referenceable
-        return None
+    """The :class:`BackwardVariants` of a compiled backward, found once and kept on the function object itself (the
+    function already holds it among its globals). Owned by the compiled backward: freed with it, and with it the
+    compile data the variants hold (no module-level table keyed by the function whose value keeps the function's
+    jit alive). Found again, identically, by a thread that races the first lookup."""
+    found = getattr(compiled_backward, _VARIANTS_ATTR, _UNSET)
+    if found is _UNSET:
+        found = variants_in(compiled_backward)
+        try:
+            setattr(compiled_backward, _VARIANTS_ATTR, found)
+        except (AttributeError, TypeError):  # no instance dictionary (a builtin): looked up at each call
+            pass
+    return found
 
 
 def replace_grads(compiled_backward, grads) -> list | None:
