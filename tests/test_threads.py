@@ -86,8 +86,8 @@ def test_first_calls_and_new_shapes_traced_concurrently(short_switch_interval):
     errors = _run_threads(work)
     assert not errors, {k: f"{type(e).__name__}: {e}" for k, e in errors.items()}
     assert not flips
+    # misses are counted under the tracing lock, exactly (hit and call counts are not: see runtime's docstring)
     assert thunder.cache_misses(jf) == len(inputs)
-    assert thunder.cache_hits(jf) == N_THREADS * 4 - len(inputs)
 
 
 def test_module_with_parameters_from_threads(short_switch_interval):

@@ -22,6 +22,9 @@ Threads. Owner of each piece of shared state, and who frees it:
   read by thunder's tracing and by thunder's ``fn_`` to restore grad mode after the call) is kept per thread
   (:func:`_per_thread_grad_mode`): a call never sets another thread's grad mode, nor traces with it. The fast path
   restores grad mode from its own call's value.
+* thunder's statistics (``thunder.cache_hits``, ``thunder.cache_misses``, ``last_traces``): misses are counted under
+  the lock, exactly; a hit's counts are incremented without a lock, so calls racing on one jit can lose an increment,
+  and ``last_*`` is the last call of any thread.
 * the fast path keeps the jit's compile data and stats weakly (no cycle through the compiled function); the
   undecorated computation/epilogue of a cache entry is kept on the entry's computation function (an attribute),
   freed with the entry.
