@@ -56,11 +56,13 @@ def _two(*shape, requires_grad=False):
     return TwoTensor(torch.randn(*shape), torch.randn(*shape)).requires_grad_(requires_grad)
 
 
-def test_first_calls_and_new_shapes_traced_concurrently(short_switch_interval):
-    """Every thread makes its first calls at the same time, with two shapes and both grad modes (four traces of one
-    jit, each wanted by every thread at once): values and gradients equal eager's, and each input signature is
-    traced once (a thread that waited for the trace finds it in the cache)."""
-    jf = thunder_subclass.jit(_f)
+@pytest.mark.parametrize("dynamic", [False, None])
+def test_first_calls_and_new_shapes_traced_concurrently(short_switch_interval, dynamic):
+    """Every thread makes its first calls at the same time, with two shapes and both grad modes (four input
+    signatures of one jit, each wanted by every thread at once): values and gradients equal eager's, and each
+    signature is traced once (a thread that waited for the trace finds it in the cache); with automatic dynamic
+    shapes (``dynamic=None``, the default) a symbolic trace may serve both shapes."""
+    jf = thunder_subclass.jit(_f, dynamic=dynamic)
     inputs = {(n, grad): (_two(n, 8), torch.randn(8, 8)) for n in (2, 3) for grad in (False, True)}
     flips = []
 
@@ -87,7 +89,10 @@ def test_first_calls_and_new_shapes_traced_concurrently(short_switch_interval):
     assert not errors, {k: f"{type(e).__name__}: {e}" for k, e in errors.items()}
     assert not flips
     # misses are counted under the tracing lock, exactly (hit and call counts are not: see runtime's docstring)
-    assert thunder.cache_misses(jf) == len(inputs)
+    if dynamic is False:
+        assert thunder.cache_misses(jf) == len(inputs)
+    else:
+        assert 2 <= thunder.cache_misses(jf) <= len(inputs)  # at least one trace per grad mode
 
 
 def test_module_with_parameters_from_threads(short_switch_interval):
@@ -97,7 +102,7 @@ def test_module_with_parameters_from_threads(short_switch_interval):
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 4))
     reference = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 4))
     reference.load_state_dict(model.state_dict())
-    jm = thunder_subclass.jit(model)
+    jm = thunder_subclass.jit(model, dynamic=False)
     inputs = [torch.randn(n, 8) if i % 2 else _two(n, 8) for i, n in enumerate((2, 3, 3, 2))]
     outputs: dict[tuple, torch.Tensor] = {}
 

@@ -60,6 +60,13 @@ def jit(fn: Callable, /, **kwargs) -> Callable:
     (``thunder_subclass.prologue``; tensor metadata through torch's C++ tensor guard), and cache hits take a shorter
     path (``_thunder_internals.with_fast_cache_hits``); the guards are the same.
 
+    Sizes (``dynamic``, as ``torch.compile``'s): by default (``dynamic=None`` and no ``cache`` option) a call traces
+    with the sizes it sees as constants, and after a cache miss caused only by new tensor sizes (or int values) the
+    next trace makes them symbolic (thunder's ``cache="symbolic values"``; sizes that reach a subclass operation stay
+    guarded), so new sizes stop retracing: ``_thunder_internals.AutomaticDynamicShapes``. ``dynamic=False`` traces once
+    per size (``cache="constant values"``), ``dynamic=True`` makes sizes symbolic from the first trace. An explicit
+    ``cache`` option is used as given.
+
     Example::
 
         >>> import torch, thunder, thunder_subclass
@@ -72,6 +79,15 @@ def jit(fn: Callable, /, **kwargs) -> Callable:
     import thunder
     from thunder.extend import resolve_executors
 
+    dynamic = kwargs.pop("dynamic", None)
+    if dynamic not in (None, True, False):
+        raise TypeError(f"thunder_subclass.jit: dynamic must be None, True or False, got {dynamic!r}")
+    if dynamic is not None and "cache" in kwargs:
+        raise TypeError("thunder_subclass.jit: pass either dynamic or cache, not both (dynamic=True is "
+                        "cache='symbolic values', dynamic=False is cache='constant values')")
+    if dynamic is not None:
+        kwargs["cache"] = "symbolic values" if dynamic else "constant values"
+    automatic_dynamic = dynamic is None and "cache" not in kwargs
     if fsdp.holds_fsdp_units(fn):
         return fsdp.compile_between_fsdp_hooks(fn, lambda region_fn: jit(region_fn, **kwargs))
     hooks.install()
@@ -84,7 +100,8 @@ def jit(fn: Callable, /, **kwargs) -> Callable:
     # 2-core CPU, a fifth of a small model's training step); without it thunder connects its autograd.Function the
     # classic way. Pass thunderfx_disable_split_autograd=False to get thunder's default back.
     kwargs.setdefault("thunderfx_disable_split_autograd", True)
-    return hooks.with_fast_cache_hits(thunder.jit(fn, executors=executors, transforms=transforms, **kwargs))
+    return hooks.with_fast_cache_hits(thunder.jit(fn, executors=executors, transforms=transforms, **kwargs),
+                                      automatic_dynamic=automatic_dynamic)
 
 
 class RecompilingCopies(Transform):
@@ -120,18 +137,23 @@ def _with_recompiling_deepcopy(cls: type) -> type:
 def _deepcopy_compiled_module(self, memo: dict):
     """The ``__deepcopy__`` of a compiled module (:class:`RecompilingCopies`)."""
     import thunder
+    from thunder.core.options import CACHE_OPTIONS
 
     cd = thunder.compile_data(self)
+    fast_call = self._forward_fn if getattr(self._forward_fn, "_thunder_subclass_fast_call", False) else None
+    # a copy starts as the original started: automatic dynamic shapes begin with constant values
+    automatic_dynamic = getattr(fast_call, "_thunder_subclass_dynamic_shapes", None) is not None
+    cache = CACHE_OPTIONS.CONSTANT_VALUES if automatic_dynamic else cd.cache_option
     for ex in cd.executors_list:  # executors are registries shared by every jit, never copied
         memo[id(ex)] = ex
     model = copy.deepcopy(self._model, memo)
     transforms = copy.deepcopy(list(cd.transforms or ()), memo)  # a transform may refer to the module's parameters
     new = thunder.jit(
-        model, langctx=cd.langctx, executors=cd.executors_list, sharp_edges=cd.sharp_edges, cache=cd.cache_option,
+        model, langctx=cd.langctx, executors=cd.executors_list, sharp_edges=cd.sharp_edges, cache=cache,
         disable_torch_autograd=cd.disable_torch_autograd_support, transforms=transforms,
         debug_options=cd.debug_options, **cd.compile_options,
     )
-    if getattr(self._forward_fn, "_thunder_subclass_fast_call", False):  # made by thunder_subclass.jit
-        new = hooks.with_fast_cache_hits(new)
+    if fast_call is not None:  # made by thunder_subclass.jit
+        new = hooks.with_fast_cache_hits(new, automatic_dynamic=automatic_dynamic)
     memo[id(self)] = new
     return new
