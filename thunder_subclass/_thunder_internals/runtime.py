@@ -17,7 +17,9 @@ Threads. Owner of each piece of shared state, and who frees it:
   interpreter, the plugin's fake runs and the transforms) run under :data:`TRACING_LOCK`, one re-entrant lock for
   the process (thunder's compile data, its autocast stack, the plugin's lazily filled symbol tables are shared by
   every trace): tracing is serialized, cache hits through :func:`with_fast_cache_hits` take no lock. A call that
-  waited for the lock looks the cache up again, so four threads making the same first call trace once.
+  waited for the lock looks the cache up again, so four threads making the same first call trace once. A miss of
+  the fast path takes the lock before :class:`AutomaticDynamicShapes` decides (it switches the jit's cache option,
+  which a trace reads).
 * the compile data's ``is_grad_enabled`` (written by every call's cache info and by traced ``torch.no_grad()``,
   read by thunder's tracing and by thunder's ``fn_`` to restore grad mode after the call) is kept per thread
   (:func:`_per_thread_grad_mode`): a call never sets another thread's grad mode, nor traces with it. The fast path
