@@ -53,6 +53,10 @@ class Handlers:
       (``torch.autograd.grad(..., create_graph=True)``, ``.backward(create_graph=True)``): thunder's backward is
       once-differentiable, its gradients carry no autograd history, so a loss on them would silently lose its
       second-order term; the plugin raises a typed error.
+    * ``input_object(value, provenance)``: the interpreter met ``value``, read from the inputs by ``provenance`` (one
+      the prologue can unpack), while a plugin jit traces (to guard Python objects thunder does not check).
+    * ``native_call(fn, wrapped_args)``: the interpreter is about to run ``fn`` natively (not interpreted) with these
+      wrapped arguments.
     """
 
     executor: Any
@@ -69,6 +73,8 @@ class Handlers:
     mutated_inputs: Callable
     gradless_inputs: Callable
     create_graph_backward: Callable
+    input_object: Callable
+    native_call: Callable
 
 
 # the Handlers given to the last install(); read by every hook (as plugin_state.handlers)
