@@ -154,13 +154,13 @@ def _deepcopy_compiled_module(self, memo: dict):
     fast_call = self._forward_fn if getattr(self._forward_fn, "_thunder_subclass_fast_call", False) else None
     # a copy starts as the original started: automatic dynamic shapes begin with constant values
     automatic_dynamic = getattr(fast_call, "_thunder_subclass_dynamic_shapes", None) is not None
-    cache = CACHE_OPTIONS.CONSTANT_VALUES if automatic_dynamic else cd.cache_option
+    cache_option = CACHE_OPTIONS.CONSTANT_VALUES if automatic_dynamic else cd.cache_option
     for ex in cd.executors_list:  # executors are registries shared by every jit, never copied
         memo[id(ex)] = ex
     model = copy.deepcopy(self._model, memo)
     transforms = copy.deepcopy(list(cd.transforms or ()), memo)  # a transform may refer to the module's parameters
     new = thunder.jit(
-        model, langctx=cd.langctx, executors=cd.executors_list, sharp_edges=cd.sharp_edges, cache=cache,
+        model, langctx=cd.langctx, executors=cd.executors_list, sharp_edges=cd.sharp_edges, cache=cache_option,
         disable_torch_autograd=cd.disable_torch_autograd_support, transforms=transforms,
         debug_options=cd.debug_options, **cd.compile_options,
     )
