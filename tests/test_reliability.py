@@ -239,3 +239,183 @@ def test_plain_thunder_is_unchanged_after_using_and_removing_the_plugin():
         assert _plain_trace_text() == never
     finally:
         thunder_subclass.install_hooks()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Interrupts and exits (issue 24): KeyboardInterrupt, SystemExit, GeneratorExit raised while tracing reach the caller
+# as themselves (not a RuntimeError that `except Exception` swallows), and the next call works
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class Interrupting(torch.Tensor):
+    """A one-tensor wrapper whose ``__torch_dispatch__`` raises ``Interrupting.raise_on[op]`` (an exception class)
+    for the aten ops listed there, and whose ``__tensor_unflatten__`` raises ``raise_on["unflatten"]``."""
+
+    raise_on: dict = {}
+
+    @staticmethod
+    def __new__(cls, elem):
+        return torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=elem.dtype, device=elem.device,
+                                                   requires_grad=elem.requires_grad)
+
+    def __init__(self, elem):
+        self.elem = elem
+
+    def __repr__(self):
+        return "Interrupting()"
+
+    def __tensor_flatten__(self):
+        return ["elem"], None
+
+    @staticmethod
+    def __tensor_unflatten__(inner, ctx, outer_size, outer_stride):
+        if "unflatten" in Interrupting.raise_on:
+            raise Interrupting.raise_on["unflatten"]()
+        return Interrupting(inner["elem"])
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        if func in Interrupting.raise_on:
+            raise Interrupting.raise_on[func]()
+        uargs, ukwargs = tree_map(lambda a: a.elem if isinstance(a, Interrupting) else a, (args, kwargs or {}))
+        out = func(*uargs, **ukwargs)
+        return tree_map(lambda o: Interrupting(o) if isinstance(o, torch.Tensor) else o, out)
+
+
+_interrupt_in_user_code: list = []
+
+
+def _interrupted(t):
+    if _interrupt_in_user_code:
+        raise _interrupt_in_user_code[0]()
+    return (t * 2).sin()
+
+
+INTERRUPT_PLACES = {
+    "user code": lambda exc: _interrupt_in_user_code.append(exc),
+    "__torch_dispatch__ (forward)": lambda exc: Interrupting.raise_on.__setitem__(aten.mul.Tensor, exc),
+    "__torch_dispatch__ (recording the backward)": lambda exc: Interrupting.raise_on.__setitem__(aten.cos.default, exc),
+    "__tensor_unflatten__": lambda exc: Interrupting.raise_on.__setitem__("unflatten", exc),
+}
+
+
+@pytest.mark.parametrize("place", INTERRUPT_PLACES)
+@pytest.mark.parametrize("exc", [KeyboardInterrupt, SystemExit, GeneratorExit])
+def test_interrupt_while_tracing_reaches_the_caller_and_next_call_works(place, exc):
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    jf = thunder_subclass.jit(_interrupted)
+    x = Interrupting(torch.randn(3, requires_grad=True))
+    INTERRUPT_PLACES[place](exc)
+    try:
+        with pytest.raises(exc) as info:  # the interrupt itself, not an InterpreterError (a RuntimeError)
+            jf(x)
+        assert type(info.value) is exc
+    finally:
+        Interrupting.raise_on.clear()
+        _interrupt_in_user_code.clear()
+    assert _get_current_dispatch_mode_stack() == []  # no fake or recording mode left entered
+    assert torch.is_grad_enabled()
+    assert thunder.cache_misses(jf) == 1 and thunder.cache_hits(jf) == 0  # nothing was cached
+    out = jf(x)
+    expected = _interrupted(x)
+    assert_same(_detach_all(out), _detach_all(expected))
+    out.sum().backward()
+    expected_grad = torch.autograd.grad(_interrupted(x).sum(), x)[0]
+    assert_same(x.grad, expected_grad)
+    assert thunder.cache_misses(jf) == 2
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Module lifecycle (issue 24): copy.deepcopy of a compiled module
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("weight", ["plain", "TwoTensor"])
+def test_deepcopy_of_compiled_module_compiles_and_trains_on_its_own(weight):
+    import copy
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
+    if weight == "TwoTensor":
+        model[0].weight = torch.nn.Parameter(TwoTensor(torch.randn(4, 4), torch.randn(4, 4)))
+    reference = copy.deepcopy(model)
+    jm = thunder_subclass.jit(model)
+    x = torch.randn(3, 4)
+    jm(x).sum().backward()  # the original has run (and has a cache entry, gradients)
+    reference(x).sum().backward()
+
+    jm2 = copy.deepcopy(jm)
+    reference2 = copy.deepcopy(reference)
+    assert isinstance(jm2, thunder.core.module.ThunderModule)
+    assert thunder.cache_misses(jm2) == 0  # compiled anew
+    for p, p2, p_ref2 in zip(jm.parameters(), jm2.parameters(), reference2.parameters()):
+        assert p2 is not p
+        assert_same(p2.detach(), p_ref2.detach())
+        assert_same(p2.grad, p_ref2.grad)  # as eager's deepcopy leaves them
+
+    opt, opt_ref = torch.optim.SGD(jm2.parameters(), lr=0.1), torch.optim.SGD(reference2.parameters(), lr=0.1)
+    for _ in range(2):
+        opt.zero_grad(), opt_ref.zero_grad()
+        jm2(x).sum().backward()
+        reference2(x).sum().backward()
+        opt.step(), opt_ref.step()
+    assert thunder.cache_misses(jm2) == 1 and thunder.cache_hits(jm2) == 1
+    for p, p_ref in zip(jm2.parameters(), reference2.parameters()):
+        assert_same(p.detach(), p_ref.detach())
+        assert_same(p.grad, p_ref.grad)
+    # the original: its parameters and gradients as before the copy trained
+    for p, p_ref in zip(jm.parameters(), reference.parameters()):
+        assert_same(p.detach(), p_ref.detach())
+        assert_same(p.grad, p_ref.grad)
+    assert thunder.cache_misses(jm) == 1 and thunder.cache_hits(jm) == 0
+    assert_same(jm(x).detach(), reference(x).detach())
+
+
+def test_deepcopy_of_module_compiled_with_the_plugin():
+    import copy
+
+    from thunder.recipes import BaseRecipe
+
+    model = torch.nn.Linear(4, 2)
+    cm = thunder.compile(model, recipe=BaseRecipe(fuser="torch.compile"), plugins="tensor-subclass")
+    cm2 = copy.deepcopy(cm)
+    x = TwoTensor(torch.randn(3, 4), torch.randn(3, 4))
+    assert cm2.weight is not cm.weight
+    assert_same(cm2(x), model(x))
+    assert thunder.cache_misses(cm2) == 1 and thunder.cache_misses(cm) == 0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Double backward (issue 24): never a gradient without its second-order term
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _second_order(t):
+    return (t.sin() * t).sum()
+
+
+@pytest.mark.parametrize("kind", ["plain", "TwoTensor"])
+@pytest.mark.parametrize("how", ["autograd.grad", "backward"])
+@pytest.mark.filterwarnings("ignore:Using backward\\(\\) with create_graph=True")
+def test_create_graph_through_compiled_backward_raises(kind, how):
+    x = (torch.randn(4) if kind == "plain" else _two(4)).requires_grad_()
+    jf = thunder_subclass.jit(_second_order)
+    out = jf(x)
+    with pytest.raises(thunder_subclass.HigherOrderGradientError,
+                       match=r"the compiled function _second_order was differentiated with create_graph=True .*"
+                             r"miss its second-order terms\. Compute higher-order gradients with the uncompiled"):
+        if how == "autograd.grad":
+            torch.autograd.grad(out, x, create_graph=True)
+        else:
+            out.backward(create_graph=True)
+    # first-order gradients still work, and equal eager's
+    out = jf(x)
+    (g,) = torch.autograd.grad(out, x)
+    assert_same(g, torch.autograd.grad(_second_order(x), x)[0])
+
+
+def test_create_graph_through_compiled_module_names_the_module():
+    jm = thunder_subclass.jit(torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Tanh()))
+    x = torch.randn(2, 3, requires_grad=True)
+    with pytest.raises(thunder_subclass.HigherOrderGradientError, match=r"the compiled module Sequential"):
+        torch.autograd.grad(jm(x).sum(), x, create_graph=True)

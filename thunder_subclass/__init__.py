@@ -16,6 +16,7 @@ from thunder_subclass._thunder_internals import ensure_thunder_importable as _en
 _ensure_thunder_importable()
 
 from thunder_subclass.errors import (  # noqa: E402
+    HigherOrderGradientError,
     SubclassGradientError,
     SubclassGradRuleError,
     SubclassDispatchError,
@@ -60,6 +61,7 @@ __all__ = [
     "SubclassProtocolError",
     "SubclassDispatchError",
     "UnsupportedSubclassOperationError",
+    "HigherOrderGradientError",
     "SubclassGradientError",
     "SubclassGradRuleError",
     "SubclassRegistrationError",

@@ -11,6 +11,7 @@ __all__ = [
     "SubclassProtocolError",
     "SubclassDispatchError",
     "UnsupportedSubclassOperationError",
+    "HigherOrderGradientError",
     "SubclassGradientError",
     "SubclassGradRuleError",
     "SubclassRegistrationError",
@@ -39,6 +40,12 @@ class SubclassDispatchError(TensorSubclassError, RuntimeError):
 
 class UnsupportedSubclassOperationError(TensorSubclassError, NotImplementedError):
     """The operation on a subclass cannot be compiled (for example, a data-dependent op inside dispatch)."""
+
+
+class HigherOrderGradientError(UnsupportedSubclassOperationError):
+    """A compiled backward was run with ``create_graph=True`` (``torch.autograd.grad(..., create_graph=True)``,
+    ``.backward(create_graph=True)``): thunder's compiled backward is differentiable once only, so the gradients it
+    returns carry no autograd history and a loss computed from them would miss its second-order terms."""
 
 
 class SubclassGradientError(TensorSubclassError, TypeError):

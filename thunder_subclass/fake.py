@@ -1,4 +1,4 @@
-"""Fake tensors for tracing: one shared ``FakeTensorMode`` and the two-way map between proxies and fakes.
+"""Fake tensors for tracing: a ``FakeTensorMode`` per thread and the two-way map between proxies and fakes.
 
 In: thunder proxies (plain and subclass). Out: fake tensors with the same metadata (subclass fakes are rebuilt with
 ``__tensor_unflatten__`` on fake inner tensors), and proxies for fake results. Used by interpretation (running an
@@ -8,7 +8,7 @@ operation on fake subclass instances) and by the metas of aten-level symbols.
 from __future__ import annotations
 
 import contextlib
-import functools
+import threading
 from typing import Any, Callable
 
 import torch
@@ -39,11 +39,20 @@ from thunder_subclass.proxy import (
 _STRIDE_ATTR = "_thunder_subclass_stride"
 _STRIDE_GUARD_ATTR = "_thunder_subclass_stride_guard"
 
-@functools.cache
+_per_thread = threading.local()
+
+
 def fake_mode() -> FakeTensorMode:
-    """The FakeTensorMode shared by every trace (creating one per operation is slow)."""
-    # nested ints of offsets computed in a fake run are plain nested ints, as in eager (no ShapeEnv)
-    return fake_tensor_mode_class()(allow_non_fake_inputs=True)
+    """This thread's FakeTensorMode, shared by the traces the thread makes (creating one per operation is slow).
+
+    Owned by the thread and freed with it: torch keeps a fake mode's kernel-invocation flag per thread
+    (``in_kernel_invocation_manager``), so one mode entered by two threads at once fails its own checks
+    (``AssertionError: False, True``). Fakes are never shared between threads: each trace makes its own."""
+    mode = getattr(_per_thread, "mode", None)
+    if mode is None:
+        # nested ints of offsets computed in a fake run are plain nested ints, as in eager (no ShapeEnv)
+        mode = _per_thread.mode = fake_tensor_mode_class()(allow_non_fake_inputs=True)
+    return mode
 
 
 def contiguous_strides(shape) -> tuple[int, ...]:

@@ -121,6 +121,7 @@ HANDLERS = _thunder_internals.Handlers(
     run_backward=tangents.run_backward,
     mutated_inputs=tangents.mutated_inputs,
     gradless_inputs=tangents.gradless_inputs,
+    create_graph_backward=tangents.refuse_create_graph,
     input_object=guards.guard_input_object,
     native_call=guards.guard_native_call_arguments,
 )

@@ -6,9 +6,12 @@ idempotently). The executor's presence is what makes the hooks act for that jit 
 
 from __future__ import annotations
 
+import copy
+import functools
 from collections.abc import Callable, Sequence
 
 from thunder.core.recipe import Plugin, PluginPolicy
+from thunder.core.transform_common import Transform
 
 from thunder_subclass import cache, fsdp, hooks
 from thunder_subclass.executor import subclass_executor
@@ -41,7 +44,7 @@ class TensorSubclassPlugin(Plugin):
         return [subclass_executor]
 
     def setup_transforms(self):
-        return [TypedTensorEdges(), SavedTensorNames()]
+        return [TypedTensorEdges(), SavedTensorNames(), RecompilingCopies()]
 
 
 def jit(fn: Callable, /, *, cache_size_limit: int | None | object = _DEFAULT, **kwargs) -> Callable:
@@ -102,10 +105,70 @@ def jit(fn: Callable, /, *, cache_size_limit: int | None | object = _DEFAULT, **
     executors: Sequence = resolve_executors(kwargs.pop("executors", None))
     executors = [subclass_executor, *(ex for ex in executors if ex is not subclass_executor)]
     # FusedPrologueChecks last: it fuses the checks the transforms before it leave (thunder_subclass.prologue)
-    transforms = [*(kwargs.pop("transforms", None) or ()), TypedTensorEdges(), SavedTensorNames(), FusedPrologueChecks()]
+    transforms = [*(kwargs.pop("transforms", None) or ()), TypedTensorEdges(), SavedTensorNames(), RecompilingCopies(),
+                  FusedPrologueChecks()]
     # thunder 0.2.6's "split autograd" side channel makes two meta-device torch.randn per call (about 0.17 ms on a
     # 2-core CPU, a fifth of a small model's training step); without it thunder connects its autograd.Function the
     # classic way. Pass thunderfx_disable_split_autograd=False to get thunder's default back.
     kwargs.setdefault("thunderfx_disable_split_autograd", True)
     return hooks.with_fast_cache_hits(thunder.jit(fn, executors=executors, transforms=transforms, **kwargs), policy,
                                       automatic_dynamic=automatic_dynamic)
+
+
+class RecompilingCopies(Transform):
+    """``copy.deepcopy`` of a compiled module gives a module compiled anew from a deep copy of the original module,
+    with the same thunder options (executors, transforms, cache option, compile options), as ``thunder.jit`` made
+    the original: the copy has its own parameters, gradients, caches and statistics, and traces on its first call.
+    (thunder 0.2.6 cannot deep-copy the compiled state itself: its traces hold symbols that pickle by executor name.)
+
+    Applied as a thunder transform (``transform_module``: the ``ThunderModule`` becomes an instance of a subclass that
+    defines ``__deepcopy__``), by ``thunder_subclass.jit`` and by the ``"tensor-subclass"`` plugin.
+
+    Example::
+
+        >>> import copy, torch, thunder_subclass
+        >>> cm = thunder_subclass.jit(torch.nn.Linear(2, 2))
+        >>> cm2 = copy.deepcopy(cm)
+        >>> cm2.weight is cm.weight, torch.equal(cm2.weight, cm.weight)
+        (False, True)
+    """
+
+    def transform_module(self, model) -> None:
+        model.__class__ = _with_recompiling_deepcopy(type(model))
+
+
+@functools.cache
+def _with_recompiling_deepcopy(cls: type) -> type:
+    if "__deepcopy__" in vars(cls):
+        return cls
+    return type(cls.__name__, (cls,), {"__deepcopy__": _deepcopy_compiled_module, "__module__": cls.__module__,
+                                       "__qualname__": cls.__qualname__})
+
+
+def _deepcopy_compiled_module(self, memo: dict):
+    """The ``__deepcopy__`` of a compiled module (:class:`RecompilingCopies`)."""
+    import thunder
+    from thunder.core.options import CACHE_OPTIONS
+
+    cd = thunder.compile_data(self)
+    fast_call = self._forward_fn if getattr(self._forward_fn, "_thunder_subclass_fast_call", False) else None
+    # a copy starts as the original started: automatic dynamic shapes begin with constant values
+    automatic_dynamic = getattr(fast_call, "_thunder_subclass_dynamic_shapes", None) is not None
+    cache_option = CACHE_OPTIONS.CONSTANT_VALUES if automatic_dynamic else cd.cache_option
+    for ex in cd.executors_list:  # executors are registries shared by every jit, never copied
+        memo[id(ex)] = ex
+    model = copy.deepcopy(self._model, memo)
+    transforms = copy.deepcopy(list(cd.transforms or ()), memo)  # a transform may refer to the module's parameters
+    new = thunder.jit(
+        model, langctx=cd.langctx, executors=cd.executors_list, sharp_edges=cd.sharp_edges, cache=cache_option,
+        disable_torch_autograd=cd.disable_torch_autograd_support, transforms=transforms,
+        debug_options=cd.debug_options, **cd.compile_options,
+    )
+    if fast_call is not None:  # made by thunder_subclass.jit
+        from thunder_subclass._thunder_internals.runtime import POLICY_ATTR
+
+        old_policy = getattr(cd, POLICY_ATTR, None)  # the same bound for the copy's own cache
+        policy = None if old_policy is None else cache.CachePolicy(old_policy.limit, model, type(model).__qualname__)
+        new = hooks.with_fast_cache_hits(new, policy, automatic_dynamic=automatic_dynamic)
+    memo[id(self)] = new
+    return new

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import threading
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
@@ -240,25 +241,35 @@ def run_on_fakes(fn: Callable, args, kwargs, what: str, subclasses: str, *, env:
     return env, recorder.calls, out
 
 
-_grad_mode_override: list[bool] = []
+# per thread (a trace runs in one thread): a stack of grad modes that fake runs use instead of the traced code's
+_grad_mode_override = threading.local()
+
+
+def _overrides() -> list[bool]:
+    stack = getattr(_grad_mode_override, "stack", None)
+    if stack is None:
+        stack = _grad_mode_override.stack = []
+    return stack
 
 
 @contextlib.contextmanager
 def traced_grad_mode(enabled: bool):
     """Run fakes with this grad mode (used when re-tracing a symbol recorded under ``torch.no_grad``)."""
-    _grad_mode_override.append(enabled)
+    stack = _overrides()
+    stack.append(enabled)
     try:
         yield
     finally:
-        _grad_mode_override.pop()
+        stack.pop()
 
 
 def is_traced_grad_enabled() -> bool:
     # whether the traced code runs with grad enabled (thunder follows torch.no_grad() in user code)
     from thunder.core.compile_data import get_compile_data
 
-    if _grad_mode_override:
-        return _grad_mode_override[-1]
+    stack = _overrides()
+    if stack:
+        return stack[-1]
     cd = get_compile_data()
     return torch.is_grad_enabled() if cd is None else bool(cd.is_grad_enabled)
 

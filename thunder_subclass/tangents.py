@@ -21,7 +21,6 @@ thunder ``Transform`` that reads the final backward trace), and is found again a
 
 from __future__ import annotations
 
-import weakref
 from typing import Any
 
 import torch
@@ -35,7 +34,7 @@ from thunder.core.trace import from_trace
 from thunder.core.transform_common import Transform
 
 from thunder_subclass import _thunder_internals
-from thunder_subclass.errors import SubclassGradientError
+from thunder_subclass.errors import HigherOrderGradientError, SubclassGradientError
 from thunder_subclass.executor import register_symbol, subclass_executor
 from thunder_subclass.fake import FakeEnv, fake_execution, torch_device, torch_dtype
 from thunder_subclass.flatten import Flattener, flatten_subclasses, is_subclass_level
@@ -44,7 +43,7 @@ from thunder_subclass.proxy import OpaqueObjectProxy, SubclassTensorProxy, proxy
 
 __all__ = [
     "BackwardVariants", "SavedTensorNames", "flatten_for_executors", "replace_grads", "run_backward",
-    "differentiable_outputs", "mutated_inputs", "gradless_inputs",
+    "differentiable_outputs", "mutated_inputs", "gradless_inputs", "refuse_create_graph",
 ]
 
 
@@ -133,8 +132,8 @@ class BackwardVariants:
     def run(self, saved: list, grads) -> tuple:
         key = tuple(runtime_kind(g) for g in grads)
         compiled = self._compiled.get(key)
-        if compiled is None:
-            compiled = self._compiled[key] = self._build(grads)
+        if compiled is None:  # built under the tracing lock; a thread racing the first build builds an equal one
+            compiled = self._compiled.setdefault(key, self._build(grads))
         fn, saved_positions, grad_positions = compiled
         return fn(*[saved[i] for i in saved_positions], *[grads[i] for i in grad_positions])
 
@@ -150,7 +149,8 @@ class BackwardVariants:
                 "cannot run a backward for gradients of another kind than its outputs. Pass gradients of the "
                 "outputs' kinds to .backward()."
             )
-        with _thunder_internals.compile_data_context(self.compile_data, self.compile_stats):
+        with _thunder_internals.TRACING_LOCK, \
+                _thunder_internals.compile_data_context(self.compile_data, self.compile_stats):
             flattener = Flattener(self.joint)
             cotangents, grad_positions = [], []
             with tracectx(flattener.trace):
@@ -346,17 +346,45 @@ def variants_in(fn) -> BackwardVariants | None:
 
 # run time: the ThunderFunction.backward hook's handlers
 
-_variants_cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # compiled backward -> BackwardVariants
+_VARIANTS_ATTR = "_thunder_subclass_backward_variants"
+_UNSET = object()
 
 
 def _variants_of(compiled_backward) -> BackwardVariants | None:
-    try:
-        return _variants_cache[compiled_backward]
-    except KeyError:
-        v = _variants_cache[compiled_backward] = variants_in(compiled_backward)
-        return v
-    except TypeError:  # not weak-referenceable
-        return None
+    """The :class:`BackwardVariants` of a compiled backward, found once and kept on the function object itself (the
+    function already holds it among its globals). Owned by the compiled backward: freed with it, and with it the
+    compile data the variants hold (no module-level table keyed by the function whose value keeps the function's
+    jit alive). Found again, identically, by a thread that races the first lookup."""
+    found = getattr(compiled_backward, _VARIANTS_ATTR, _UNSET)
+    if found is _UNSET:
+        found = variants_in(compiled_backward)
+        try:
+            setattr(compiled_backward, _VARIANTS_ATTR, found)
+        except (AttributeError, TypeError):  # no instance dictionary (a builtin): looked up at each call
+            pass
+    return found
+
+
+def refuse_create_graph(compiled_backward) -> None:
+    """The ``ThunderFunction.backward`` hook's handler for a backward run with ``create_graph=True``: for a plugin
+    jit, a :class:`HigherOrderGradientError` naming the compiled function (never a gradient without its second-order
+    term); another jit's backward is left to thunder."""
+    variants = _variants_of(compiled_backward)
+    if variants is None:  # not a plugin jit's backward: thunder's behaviour
+        return
+    fn = getattr(variants.compile_data, "fn", None)
+    if isinstance(fn, torch.nn.Module):
+        what = f"the compiled module {type(fn).__qualname__}"
+    else:
+        what = f"the compiled function {getattr(fn, '__qualname__', type(fn).__qualname__)}"
+    raise HigherOrderGradientError(
+        f"{what} was differentiated with create_graph=True (torch.autograd.grad(..., create_graph=True) or "
+        ".backward(create_graph=True)), but its compiled backward is differentiable once only: the gradients it "
+        "returns carry no autograd history, so a loss computed from them would silently miss its second-order terms. "
+        "Compute higher-order gradients with the uncompiled function or module (for example, call the original "
+        "model for the steps that need a gradient penalty), or drop create_graph=True if no second-order gradient is "
+        "needed."
+    )
 
 
 def replace_grads(compiled_backward, grads) -> list | None:

@@ -21,7 +21,10 @@ Hooks (thunder 0.2.6 paths, relative to the installed ``thunder/``):
   gradients runs instead (``Handlers.replace_grads`` / ``run_backward``: ``thunder_subclass.tangents``); otherwise
   thunder's own backward runs unchanged (saved tensors released as thunder does: ``ctx.maybe_clear_saved_tensors``).
   The gradient of a changed input whose new value nothing used stays undefined, as in eager
-  (``Handlers.gradless_inputs``).
+  (``Handlers.gradless_inputs``). A backward run with grad mode on (``create_graph=True``: autograd enables grad mode
+  in a backward only then) goes to ``Handlers.create_graph_backward`` first: thunder's backward is
+  ``once_differentiable`` and its gradients have no history (torch's check looks at the incoming gradients only, so
+  a loss on the gradient silently lost its second-order term).
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from typing import Any
+
+import torch
 
 from thunder_subclass._thunder_internals import plugin_state
 from thunder_subclass._thunder_internals.plugin_state import (
@@ -213,6 +218,8 @@ def _hook_thunder_function_backward(original):
     def backward(ctx, *raw_args):
         if plugin_state.handlers is None:
             return original(ctx, *raw_args)
+        if torch.is_grad_enabled():  # autograd runs a backward with grad mode on only for create_graph=True
+            plugin_state.handlers.create_graph_backward(ctx.compiled_backward)
         grads = ctx.side_channel["bw"] if ctx.side_channel is not None else raw_args
         gradless = plugin_state.handlers.gradless_inputs(ctx.compiled_backward, grads)
         result = _backward(ctx, raw_args)

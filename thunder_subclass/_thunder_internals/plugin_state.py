@@ -49,6 +49,10 @@ class Handlers:
       ``()``.
     * ``gradless_inputs(compiled_backward, grads)``: of those, the ones whose gradient is undefined for these
       incoming gradients (``None`` where nothing used a new value), or ``()``.
+    * ``create_graph_backward(compiled_backward)``: called before a thunder backward call that runs with grad mode on
+      (``torch.autograd.grad(..., create_graph=True)``, ``.backward(create_graph=True)``): thunder's backward is
+      once-differentiable, its gradients carry no autograd history, so a loss on them would silently lose its
+      second-order term; the plugin raises a typed error.
     * ``input_object(value, provenance)``: the interpreter met ``value``, read from the inputs by ``provenance`` (one
       the prologue can unpack), while a plugin jit traces (to guard Python objects thunder does not check).
     * ``native_call(fn, wrapped_args)``: the interpreter is about to run ``fn`` natively (not interpreted) with these
@@ -68,6 +72,7 @@ class Handlers:
     run_backward: Callable
     mutated_inputs: Callable
     gradless_inputs: Callable
+    create_graph_backward: Callable
     input_object: Callable
     native_call: Callable
 

@@ -20,14 +20,39 @@
   compiling is what the next call reads.
 
 Owner of state: the fast path keeps the jit's compile data and stats weakly (no cycle through the compiled function)
-and a per-function table of undecorated computation/epilogue functions and an index of the cache entries
+and an index of the cache entries
 (:class:`_EntryIndex`), freed with the compiled function; the cache policy lives on the compile data and the compiled
 function.
+
+Threads. Owner of each piece of shared state, and who frees it:
+
+* thunder's cache lookup and tracing (``get_computation_and_inputs``, which appends to the jit's cache and runs the
+  interpreter, the plugin's fake runs and the transforms) run under :data:`TRACING_LOCK`, one re-entrant lock for
+  the process (thunder's compile data, its autocast stack, the plugin's lazily filled symbol tables are shared by
+  every trace): tracing is serialized, cache hits through :func:`with_fast_cache_hits` take no lock. A call that
+  waited for the lock looks the cache up again, so four threads making the same first call trace once. A miss of
+  the fast path takes the lock before :class:`AutomaticDynamicShapes` decides (it switches the jit's cache option,
+  which a trace reads).
+* the compile data's ``is_grad_enabled`` (written by every call's cache info and by traced ``torch.no_grad()``,
+  read by thunder's tracing and by thunder's ``fn_`` to restore grad mode after the call) is kept per thread
+  (:func:`_per_thread_grad_mode`): a call never sets another thread's grad mode, nor traces with it. The fast path
+  restores grad mode from its own call's value.
+* thunder's statistics (``thunder.cache_hits``, ``thunder.cache_misses``, ``last_traces``): misses are counted under
+  the lock, exactly; a hit's counts are incremented without a lock, so calls racing on one jit can lose an increment,
+  and ``last_*`` is the last call of any thread.
+* the fast path keeps the jit's compile data and stats weakly (no cycle through the compiled function); the
+  undecorated computation/epilogue of a cache entry is kept on the entry's computation function (an attribute),
+  freed with the entry.
+* an interrupt (``KeyboardInterrupt``, ``SystemExit``, ``GeneratorExit``) raised while tracing reaches the caller as
+  itself: thunder's interpreter wraps a ``BaseException`` that escapes an opaque call (a subclass's
+  ``__torch_dispatch__``, a lookaside) in ``InterpreterError``, a ``RuntimeError``; the cause is re-raised
+  (:func:`_unwrapped_interrupt`). Nothing is half-installed: thunder appends a cache entry only after tracing ends.
 """
 
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -78,19 +103,92 @@ def _hook_with_cache_info_ctx(original):
         cd = jit_locals.get("cd")
         if plugin_state.handlers is None or cd is None or plugin_state.handlers.executor not in getattr(cd, "executors_list", ()):
             return original(fn)
+        _per_thread_grad_mode(cd)
         _use_fast_populate_cache_info(fn, jit_locals)
         _use_bounded_tracing(fn)
 
         def cache_info_wrapper(*args, **kwargs):
-            token = thunder._cache_info_ctx.set(_ViewAwareCacheInfo(args, kwargs))
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                thunder._cache_info_ctx.reset(token)
+            # thunder's cache lookup and, on a miss, tracing: one thread at a time (module docstring, "Threads")
+            with TRACING_LOCK:
+                token = thunder._cache_info_ctx.set(_ViewAwareCacheInfo(args, kwargs))
+                try:
+                    return fn(*args, **kwargs)
+                except _interpreter_error() as e:
+                    interrupt = _unwrapped_interrupt(e)
+                    if interrupt is None:
+                        raise
+                    raise interrupt.with_traceback(interrupt.__traceback__) from None
+                finally:
+                    thunder._cache_info_ctx.reset(token)
 
         return cache_info_wrapper
 
     return _with_cache_info_ctx
+
+
+TRACING_LOCK = threading.RLock()
+"""Held while a plugin jit looks its cache up through thunder's ``get_computation_and_inputs`` and, on a miss,
+traces (and while a backward variant is built, ``thunder_subclass.tangents``). Process-wide and re-entrant: a trace
+that builds another (a nested jit, a backward variant) in the same thread goes on. Never held by a cache hit of the
+fast path."""
+
+
+@functools.cache
+def _interpreter_error() -> type:
+    from thunder.core.interpreter import InterpreterError
+
+    return InterpreterError
+
+
+_INTERRUPTS = (KeyboardInterrupt, SystemExit, GeneratorExit)
+
+
+def _unwrapped_interrupt(e: BaseException) -> BaseException | None:
+    """The interrupt (``KeyboardInterrupt``, ``SystemExit``, ``GeneratorExit``) thunder's interpreter wrapped in
+    ``e`` (``core/interpreter.py`` ``interpret``: ``raise InterpreterError(msg) from e`` for any ``BaseException``
+    that leaves the interpreted call), else None."""
+    cause = e.__cause__
+    while cause is not None:
+        if isinstance(cause, _INTERRUPTS):
+            return cause
+        if not isinstance(cause, _interpreter_error()):
+            return None
+        cause = cause.__cause__
+    return None
+
+
+@functools.cache
+def _with_per_thread_grad_mode(cls: type) -> type:
+    """A subclass of compile-data class ``cls`` whose ``is_grad_enabled`` is a per-thread value (thunder 0.2.6 keeps
+    one per jit, ``thunder/common.py`` ``CompileData``; every call writes it, ``thunder/__init__.py``
+    ``populate_cache_info``, and ``fn_`` restores grad mode from it after the call)."""
+
+    class PerThreadGradModeCompileData(cls):
+        @property
+        def is_grad_enabled(self) -> bool:
+            return getattr(self.__dict__[_GRAD_MODE_ATTR], "value", True)  # thunder's initial value
+
+        @is_grad_enabled.setter
+        def is_grad_enabled(self, value: bool) -> None:
+            self.__dict__[_GRAD_MODE_ATTR].value = value
+
+    PerThreadGradModeCompileData.__name__ = PerThreadGradModeCompileData.__qualname__ = cls.__name__
+    return PerThreadGradModeCompileData
+
+
+_GRAD_MODE_ATTR = "_thunder_subclass_grad_mode"
+
+
+def _per_thread_grad_mode(cd) -> None:
+    """Make compile data ``cd``'s ``is_grad_enabled`` per thread (owned by the thread: a ``threading.local`` on
+    ``cd``, each thread's value freed with the thread or with ``cd``)."""
+    if _GRAD_MODE_ATTR in cd.__dict__:
+        return
+    local = threading.local()
+    local.value = cd.__dict__.get("is_grad_enabled", True)
+    cd.__dict__[_GRAD_MODE_ATTR] = local
+    cd.__class__ = _with_per_thread_grad_mode(type(cd))
+    cd.__dict__.pop("is_grad_enabled", None)
 
 
 _SCALAR_TYPES = frozenset({int, float, bool, complex, str, type(None)})
@@ -358,6 +456,11 @@ def _undecorated(fn):
     return getattr(inner, "__wrapped__", fn)
 
 
+# attribute of a cache entry's computation function: (computation, epilogue) without their no-grad/no-autocast
+# decorators, for calls without grad mode (owned by the entry: freed with it)
+_PLAIN_FNS_ATTR = "_thunder_subclass_undecorated"
+
+
 def with_fast_cache_hits(jfn, policy=None, *, automatic_dynamic: bool = False):
     """A ``thunder.jit`` result (function or ``ThunderModule``) of a plugin jit whose calls take a shorter path to a
     cache hit than thunder 0.2.6's ``fn_`` (``thunder/__init__.py``): the same steps for the same result — the per-call
@@ -409,14 +512,20 @@ def with_fast_cache_hits(jfn, policy=None, *, automatic_dynamic: bool = False):
     disable_split_autograd = bool(cd.compile_options.get("thunderfx_disable_split_autograd", False))
     is_differentiable_outputs = cd.compile_options.get("is_differentiable_outputs", None)
     weak_cd, weak_cs = weakref.ref(cd), weakref.ref(cs)  # no reference cycle through the compiled function
-    set_grad_enabled = torch.set_grad_enabled
+    set_grad_enabled, is_grad_enabled = torch.set_grad_enabled, torch.is_grad_enabled
     autocast = torch.is_autocast_enabled
     cache_info_ctx = thunder._cache_info_ctx
 
     is_grad_enabled = torch.is_grad_enabled
     index = _EntryIndex()
     dynamic = AutomaticDynamicShapes(cd, cs, original) if automatic_dynamic else None
-    trace = dynamic.trace if dynamic is not None else (lambda args, kwargs: original(*args, **kwargs))
+    trace_call = dynamic.trace if dynamic is not None else (lambda args, kwargs: original(*args, **kwargs))
+
+    def trace(args, kwargs):
+        # a miss: under the tracing lock, also the automatic-dynamic decision (it switches the jit's shared cache
+        # option, which a trace in another thread reads)
+        with TRACING_LOCK:
+            return trace_call(args, kwargs)
 
     @functools.wraps(original)
     def fast_call(*args, **kwargs):
@@ -428,6 +537,7 @@ def with_fast_cache_hits(jfn, policy=None, *, automatic_dynamic: bool = False):
         if not cs.interpreter_cache:
             return trace(args, kwargs)
         cd = weak_cd()
+        grad = is_grad_enabled()  # this call's grad mode, restored after it (never the compile data's)
         token = cache_info_ctx.set(_ViewAwareCacheInfo(args, kwargs))
         try:
             populate(cache_info_ctx.get(), *args, **kwargs)
@@ -474,7 +584,7 @@ def with_fast_cache_hits(jfn, policy=None, *, automatic_dynamic: bool = False):
         cs.last_interpreter_log = None
         cs.last_prologue_traces = hit.prologue_traces
         cs.last_prologue = hit.prologue_fn
-        if cd.is_grad_enabled:  # thunder's fn_: the computation (under its no_grad), connected to autograd, epilogue
+        if grad:  # thunder's fn_: the computation (under its no_grad), connected to autograd, epilogue
             result = hit.computation_fn(*inps)
             if hit.backward_fn is not None:  # thunder's maybe_connect_to_autograd
                 data_for_autograd, (saved_tensors, saved_other) = result
@@ -487,17 +597,18 @@ def with_fast_cache_hits(jfn, policy=None, *, automatic_dynamic: bool = False):
                 result = data_for_autograd["output"]
             result = hit.epilogue_fn(*pro_to_epi, *result)
         else:
-            fns = plain_fns.get(id(hit))
-            if fns is None or fns[0] is not hit:
-                fns = plain_fns[id(hit)] = (hit, _undecorated(hit.computation_fn), _undecorated(hit.epilogue_fn))
-            result = fns[2](*pro_to_epi, *fns[1](*inps))
-        set_grad_enabled(cd.is_grad_enabled)
+            comp = hit.computation_fn
+            fns = getattr(comp, _PLAIN_FNS_ATTR, None)
+            if fns is None:  # set once per entry (racing threads set equal values)
+                fns = (_undecorated(comp), _undecorated(hit.epilogue_fn))
+                setattr(comp, _PLAIN_FNS_ATTR, fns)
+            result = fns[1](*pro_to_epi, *fns[0](*inps))
+        set_grad_enabled(grad)
         cs.last_computation = hit.computation_fn
         return result
 
     fast_call._thunder_subclass_fast_call = True
     fast_call._thunder_subclass_dynamic_shapes = dynamic
-    plain_fns: dict = {}  # id(entry) -> (entry, computation, epilogue) without their no-grad/no-autocast decorators
     return _hand_out(jfn, fast_call, module, policy)
 
 
