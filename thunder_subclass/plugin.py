@@ -10,13 +10,13 @@ from collections.abc import Callable, Sequence
 
 from thunder.core.recipe import Plugin, PluginPolicy
 
-from thunder_subclass import fsdp, hooks
+from thunder_subclass import fsdp, graph_breaks, hooks
 from thunder_subclass.executor import subclass_executor
 from thunder_subclass.prologue import FusedPrologueChecks
 from thunder_subclass.tangents import SavedTensorNames
 from thunder_subclass.torch_function import TypedTensorEdges
 
-__all__ = ["jit", "TensorSubclassPlugin", "PLUGIN_NAME"]
+__all__ = ["jit", "explain", "TensorSubclassPlugin", "PLUGIN_NAME"]
 
 PLUGIN_NAME = "tensor-subclass"
 
@@ -42,12 +42,19 @@ class TensorSubclassPlugin(Plugin):
         return [TypedTensorEdges(), SavedTensorNames()]
 
 
-def jit(fn: Callable, /, **kwargs) -> Callable:
+def jit(fn: Callable, /, *, fullgraph: bool = False, **kwargs) -> Callable:
     """``thunder.jit(fn, **kwargs)`` that can compile functions and modules holding tensor wrapper subclasses.
 
     A module holding FSDP2 units (``fully_shard``) is compiled between FSDP2's hooks: the result is a
     :class:`thunder_subclass.fsdp.FSDPCompiledModule` (see ``thunder_subclass.fsdp``); tensor-parallel modules and
     DTensor code are traced through like any other subclass code.
+
+    A program thunder cannot trace as one graph (data-dependent control flow or shapes: ``if tensor:``, ``.item()``
+    branching, ``nonzero``, boolean masks; operations thunder has no symbol for) runs anyway, equal to eager: its
+    own code eagerly, each submodule that traces compiled as a region (graph breaks, see
+    ``thunder_subclass.graph_breaks``), with a one-time :class:`~thunder_subclass.graph_breaks.GraphBreakWarning`
+    naming each break; ``compiled.graph_breaks`` and :func:`explain` list breaks and regions. ``fullgraph=True``
+    raises the first break's error instead.
 
     Takes the same keyword arguments as ``thunder.jit``; ``executors`` (default: thunder's default executors) gets
     the plugin's executor put first, and ``transforms`` gets :class:`thunder_subclass.tangents.SavedTensorNames`
@@ -70,7 +77,11 @@ def jit(fn: Callable, /, **kwargs) -> Callable:
     from thunder.extend import resolve_executors
 
     if fsdp.holds_fsdp_units(fn):
-        return fsdp.compile_between_fsdp_hooks(fn, lambda region_fn: jit(region_fn, **kwargs))
+        return fsdp.compile_between_fsdp_hooks(fn, lambda region_fn: jit(region_fn, fullgraph=True, **kwargs))
+    if not fullgraph:
+        options = dict(kwargs)
+        return graph_breaks.with_graph_breaks(jit(fn, fullgraph=True, **kwargs), fn,
+                                              lambda region_fn: jit(region_fn, fullgraph=True, **options))
     hooks.install()
     executors: Sequence = resolve_executors(kwargs.pop("executors", None))
     executors = [subclass_executor, *(ex for ex in executors if ex is not subclass_executor)]
@@ -81,3 +92,26 @@ def jit(fn: Callable, /, **kwargs) -> Callable:
     # classic way. Pass thunderfx_disable_split_autograd=False to get thunder's default back.
     kwargs.setdefault("thunderfx_disable_split_autograd", True)
     return hooks.with_fast_cache_hits(thunder.jit(fn, executors=executors, transforms=transforms, **kwargs))
+
+
+def explain(fn: Callable, /, *args, **kwargs) -> graph_breaks.GraphBreakReport:
+    """Compile ``fn`` with :func:`jit` (or take a :func:`jit` result), call it once with ``args`` / ``kwargs``
+    without the graph-break warning, and return its :class:`~thunder_subclass.graph_breaks.GraphBreakReport`: the
+    breaks (the user's file:line, the reason, what ran eagerly) and the compiled regions (qualified name -> jitted
+    function, for ``thunder.last_traces``).
+
+    Example::
+
+        >>> import torch, thunder_subclass
+        >>> def f(x):
+        ...     if x.sum() > 0:
+        ...         return x * 2
+        ...     return x
+        >>> report = thunder_subclass.explain(f, torch.ones(3))
+        >>> len(report.breaks), len(report.regions)
+        (1, 0)
+    """
+    compiled = fn if hasattr(fn, "_thunder_subclass_graph_breaks") else jit(fn)
+    with graph_breaks.suppressed_warnings(compiled):
+        compiled(*args, **kwargs)
+    return compiled.graph_breaks
