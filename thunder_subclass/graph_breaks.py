@@ -22,9 +22,10 @@ is a real value: subclass outputs of a region are subclass tensors in the eager 
 next region's prologue; gradients flow through each region's autograd function and the eager code between them.
 
 The decision is made once per callable (a module instance, or the function) and input signature (tensor types,
-shapes, dtypes, devices, ``requires_grad``; Python scalars by value; the grad mode) and cached: a later call with the
-same signature runs the eager path without tracing again, a call with another signature tries a whole trace again.
-Running the eager path is never wrong (it is the program itself), so the cache needs no finer guard.
+ranks, dtypes, devices, ``requires_grad``; Python scalars by value; the grad mode) and cached: a later call with the
+same signature runs the eager path without tracing again (sizes are left out: a generate loop's growing cache would
+otherwise retry the whole model every step), a call with another signature tries a whole trace again. Running the
+eager path is never wrong (it is the program itself), so the cache needs no finer guard.
 
 Only the known graph-break kinds fall back; any other error (a subclass's dispatch error, a missing grad rule) is
 raised as before. ``fullgraph=True`` turns the fallback off: the first break raises its error, as today.
@@ -167,12 +168,8 @@ def _caller_stacklevel() -> int:
 
 
 def _signature(v: Any) -> Any:
-    if isinstance(v, torch.Tensor):
-        try:
-            shape = tuple(v.shape)
-        except Exception:  # e.g. nested tensors with ragged sizes
-            shape = None
-        return (type(v), shape, v.dtype, v.device, v.requires_grad)
+    if isinstance(v, torch.Tensor):  # no sizes: whether code is data-dependent does not depend on them
+        return (type(v), v.dim(), v.dtype, v.device, v.requires_grad)
     if isinstance(v, torch.nn.Module):
         return ("module", id(v))
     if isinstance(v, (tuple, list)):
@@ -212,6 +209,7 @@ class _Program:
         self.label = label
         self.shared: dict[Any, Callable] = {}  # (class, forward) -> jitted forward (module as first argument)
         self.broken: dict[Any, GraphBreak] = {}  # (id of the callable, signature) -> the break it took
+        self.broken_owners: set[int] = set()  # ids of the callables with an entry in ``broken``
         self.report = GraphBreakReport()
         self.warned: set[str] = set()
         self.depth = 0
@@ -221,9 +219,11 @@ class _Program:
             region: Callable | None = None):
         """``compiled(*args, **kwargs)`` unless this callable and signature broke before or breaks now; then
         ``eager(*args, **kwargs)`` (the callable's own code with its children compiled). ``region``: the jitted
-        function to list in the report (default ``compiled``)."""
-        key = (id(key_owner), _call_signature(args, kwargs))
-        taken = self.broken.get(key)
+        function to list in the report (default ``compiled``). The signature is computed only for callables that
+        broke before or break now (nothing added to a call of a program that traces whole)."""
+        taken = None
+        if id(key_owner) in self.broken_owners:
+            taken = self.broken.get((id(key_owner), _call_signature(args, kwargs)))
         if taken is None:
             try:
                 result = compiled(*args, **kwargs)
@@ -231,7 +231,9 @@ class _Program:
                 reason = graph_break_reason(e)
                 if reason is None:
                     raise
-                taken = self.broken[key] = GraphBreak(name, _user_location(e), reason)
+                taken = GraphBreak(name, _user_location(e), reason)
+                self.broken[(id(key_owner), _call_signature(args, kwargs))] = taken
+                self.broken_owners.add(id(key_owner))
             else:
                 self.report.regions[name] = compiled if region is None else region
                 return result
@@ -282,20 +284,20 @@ class _Program:
         finally:
             self.quiet = quiet
 
-    @contextlib.contextmanager
-    def call(self):
-        """Around each call of the compiled object: a fresh report, and the warning for new break locations."""
+    def call(self, owner: Any, compiled: Callable, code: Callable, args: tuple, kwargs: dict):
+        """A call of the compiled object: a fresh report (the same object, ``compiled.graph_breaks``), the program
+        run, and the warning for new break locations."""
         outer = self.depth == 0
-        if outer:  # the report object stays the same (``compiled.graph_breaks``); its content is the latest call's
+        if outer:
             self.report.breaks.clear()
             self.report.regions.clear()
         self.depth += 1
         try:
-            yield
+            return self.run(owner, "", compiled, code, args, kwargs)
         finally:
             self.depth -= 1
-        if outer and self.report.breaks and not self.quiet:
-            self._warn_new_breaks()
+            if outer and self.report.breaks and not self.quiet:
+                self._warn_new_breaks()
 
     def _warn_new_breaks(self) -> None:
         new = {loc: bs for loc, bs in self.report.locations.items() if loc not in self.warned}
@@ -363,8 +365,9 @@ def with_graph_breaks(jfn: Callable, fn: Callable, jit: Callable[[Callable], Cal
     def call_with_breaks(*args, **kwargs):
         if is_tracing():  # called from inside another trace: no fallback there
             return compiled_call(*args, **kwargs)
-        with program.call():
-            return program.run(owner, "", compiled_call, code, args, kwargs)
+        return program.call(owner, compiled_call, code, args, kwargs)
+
+    call_with_breaks.__wrapped__ = getattr(compiled_call, "__wrapped__", compiled_call)  # thunder's own fn_
 
     if isinstance(jfn, ThunderModule):
         jfn._forward_fn = call_with_breaks
