@@ -181,7 +181,7 @@ def _undecorated(fn):
     return getattr(inner, "__wrapped__", fn)
 
 
-def with_fast_cache_hits(jfn):
+def with_fast_cache_hits(jfn, *, automatic_dynamic: bool = False):
     """A ``thunder.jit`` result (function or ``ThunderModule``) of a plugin jit whose calls take a shorter path to a
     cache hit than thunder 0.2.6's ``fn_`` (``thunder/__init__.py``): the same steps for the same result — the per-call
     cache info (this jit's ``populate_cache_info``, in thunder's cache-info context), the cache entries' prologues
@@ -195,7 +195,8 @@ def with_fast_cache_hits(jfn):
     accepts (a cache miss) go to thunder's own ``fn_``, which checks the entries again and traces. Returns the object
     to hand to the user: the same ``ThunderModule`` with its ``_forward_fn`` wrapped, or, for a function, a wrapper
     carrying thunder's ``_lc_*``
-    attributes (``thunder.compile_stats`` and friends read them)."""
+    attributes (``thunder.compile_stats`` and friends read them). With ``automatic_dynamic``, the calls that trace go
+    through :class:`AutomaticDynamicShapes` (a size-driven miss traces with symbolic sizes)."""
     import thunder
     from thunder.core.compile_data import (
         reset_compile_data_and_stats,
@@ -225,11 +226,16 @@ def with_fast_cache_hits(jfn):
     autocast = torch.is_autocast_enabled
     cache_info_ctx = thunder._cache_info_ctx
 
+    dynamic = AutomaticDynamicShapes(cd, cs, original) if automatic_dynamic else None
+    trace = dynamic.trace if dynamic is not None else (lambda args, kwargs: original(*args, **kwargs))
+
     @functools.wraps(original)
     def fast_call(*args, **kwargs):
         cs = weak_cs()
-        if autocast("cpu") or autocast() or cs is None or not cs.interpreter_cache or is_tracing():
+        if autocast("cpu") or autocast() or cs is None or is_tracing():
             return original(*args, **kwargs)
+        if not cs.interpreter_cache:
+            return trace(args, kwargs)
         cd = weak_cd()
         token = cache_info_ctx.set(_ViewAwareCacheInfo(args, kwargs))
         try:
@@ -249,7 +255,7 @@ def with_fast_cache_hits(jfn):
         finally:
             cache_info_ctx.reset(token)
         if hit is None:
-            return original(*args, **kwargs)
+            return trace(args, kwargs)
         cs.calls += 1
         cs.cache_hits += 1
         cs.last_traces = hit.computation_traces
@@ -279,6 +285,7 @@ def with_fast_cache_hits(jfn):
         return result
 
     fast_call._thunder_subclass_fast_call = True
+    fast_call._thunder_subclass_dynamic_shapes = dynamic
     plain_fns: dict = {}  # id(entry) -> (entry, computation, epilogue) without their no-grad/no-autocast decorators
     if module:
         jfn._forward_fn = fast_call
@@ -293,3 +300,105 @@ def hook_targets() -> list[tuple[Any, str, Callable]]:
     import thunder
 
     return [(thunder, "_with_cache_info_ctx", _hook_with_cache_info_ctx)]
+
+
+def _input_signature(args: tuple, kwargs: dict) -> tuple[Any, tuple, tuple]:
+    """``(structure, what must match, sizes)`` of a call's arguments: the pytree structure, per leaf its type and (for
+    tensors) dtype, device, layout, number of dimensions and ``requires_grad``, or (for other leaves) the leaf itself
+    where it is hashable and not an int; and the tensors' sizes and the ints, which symbolic values can vary."""
+    from torch.utils._pytree import tree_flatten
+
+    leaves, spec = tree_flatten((args, kwargs))
+    fixed, sizes = [], []
+    for x in leaves:
+        if isinstance(x, torch.Tensor):
+            with torch._C.DisableTorchFunctionSubclass():  # no user __torch_function__ for these reads
+                fixed.append((type(x), x.dtype, x.device, x.layout, x.dim(), x.requires_grad))
+                sizes.append(tuple(x.shape))
+        elif type(x) is int:
+            fixed.append(int)
+            sizes.append(x)
+        else:
+            try:
+                hash(x)
+                fixed.append((type(x), x))
+            except TypeError:
+                fixed.append((type(x), id(x)))
+    return spec, tuple(fixed), tuple(sizes)
+
+
+def _describe_callable(fn) -> str:
+    """``f (file.py:12)`` for a function, ``Linear (module)`` for a module: what a warning names."""
+    if isinstance(fn, torch.nn.Module):
+        return f"{type(fn).__qualname__} (module)"
+    code = getattr(fn, "__code__", None)
+    where = f" ({code.co_filename}:{code.co_firstlineno})" if code is not None else ""
+    return f"{getattr(fn, '__qualname__', type(fn).__qualname__)}{where}"
+
+
+class AutomaticDynamicShapes:
+    """torch.compile's automatic dynamic shapes for a plugin jit under thunder's default cache ("constant values"),
+    which traces once per input size: after a cache miss whose arguments differ from the previous miss's only in
+    tensor sizes or int values, the jit's cache option (``CompileData.cache_option``, which thunder's interpreter
+    reads while it traces: ``core/compile_data.py`` ``get_cache_option``) becomes "symbolic values", so that the trace
+    made for that call, and kept in the same cache, takes any sizes where nothing needs them fixed (the plugin still
+    guards the sizes that reach a subclass operation). Entries traced before keep their exact checks. If tracing
+    with symbolic values fails, the jit goes back to "constant values" for good, with a one-time warning, and the call
+    traces as before: a trace per size, never an error that constant values would not give.
+
+    Owner: one per compiled function (its fast path holds it); it holds the jit's compile data and stats weakly, so it
+    keeps nothing alive. :attr:`state` is ``"static"``, ``"symbolic"`` or ``"static for good"``."""
+
+    def __init__(self, cd, cs, trace_call: Callable):
+        import weakref
+
+        self._cd, self._cs = weakref.ref(cd), weakref.ref(cs)
+        self._trace_call = trace_call
+        self._previous = None  # the signature of the arguments of the last call that traced
+        self.state = "static"
+
+    def trace(self, args: tuple, kwargs: dict):
+        """Make and run a new trace for this call (a cache miss), with symbolic sizes when the miss is size-driven."""
+        from thunder.core.options import CACHE_OPTIONS
+
+        if self.state == "symbolic":
+            return self._first_among_entries(args, kwargs)
+        if self.state != "static":
+            return self._trace_call(*args, **kwargs)
+        signature = _input_signature(args, kwargs)
+        previous, self._previous = self._previous, signature
+        cd, cs = self._cd(), self._cs()
+        if previous is None or cd is None or cs is None or previous[:2] != signature[:2] or previous == signature:
+            return self._trace_call(*args, **kwargs)
+        cd.cache_option = CACHE_OPTIONS.SYMBOLIC_VALUES
+        self.state = "symbolic"
+        entries = len(cs.interpreter_cache)
+        try:
+            return self._first_among_entries(args, kwargs)
+        except Exception as e:
+            if len(cs.interpreter_cache) != entries:  # it traced and failed when it ran: the user's error
+                raise
+            import warnings
+
+            cd.cache_option = CACHE_OPTIONS.CONSTANT_VALUES
+            self.state = "static for good"
+            self._previous = None
+            warnings.warn(
+                f"thunder_subclass: tracing {_describe_callable(cd.fn)} with symbolic sizes "
+                f"after its inputs changed size failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+                "it keeps one trace per input size. Pass dynamic=False to thunder_subclass.jit to choose that from "
+                "the start.",
+                stacklevel=3,
+            )
+            return self._trace_call(*args, **kwargs)
+
+    def _first_among_entries(self, args: tuple, kwargs: dict):
+        """Trace with symbolic sizes, and put the new cache entry first in thunder's list of entries, which lookups
+        read newest first: the exact entries traced before keep answering the sizes they were made for (their checks
+        and computations are cheaper than the symbolic entry's), the symbolic one answers the others."""
+        cs = self._cs()
+        entries = len(cs.interpreter_cache) if cs is not None else None
+        result = self._trace_call(*args, **kwargs)
+        if cs is not None and len(cs.interpreter_cache) == entries + 1:
+            cs.interpreter_cache.insert(0, cs.interpreter_cache.pop())
+        return result
