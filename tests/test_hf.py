@@ -163,3 +163,51 @@ def test_float8_training_two_steps():
     for p, q in zip(model.parameters(), eager.parameters()):
         torch.testing.assert_close(p, q)
     assert thunder.cache_misses(jmodel) == 1
+
+
+# families whose code reaches thunder 0.2.6 interpreter gaps (_thunder_internals.interpreter_fixes); plain models
+# from tiny random configs, against eager
+
+
+def test_gpt2_at_default_arguments():
+    # PretrainedConfig.__getattribute__ (attribute_map: num_hidden_layers -> n_layer) read by DynamicCache(config=...)
+    # built inside forward: plain thunder 0.2.6 "AttributeError: num_hidden_layers"
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64)).eval()
+    ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(1))
+    jmodel = thunder_subclass.jit(model)
+    with torch.no_grad():
+        torch.testing.assert_close(jmodel(ids).logits, model(ids).logits)
+
+
+def _gemma(config_name, model_name, **config):
+    torch.manual_seed(0)
+    config = getattr(transformers, config_name)(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+        head_dim=16, vocab_size=64, **config)
+    return getattr(transformers, model_name)(config).eval()
+
+
+def test_gemma2_generates_past_its_sliding_window():
+    # the static cache's sliding-window layer (StaticSlidingWindowLayer.update) rolls with torch.tensor([-1],
+    # dtype=int) once the window is full: plain thunder 0.2.6 "<class 'int'> had an unexpected type"
+    model = _gemma("Gemma2Config", "Gemma2ForCausalLM", sliding_window=2)
+    ids = torch.randint(0, 64, (1, 1), generator=torch.Generator().manual_seed(1))
+    kwargs = dict(do_sample=False, max_new_tokens=3, pad_token_id=0, cache_implementation="static")
+    with torch.no_grad():
+        expected = model.generate(ids, **kwargs)
+        model.forward = thunder_subclass.jit(model.forward)
+        tokens = model.generate(ids, **kwargs)
+    assert tokens.shape[1] > model.config.sliding_window + 1  # past the window
+    assert torch.equal(tokens, expected)
+
+
+def test_gemma_with_symbolic_values():
+    # the embedding scale torch.tensor(config.hidden_size ** 0.5) of a number proxy: plain thunder 0.2.6 "NameError:
+    # name 'n' is not defined"
+    model = _gemma("GemmaConfig", "GemmaForCausalLM")
+    jmodel = thunder_subclass.jit(model, cache="symbolic values")
+    with torch.no_grad():
+        for seq in (5, 7):
+            ids = torch.randint(0, 64, (1, seq), generator=torch.Generator().manual_seed(seq))
+            torch.testing.assert_close(jmodel(ids).logits, model(ids).logits)

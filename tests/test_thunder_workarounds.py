@@ -1,6 +1,7 @@
 """thunder 0.2.6 bugs that plugin jits work around (``_thunder_internals``), and module calls with hooks
 (``module_calls``): each case compared with eager."""
 
+import re
 import subprocess
 import sys
 
@@ -97,20 +98,367 @@ def test_forward_hooks_run_in_the_trace_and_changes_make_a_new_trace():
     assert thunder.cache_misses(jm) == 3
 
 
-def test_modules_with_backward_or_global_hooks_are_left_to_thunder():
+def test_module_forward_hooks_reads_global_hooks_first_and_none_with_backward_hooks():
     from thunder_subclass._thunder_internals import module_forward_hooks
 
     model = _model()
     def pre_hook(mod, args):
         return None
 
+    def global_hook(mod, args, out):
+        return None
+
     model[0].register_forward_pre_hook(pre_hook)
     assert module_forward_hooks(model[0]) == (((pre_hook, False),), ())
-    model[0].register_full_backward_hook(lambda mod, gin, gout: None)
-    assert module_forward_hooks(model[0]) is None
-    handle = torch.nn.modules.module.register_module_forward_hook(lambda mod, args, out: None)
+    handle = torch.nn.modules.module.register_module_forward_hook(global_hook)
     try:
-        assert module_forward_hooks(model[1]) is None
+        assert module_forward_hooks(model[1]) == ((), ((global_hook, False),))
     finally:
         handle.remove()
+
+
+def test_backward_hook_on_the_compiled_object_runs_eagerly_around_the_call():
+    # what the error above advises: the object thunder_subclass.jit returns is a module whose own hooks run eagerly
+    model = torch.nn.Linear(4, 4)
+    jm = thunder_subclass.jit(model)
+    jm.register_full_backward_hook(lambda mod, gin, gout: (gin[0] * 2,))
+    x = torch.randn(3, 4, requires_grad=True)
+    jm(x).sum().backward()
+    eager = torch.nn.Linear(4, 4)
+    eager.load_state_dict(model.state_dict())
+    eager.register_full_backward_hook(lambda mod, gin, gout: (gin[0] * 2,))
+    ex = x.detach().clone().requires_grad_()
+    eager(ex).sum().backward()
+    torch.testing.assert_close(x.grad, ex.grad)
     assert module_forward_hooks(model[1]) == ((), ())
+    model[0].register_full_backward_hook(lambda mod, gin, gout: None)
+    assert module_forward_hooks(model[0]) is None
+
+
+ROOT_HOOKS = {
+    "forward": lambda m: m.register_forward_hook(lambda mod, args, out: out + 2),
+    "forward returning None": lambda m: m.register_forward_hook(lambda mod, args, out: None),
+    "pre": lambda m: m.register_forward_pre_hook(lambda mod, args: (args[0] * 3,)),
+    "pre returning a tensor": lambda m: m.register_forward_pre_hook(lambda mod, args: args[0] - 1),
+    "pre with kwargs": lambda m: m.register_forward_pre_hook(
+        lambda mod, args, kwargs: ((args[0] + 1,), kwargs), with_kwargs=True),
+    "forward with kwargs": lambda m: m.register_forward_hook(
+        lambda mod, args, kwargs, out: out * args[0].sum(), with_kwargs=True),
+    "always_call": lambda m: m.register_forward_hook(lambda mod, args, out: out.relu(), always_call=True),
+}
+
+
+@pytest.mark.parametrize("hook", list(ROOT_HOOKS))
+def test_hooks_on_the_compiled_module_itself(hook):
+    # the jitted module's own hooks: the prologue reaches it through thunder's ThunderModule wrapper, whose hook
+    # dicts are its own (empty): the hooks check failed on every call (SubclassGuardFailure, `_hooks(v3) == c11`)
+    model = torch.nn.Linear(4, 4)
+    handle = ROOT_HOOKS[hook](model)
+    jm = thunder_subclass.jit(model)
+    x = torch.randn(3, 4, requires_grad=True)
+    ex = x.detach().clone().requires_grad_()
+    y, expected = jm(x), model(ex)
+    torch.testing.assert_close(y, expected)
+    y.sum().backward()
+    expected.sum().backward()
+    torch.testing.assert_close(x.grad, ex.grad)
+    for p in model.parameters():  # the compiled call's gradients, then eager's: twice the same
+        assert p.grad is not None
+    torch.testing.assert_close(jm(x), model(x))
+    assert (thunder.cache_misses(jm), thunder.cache_hits(jm)) == (1, 1)
+    handle.remove()  # removed after compiling: a miss and a trace without it, equal to eager
+    torch.testing.assert_close(jm(x), model(x))
+    assert thunder.cache_misses(jm) == 2
+    handle = ROOT_HOOKS[hook](model)  # a new hook object: a new trace
+    torch.testing.assert_close(jm(x), model(x))
+    assert thunder.cache_misses(jm) == 3
+
+
+def test_hook_added_to_the_compiled_module_after_compiling_runs():
+    model = _model()
+    jm = thunder_subclass.jit(model)
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(jm(x), model(x))
+    handle = model.register_forward_hook(lambda mod, args, out: out * 10)
+    y, expected = jm(x), model(x)
+    torch.testing.assert_close(y, expected)
+    assert thunder.cache_misses(jm) == 2
+    assert "mul" in str(thunder.last_traces(jm)[0])  # the hook ran in the new trace
+    handle.remove()
+    torch.testing.assert_close(jm(x), model(x))
+    assert thunder.cache_misses(jm) == 2  # the first trace serves again
+
+
+def test_global_forward_hooks_run_in_the_trace_and_changes_make_a_new_trace():
+    # global hooks run for every module call; they are part of each module's hooks check. (They also run for the
+    # compiled module's own wrapper call, as with torch.compile: a hook that applies to every module applies once
+    # more there, so this one applies to Linear layers only.)
+    from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+
+    model = _model()
+    jm = thunder_subclass.jit(model)
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(jm(x), model(x))
+    handle = register_module_forward_hook(lambda mod, args, out: out + 1 if isinstance(mod, torch.nn.Linear) else out)
+    try:
+        torch.testing.assert_close(jm(x), model(x))
+        assert thunder.cache_misses(jm) == 2
+        pre = register_module_forward_pre_hook(
+            lambda mod, args: (args[0] * 2,) if isinstance(mod, torch.nn.ReLU) else None)
+        try:
+            torch.testing.assert_close(jm(x), model(x))
+            assert thunder.cache_misses(jm) == 3
+        finally:
+            pre.remove()
+        torch.testing.assert_close(jm(x), model(x))
+        assert thunder.cache_misses(jm) == 3  # the second trace's hooks again
+    finally:
+        handle.remove()
+
+
+def test_backward_hook_on_the_compiled_object_runs_eagerly_around_the_call():
+    # what the error above advises: the object thunder_subclass.jit returns is a module whose own hooks run eagerly
+    model = torch.nn.Linear(4, 4)
+    jm = thunder_subclass.jit(model)
+    jm.register_full_backward_hook(lambda mod, gin, gout: (gin[0] * 2,))
+    x = torch.randn(3, 4, requires_grad=True)
+    jm(x).sum().backward()
+    eager = torch.nn.Linear(4, 4)
+    eager.load_state_dict(model.state_dict())
+    eager.register_full_backward_hook(lambda mod, gin, gout: (gin[0] * 2,))
+    ex = x.detach().clone().requires_grad_()
+    eager(ex).sum().backward()
+    torch.testing.assert_close(x.grad, ex.grad)
+    torch.testing.assert_close(jm(x), model(x))  # no global hooks: the first trace (plain thunder kept the last)
+    assert thunder.cache_misses(jm) == 3
+
+
+class _TwoLayers(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.first, self.second = torch.nn.Linear(4, 4), torch.nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.second(self.first(x).relu())
+
+
+@pytest.mark.parametrize("where", ["submodule", "compiled module"])
+@pytest.mark.parametrize("kind", ["full backward hook", "full backward pre-hook", "global backward hook"])
+def test_backward_hooks_are_a_typed_error(where, kind):
+    # plain thunder 0.2.6 fails inside torch's BackwardHook ("no attribute 'mark_non_differentiable'")
+    from thunder_subclass.errors import UnsupportedModuleHookError
+
+    model = _TwoLayers()
+    target = model.first if where == "submodule" else model
+    handle = {
+        "full backward hook": lambda: target.register_full_backward_hook(lambda mod, gin, gout: None),
+        "full backward pre-hook": lambda: target.register_full_backward_pre_hook(lambda mod, gout: None),
+        "global backward hook": lambda: torch.nn.modules.module.register_module_full_backward_hook(
+            lambda mod, gin, gout: None),
+    }[kind]()
+    try:
+        expected_where = re.escape("(the compiled module itself)") if where == "compiled module" or kind.startswith("global") \
+            else "called at .*test_thunder_workarounds.py"
+        name = "_TwoLayers" if where == "compiled module" or kind.startswith("global") else "Linear"
+        with pytest.raises(UnsupportedModuleHookError, match=f"{name} {expected_where}.* has backward hooks"):
+            thunder_subclass.jit(model)(torch.randn(3, 4, requires_grad=True))
+    finally:
+        handle.remove()
+
+
+def test_backward_hook_on_the_compiled_object_runs_eagerly_around_the_call():
+    # what the error above advises: the object thunder_subclass.jit returns is a module whose own hooks run eagerly
+    model = torch.nn.Linear(4, 4)
+    jm = thunder_subclass.jit(model)
+    jm.register_full_backward_hook(lambda mod, gin, gout: (gin[0] * 2,))
+    x = torch.randn(3, 4, requires_grad=True)
+    jm(x).sum().backward()
+    eager = torch.nn.Linear(4, 4)
+    eager.load_state_dict(model.state_dict())
+    eager.register_full_backward_hook(lambda mod, gin, gout: (gin[0] * 2,))
+    ex = x.detach().clone().requires_grad_()
+    eager(ex).sum().backward()
+    torch.testing.assert_close(x.grad, ex.grad)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# thunder 0.2.6 interpreter gaps that real models hit (plain thunder.jit fails the same; _thunder_internals'
+# interpreter_fixes for plugin jits)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class _AliasedConfig:
+    # the pattern of transformers' PretrainedConfig: attribute_map read by a class-level __getattribute__
+    attribute_map = {"num_hidden_layers": "n_layer", "hidden_size": "n_embd"}
+
+    def __init__(self, n_layer=3, n_embd=4):
+        self.n_layer, self.n_embd = n_layer, n_embd
+
+    def __getattribute__(self, key):
+        if key != "attribute_map" and key in super().__getattribute__("attribute_map"):
+            key = super().__getattribute__("attribute_map")[key]
+        return super().__getattribute__(key)
+
+    def __getattr__(self, key):  # after __getattribute__ raised AttributeError
+        if key == "fallback":
+            return 10
+        raise AttributeError(key)
+
+
+def _read_config(x, config):
+    scale = config.num_hidden_layers + getattr(config, "hidden_size") + config.fallback
+    missing = getattr(config, "missing", 100)
+    return x * scale + missing + hasattr(config, "num_hidden_layers") + hasattr(config, "nothing")
+
+
+def test_class_level_getattribute_and_getattr_run_as_in_cpython():
+    # thunder 0.2.6 emulated object.__getattribute__ whatever the class defines: "AttributeError: num_hidden_layers"
+    x, config = torch.randn(3), _AliasedConfig()
+    jf = thunder_subclass.jit(_read_config)
+    torch.testing.assert_close(jf(x, config), _read_config(x, config))
+    torch.testing.assert_close(jf(x, config), _read_config(x, config))
+    assert thunder.cache_misses(jf) == 1
+    config.n_layer = 5  # read through the alias: the prologue checks it, a miss and eager's value
+    torch.testing.assert_close(jf(x, config), _read_config(x, config))
+    assert thunder.cache_misses(jf) == 2
+
+
+def test_class_level_getattribute_of_a_module_attribute():
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.config = _AliasedConfig()
+            self.linear = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            for _ in range(self.config.num_hidden_layers):
+                x = self.linear(x)
+            return x
+
+    model = Model()
+    jm = thunder_subclass.jit(model)
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(jm(x), model(x))
+    model.config.n_layer = 1
+    torch.testing.assert_close(jm(x), model(x))
+    assert thunder.cache_misses(jm) == 2
+
+
+def _two_tensor(t):
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    return TwoTensor(t, t * 2)
+
+
+PYTHON_TYPE_DTYPE_CASES = {
+    "tensor dtype=int": lambda x: x + torch.tensor([-1], dtype=int),
+    "tensor dtype=float": lambda x: x + torch.tensor([-1], dtype=float),
+    "tensor dtype=bool": lambda x: x * torch.tensor([True], dtype=bool),
+    "zeros dtype=int": lambda x: torch.zeros(3, dtype=int) + x,
+    "arange dtype=int": lambda x: torch.arange(3, dtype=int) * x,
+    "full dtype=bool": lambda x: torch.full((3,), True, dtype=bool) & (x > 0),
+    "ones_like dtype=float": lambda x: torch.ones_like(x, dtype=float) + x,
+    "to(int)": lambda x: (x * 10).to(int),
+    "to(float)": lambda x: x.to(float),
+    "to(dtype=bool)": lambda x: x.to(dtype=bool),
+}
+
+
+@pytest.mark.parametrize("kind", ["plain", "TwoTensor"])
+@pytest.mark.parametrize("case", list(PYTHON_TYPE_DTYPE_CASES))
+def test_python_types_as_dtypes(case, kind):
+    # torch maps int, float, bool to int64, float64, bool; thunder 0.2.6: "<class 'int'> had an unexpected type"
+    # (transformers' StaticSlidingWindowLayer.update: torch.tensor([-1], dtype=int))
+    f = PYTHON_TYPE_DTYPE_CASES[case]
+    x = torch.randn(3)
+    x = _two_tensor(x) if kind == "TwoTensor" else x
+    y, expected = thunder_subclass.jit(f)(x), f(x)
+    assert type(y) is type(expected) and y.dtype == expected.dtype
+    torch.testing.assert_close(y, expected)
+
+
+def test_torch_tensor_of_a_number_under_symbolic_values():
+    # Gemma's embedding scale, torch.tensor(config.hidden_size ** 0.5): thunder 0.2.6 "NameError: name 'n' is not
+    # defined" (its own error message for a number proxy)
+    def f(x, n):
+        return x * torch.tensor(n ** 0.5, dtype=x.dtype), x + torch.tensor(n), torch.tensor(n > 2) & (x > 0)
+
+    jf = thunder_subclass.jit(f, cache="symbolic values")
+    x = torch.randn(3)
+    for n in (4, 9):
+        for y, expected in zip(jf(x, n), f(x, n)):
+            assert y.dtype == expected.dtype
+            torch.testing.assert_close(y, expected)
+    assert thunder.cache_misses(jf) == 1  # n stays a symbol
+
+
+STRIDE_CASES = {
+    "stride()": lambda x: x * x.stride()[0],
+    "transposed stride()": lambda x: x.t() * x.t().stride()[0] + x.t().stride(1),
+    "stride(dim)": lambda x: x * x.stride(0) - x.stride(-1),
+    "sliced stride()": lambda x: x[:, 1:] * x[:, 1:].stride()[0],
+    "expanded stride()": lambda x: x[:1].expand(3, 4) + x[:1].expand(3, 4).stride(0),
+    "is_contiguous()": lambda x: x * x.t().is_contiguous() + x.is_contiguous(),
+}
+
+
+@pytest.mark.parametrize("kind", ["plain", "TwoTensor"])
+@pytest.mark.parametrize("case", list(STRIDE_CASES))
+def test_strides_read_in_traced_code_are_eagers(case, kind):
+    # thunder 0.2.6: "Unknown attribute stride" on plain tensor proxies (Float8TrainingTensor.__new__ reads them)
+    f = STRIDE_CASES[case]
+    x = torch.randn(3, 4)
+    x = _two_tensor(x) if kind == "TwoTensor" else x
+    y, expected = thunder_subclass.jit(f)(x), f(x)
+    assert type(y) is type(expected)
+    torch.testing.assert_close(y, expected)
+
+
+def test_strides_of_an_input_are_checked_by_the_prologue():
+    def f(x):
+        return x * x.stride(0)
+
+    jf = thunder_subclass.jit(f)
+    x = torch.randn(4, 4)
+    torch.testing.assert_close(jf(x), f(x))
+    xt = torch.randn(4, 4).t()  # same shape, other strides: a miss and eager's value
+    torch.testing.assert_close(jf(xt), f(xt))
+    assert thunder.cache_misses(jf) == 2
+
+
+def test_stride_with_symbolic_sizes_is_a_typed_error():
+    from thunder_subclass.errors import UnsupportedTracingError
+
+    def f(x):
+        return x.t().contiguous().t() * x.t().stride(0)
+
+    with pytest.raises(UnsupportedTracingError, match=r"x.stride\(\) at .*test_thunder_workarounds.py:\d+ .*symbolic"):
+        thunder_subclass.jit(f, cache="symbolic values")(torch.randn(3, 4))
+
+
+KEYWORD_CASES = {
+    "linear(x, weight=w)": lambda x, w, b: torch.nn.functional.linear(x, weight=w),
+    "linear(input=, weight=, bias=)": lambda x, w, b: torch.nn.functional.linear(input=x, weight=w, bias=b),
+    "linear(x, w, bias=b)": lambda x, w, b: torch.nn.functional.linear(x, w, bias=b),
+    "add(input=, other=, alpha=)": lambda x, w, b: torch.add(input=x, other=x.sin(), alpha=2),
+    "x.add(other=)": lambda x, w, b: x.add(other=x.cos()),
+    "matmul(input=, other=)": lambda x, w, b: torch.matmul(input=x, other=w.t()),
+}
+
+
+@pytest.mark.parametrize("kind", ["plain", "TwoTensor"])
+@pytest.mark.parametrize("case", list(KEYWORD_CASES))
+def test_torch_keyword_names_for_tensor_arguments(case, kind):
+    # thunder names them otherwise (ltorch.linear(a, w, bias)): "unexpected keyword argument 'weight'"
+    f = KEYWORD_CASES[case]
+    x, w, b = torch.randn(2, 4), torch.randn(3, 4), torch.randn(3)
+    if kind == "TwoTensor":
+        x = _two_tensor(x)
+    x.requires_grad_()
+    ex = x.detach().clone().requires_grad_()
+    y, expected = thunder_subclass.jit(f)(x, w, b), f(ex, w, b)
+    assert type(y) is type(expected)
+    torch.testing.assert_close(y, expected)
+    y.sum().backward()
+    expected.sum().backward()
+    torch.testing.assert_close(x.grad, ex.grad)

@@ -16,6 +16,9 @@ __all__ = [
     "SubclassRegistrationError",
     "ThunderVersionError",
     "TorchFeatureUnavailableError",
+    "UnsupportedTracingError",
+    "UnsupportedModuleHookError",
+    "CacheLimitWarning",
 ]
 
 
@@ -69,7 +72,23 @@ class TorchFeatureUnavailableError(SubclassProtocolError, NotImplementedError):
         self.needs_torch = needs_torch
 
 
+class UnsupportedTracingError(TensorSubclassError, NotImplementedError):
+    """Code in the compiled function that thunder_subclass cannot trace faithfully (no subclass need be involved);
+    the message names the operation, the user's source line and what to do instead."""
+
+
+class UnsupportedModuleHookError(UnsupportedTracingError):
+    """A module called in compiled code has hooks that cannot be compiled (backward hooks: thunder 0.2.6 cannot trace
+    the ``torch.autograd.Function`` that ``nn.Module`` wraps inputs and outputs in for them)."""
+
+
 def format_location(filename: str | None, lineno: int | None) -> str:
     if filename is None:
         return "an unknown source line"
     return f"{filename}:{lineno}" if lineno is not None else filename
+
+
+class CacheLimitWarning(UserWarning):
+    """A function compiled by ``thunder_subclass.jit`` reached its cache size limit (``cache_size_limit``): calls
+    that none of its cache entries accepts run eagerly from then on. Warned once per compiled function; the message
+    names the check that failed."""

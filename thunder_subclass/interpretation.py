@@ -43,11 +43,12 @@ from thunder_subclass._thunder_internals import (
     raise_in_interpreter,
     is_interpreting,
     rebind_wrapped_value,
+    runs_natively,
     source_location,
 )
-from thunder_subclass.errors import UnsupportedSubclassOperationError, format_location
+from thunder_subclass.errors import UnsupportedSubclassOperationError, UnsupportedTracingError, format_location
 from thunder_subclass.executor import register_symbol
-from thunder_subclass.fake import FakeEnv
+from thunder_subclass.fake import FakeEnv, stride_of
 from thunder_subclass.guards import guard_buffer_flag, guard_python_attribute
 from thunder_subclass.proxy import SubclassTensorProxy, is_marked_leaf
 from thunder_subclass.recording import (
@@ -135,7 +136,35 @@ def _torch_device_attr(obj, name, *default):
     return devices.to_torch_device(obj.device)
 
 
+@runs_natively
+def _plain_stride(p: TensorProxy, dim: int | None = None):
+    """``x.stride()`` / ``x.stride(dim)`` of a plain tensor proxy (thunder 0.2.6's proxies have no ``stride``:
+    "Unknown attribute stride"): eager's strides as the plugin knows them for fakes (``fake.stride_of``: an input's
+    own, checked by the prologue once read; a computed value's from its producing operations run on fakes)."""
+    if not all(type(s) is int for s in p._shape):
+        raise UnsupportedTracingError(
+            f"x.stride() at {format_location(*source_location())} of a tensor with symbolic sizes "
+            f"(cache=\"symbolic values\"): its strides would hold only for the sizes of this call. Use "
+            f"cache=\"constant values\" (the default) for code that reads strides, or compute what you need from "
+            f"x.shape."
+        )
+    stride = stride_of(p)
+    if dim is None:
+        return stride
+    n = max(len(stride), 1)  # as torch: a 0-dim tensor takes dim 0 and -1
+    if not -n <= dim < n:
+        raise IndexError(f"Dimension out of range (expected to be in range of [{-n}, {n - 1}], but got {dim})")
+    return stride[dim] if stride else 1
+
+
+def _plain_stride_attr(obj, name, *default):
+    return functools.partial(_plain_stride, obj)
+
+
 _TORCH_TYPED_ATTRIBUTES = {"dtype": _torch_dtype_attr, "shape": _torch_shape_attr, "device": _torch_device_attr}
+# attributes thunder's plain tensor proxies lack, answered for plain proxies only (subclass proxies run the method on
+# fakes of the subclass)
+_PLAIN_TENSOR_ATTRIBUTES = {"stride": _plain_stride_attr}
 
 # tensor properties thunder 0.2.6's proxies do not answer (it resolves ``is_nested`` as a method: "'getset_descriptor'
 # object is not callable"): for a subclass proxy, the answer of a fake instance of it, as eager's object gives
@@ -297,6 +326,8 @@ def subclass_lookaside(fn: Any, wrapped_args: tuple) -> Callable | None:
         # code gets torch's types (a torch.Size it may return or put in a flatten context, a torch.device)
         if name in _TORCH_TYPED_ATTRIBUTES and is_called_from_user_code():
             return interpreter_needs_wrap(_TORCH_TYPED_ATTRIBUTES[name])
+        if name in _PLAIN_TENSOR_ATTRIBUTES:
+            return interpreter_needs_wrap(_PLAIN_TENSOR_ATTRIBUTES[name])
         return None
     if isinstance(fn, type) and is_traceable_wrapper_subclass_type(fn):
         if any(isinstance(a, TensorProxy) for a in tree_flatten([unwrap(a) for a in wrapped_args])[0]):

@@ -12,21 +12,32 @@ long. The hooks read become part of what the trace depends on: a prologue check 
 makes a call after hooks were added or removed a cache miss, and a new trace runs them (thunder 0.2.6 itself never
 notices such changes: a hook registered after the first call was silently not run).
 
-Modules with backward hooks, global module hooks, or that the prologue cannot reach from the inputs (a module held
-only by a closure or a global) are left to thunder's own handling.
+Global forward hooks (``register_module_forward_hook`` / ``register_module_forward_pre_hook``) run first, as in
+``_call_impl``, and are part of what each module's check compares. A module with backward hooks (its own or global
+ones) is a typed error (:class:`~thunder_subclass.errors.UnsupportedModuleHookError`): thunder 0.2.6 cannot trace the
+autograd Function torch wraps such a module's inputs and outputs in ("'...' object has no attribute
+'mark_non_differentiable'", plain thunder too). Modules that the prologue cannot reach from the inputs (a module held
+only by a closure or a global) and calls under ``torch.jit`` tracing are left to thunder's own handling.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
+
 from thunder_subclass._thunder_internals import (
+    hooked_module_provenance,
     interpret_call,
     is_unpackable_provenance,
     jit_context,
     module_call_impl,
     module_forward_hooks,
+    module_has_backward_hooks,
+    raise_in_interpreter,
+    source_location,
 )
+from thunder_subclass.errors import UnsupportedModuleHookError, format_location
 from thunder_subclass.guards import add_module_hooks_guard
 
 __all__ = ["call_impl_lookaside"]
@@ -41,12 +52,32 @@ def call_impl_lookaside(fn, wrapped_args: tuple) -> Callable | None:
     wrapped_module = wrapped_args[0]
     module = unwrap(wrapped_module)
     hooks = module_forward_hooks(module)
+    if hooks is None and module_has_backward_hooks(module):
+        is_root = hooked_module_provenance(module, wrapped_module.provenance) is not wrapped_module.provenance
+        error = _backward_hooks_error(module, is_root)
+        return lambda *wargs, **wkwargs: raise_in_interpreter(error)
     jit_ctx = jit_context()
     if hooks is None or jit_ctx is None or not is_unpackable_provenance(wrapped_module.provenance):
         return None
-    add_module_hooks_guard(jit_ctx, module, wrapped_module.provenance, hooks)
+    # the jitted module itself (the root) is reached in the prologue through thunder's ThunderModule wrapper
+    add_module_hooks_guard(jit_ctx, module, hooked_module_provenance(module, wrapped_module.provenance), hooks)
     pre, post = hooks
     return lambda wmodule, *wargs, **wkwargs: _call_module(pre, post, wmodule, wargs, wkwargs)
+
+
+def _backward_hooks_error(module, is_root: bool) -> UnsupportedModuleHookError:
+    name = type(module).__qualname__
+    # the caller's line, not torch's Module._wrapped_call_impl
+    where = "(the compiled module itself)" if is_root else \
+        f"called at {format_location(*source_location(skip_files=(torch.nn.modules.module.__file__,)))}"
+    return UnsupportedModuleHookError(
+        f"{name} {where} has backward hooks (register_full_backward_hook, "
+        f"register_full_backward_pre_hook, register_backward_hook or a global module backward hook): thunder 0.2.6 "
+        f"cannot trace the autograd Function that nn.Module wraps its inputs and outputs in for them. Remove them "
+        f"from the modules the compiled function calls and register them on the object thunder_subclass.jit "
+        f"returned (its hooks run eagerly around the compiled call), or use torch.Tensor.register_hook on tensors, "
+        f"or call this module outside the compiled function."
+    )
 
 
 def _make_tuple(*items):

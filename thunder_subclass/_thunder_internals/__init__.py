@@ -74,6 +74,7 @@ from thunder_subclass._thunder_internals.symbolic_values import (  # noqa: F401
 from thunder_subclass._thunder_internals.thunder_state import (  # noqa: F401
     attribute_provenance,
     call_in_epilogue,
+    hooked_module_provenance,
     compile_data_context,
     current_compile_data,
     input_proxy_name,
@@ -105,6 +106,7 @@ from thunder_subclass._thunder_internals.torch_state import (  # noqa: F401
     is_opaque_reference_object,
     module_call_impl,
     module_forward_hooks,
+    module_has_backward_hooks,
     module_has_no_own_hooks_expression,
     new_nested_int,
     opaque_attributes_supported,

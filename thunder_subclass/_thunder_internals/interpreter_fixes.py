@@ -11,9 +11,13 @@ around:
 * ``core/jit_ext.py`` module global ``Sequence`` (used by ``general_jit_lookaside``, ``proxify``,
   ``recursively_proxy``) — only builtin sequences are iterated, not a user's ``collections.abc.Sequence``
   (transformers 5.x ``_PerLayerConfigView``: "object has no attribute '_config'").
-* ``torch.cat`` / ``F.scaled_dot_product_attention`` (lookasides) — ATen's rule skipping 1-D empty tensors in
-  ``cat`` (thunder's ``prims.cat_meta``: IndexError on DynamicCache's ``torch.tensor([])``); ``enable_gqa``, which
-  thunder's ``ltorch.scaled_dot_product_attention`` lacks.
+* ``torch.cat`` / ``F.scaled_dot_product_attention`` / ``torch.tensor`` (lookasides) — ATen's rule skipping 1-D
+  empty tensors in ``cat`` (thunder's ``prims.cat_meta``: IndexError on DynamicCache's ``torch.tensor([])``);
+  ``enable_gqa``, which thunder's ``ltorch.scaled_dot_product_attention`` lacks; ``torch.tensor`` of a number proxy
+  under ``cache="symbolic values"`` (thunder: "NameError: name 'n' is not defined"; Gemma's embedding scale).
+* ``core/symbol.py`` ``Symbol.__call__`` (through the hook of :mod:`.tracing`) — a torch-level symbol's arguments as
+  torch takes them (:func:`torch_arguments`): Python types as dtypes (``torch.tensor([-1], dtype=int)``,
+  ``x.to(float)``), and torch's keyword names (``F.linear(input=x, weight=w)``).
 * ``core/jit_ext.py`` ``_general_jit_object_setattr_lookaside`` (through the ``general_jit_lookaside`` hook) — every
   attribute write on an input object reaches the epilogue, not only the first.
 * ``core/jit_ext.py`` ``process_recorded_modifications`` — attribute writes of dtypes, devices and strings on input
@@ -22,11 +26,18 @@ around:
 * ``core/jit_ext.py`` ``build_value_from_wrapped`` — a Python object made in the traced code and returned
   (``DynamicCache``) is rebuilt by the epilogue from its class and ``__dict__`` ("unhandled value of type").
 * ``clang/__init__.py`` ``_basic_indexing`` — slice bounds below ``-length`` are clamped as in Python / torch.
+* ``core/interpreter.py`` ``_getattr_lookaside`` (``getattr`` and ``object.__getattribute__``, through the
+  ``general_jit_lookaside`` hook) — an object whose class defines ``__getattribute__`` is read through it, then
+  ``__getattr__``, as CPython does (thunder emulates ``object.__getattribute__`` whatever the class defines:
+  transformers' ``PretrainedConfig.attribute_map`` was ignored, "AttributeError: num_hidden_layers" for GPT-2, GPT-J,
+  Bloom); ``object.__getattribute__`` called from there reads as thunder reads attributes, traceable to the inputs.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -35,7 +46,7 @@ import torch
 from thunder_subclass._thunder_internals import plugin_state
 from thunder_subclass._thunder_internals.plugin_state import is_plugin_active
 from thunder_subclass._thunder_internals.symbolic_values import pin_input_numbers
-from thunder_subclass._thunder_internals.thunder_state import is_interpreting
+from thunder_subclass._thunder_internals.thunder_state import is_interpreting, torch_callables_of_symbol
 from thunder_subclass._thunder_internals.torch_state import is_nested_int
 
 
@@ -136,6 +147,26 @@ def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, sca
     return ltorch.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale=scale)
 
 
+def _tensor(data, *, dtype=None, device=None, requires_grad=False, pin_memory=False):
+    """``torch.tensor`` of a number proxy (``cache="symbolic values"``: ``torch.tensor(config.hidden_size ** 0.5)``,
+    Gemma's embedding scale) as a 0-dim ``full`` of the dtype torch infers from the Python type (bool, int64, the
+    default float dtype, its complex counterpart). thunder's ``ltorch.tensor`` accepts only numbers and sequences
+    (``isinstance(x, (Number, Sequence))``) and its error message names an undefined variable: "NameError: name 'n'
+    is not defined". Everything else goes to thunder's ``ltorch.tensor``."""
+    import thunder.torch as ltorch
+    from thunder.core.proxies import NumberProxy
+
+    if isinstance(data, NumberProxy) and not requires_grad and not pin_memory:
+        if dtype is None:
+            python_type = data.python_type
+            default = torch.get_default_dtype()
+            dtype = {bool: torch.bool, int: torch.int64, float: default}.get(python_type)
+            if dtype is None:  # complex
+                dtype = {torch.float64: torch.complex128, torch.float16: torch.complex32}.get(default, torch.complex64)
+        return ltorch.full((), data, device=device, dtype=dtype)
+    return ltorch.tensor(data, dtype=dtype, device=device, requires_grad=requires_grad, pin_memory=pin_memory)
+
+
 def _traced_symbol_lookaside(fn):
     from thunder.core.interpreter import interpreter_needs_wrap
     from thunder.core.jit_ext import recursively_proxy
@@ -155,6 +186,7 @@ def _fixed_torch_functions() -> dict:
         torch.concat: cat,
         torch.concatenate: cat,
         torch.nn.functional.scaled_dot_product_attention: _traced_symbol_lookaside(_sdpa),
+        torch.tensor: _traced_symbol_lookaside(_tensor),
     }
 
 
@@ -195,8 +227,89 @@ def _object_setattr_lookaside(original):
     return lookaside
 
 
-def interpreter_fix_lookaside(fn):
-    """The lookaside of an interpreter fix for ``fn``, or None."""
+def _class_getattribute(obj) -> Callable | None:
+    """The Python ``__getattribute__`` that ``obj``'s class defines (or inherits from a Python class), or None when it
+    is ``object``'s or a C type's (classes themselves are left to thunder)."""
+    if isinstance(obj, type):
+        return None
+    getattribute = type(obj).__getattribute__
+    return getattribute if type(getattribute) is types.FunctionType else None
+
+
+def _getattr_through_getattribute(getattribute: Callable) -> Callable:
+    """``getattr(obj, name[, default])`` as CPython's ``slot_tp_getattr_hook`` runs it for a class that defines
+    ``__getattribute__``: that method (interpreted), then ``__getattr__`` when it raises AttributeError, then the
+    default. thunder 0.2.6's ``_getattr_lookaside`` (``core/interpreter.py``) emulates ``object.__getattribute__``
+    whatever the class defines: transformers' ``PretrainedConfig.__getattribute__`` (its ``attribute_map``:
+    ``config.num_hidden_layers`` is ``config.n_layer`` for GPT-2) was never called ("AttributeError:
+    num_hidden_layers" from ``DynamicCache(config=...)``, plain thunder too)."""
+    from thunder.core.interpreter import (
+        INTERPRETER_SIGNALS,
+        _interpret_call,
+        get_interpreterruntimectx,
+        unwrap,
+        wrap_const,
+    )
+
+    def lookaside(obj, name, *default):
+        ctx = get_interpreterruntimectx()
+        result = _interpret_call(wrap_const(getattribute), obj, name)
+        if result is INTERPRETER_SIGNALS.EXCEPTION_RAISED and isinstance(ctx.curexc, AttributeError):
+            fallback = getattr(type(unwrap(obj)), "__getattr__", None)
+            if fallback is not None:
+                ctx.curexc = None
+                result = _interpret_call(wrap_const(fallback), obj, name)
+            if result is INTERPRETER_SIGNALS.EXCEPTION_RAISED and isinstance(ctx.curexc, AttributeError) and default:
+                ctx.curexc = None
+                return default[0]
+        return result
+
+    return lookaside
+
+
+def _object_getattribute_lookaside(obj, name):
+    """``object.__getattribute__(obj, name)`` (what ``super().__getattribute__(name)`` in a class's own
+    ``__getattribute__`` reaches) as thunder reads attributes: its emulation of ``object.__getattribute__``
+    (``core/interpreter.py`` ``_object_getattribute_lookaside``), the value wrapped as an attribute of ``obj`` (so the
+    prologue can fetch and check values read from inputs). thunder calls the C slot opaquely, and its result could not
+    be traced back to the inputs."""
+    from thunder.core.interpreter import (
+        INTERPRETER_SIGNALS,
+        WrappedValue,
+        _object_getattribute_lookaside as thunder_object_getattribute,
+        get_interpretercompilectx,
+        wrap_attribute,
+        wrap_const,
+    )
+
+    name = name if isinstance(name, WrappedValue) else wrap_const(name)
+    if not isinstance(obj, WrappedValue):
+        obj = wrap_const(obj)
+    known = obj.attribute_wrappers.get(name.value) if get_interpretercompilectx()._with_provenance_tracking else None
+    if known is not None:
+        return known
+    result = thunder_object_getattribute(obj, name)
+    if result is INTERPRETER_SIGNALS.EXCEPTION_RAISED or not get_interpretercompilectx()._with_provenance_tracking:
+        return result
+    return wrap_attribute(result, obj, name)
+
+
+def interpreter_fix_lookaside(fn, wrapped_args: tuple = ()):
+    """The lookaside of an interpreter fix for ``fn`` called with ``wrapped_args``, or None."""
+    if fn is getattr and len(wrapped_args) in (2, 3):
+        from thunder.core.interpreter import unwrap
+
+        name = unwrap(wrapped_args[1])
+        if not isinstance(name, str) or (name.startswith("__") and name.endswith("__")):
+            # dunders: thunder reads them with the real getattr (which calls the class's __getattribute__); its own
+            # emulation of object.__getattribute__ reads obj.__dict__ that way too
+            return None
+        getattribute = _class_getattribute(unwrap(wrapped_args[0]))
+        if getattribute is not None:
+            return _getattr_through_getattribute(getattribute)
+        return None
+    if fn is object.__getattribute__:
+        return _object_getattribute_lookaside
     if fn is type.__call__:
         return _type_call_lookaside
     if fn is object.__setattr__:
@@ -206,6 +319,101 @@ def interpreter_fix_lookaside(fn):
     if is_hashable(fn):
         return _fixed_torch_functions().get(fn)
     return None
+
+
+# torch's Python argument parser takes Python types where it takes a dtype (torch/csrc/utils/python_arg_parser.cpp)
+_PYTHON_TYPE_DTYPES = {int: torch.int64, float: torch.float64, bool: torch.bool, complex: torch.complex128}
+_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+
+def _as_dtype(v):
+    return _PYTHON_TYPE_DTYPES.get(v, v) if type(v) is type else v
+
+
+_meta_parameters: dict = {}  # a symbol's meta -> (its keyword names, whether it takes **kwargs, its signature)
+
+
+def _meta_keywords(sym) -> tuple[frozenset, bool, Any]:
+    meta = sym.meta
+    found = _meta_parameters.get(meta)
+    if found is None:
+        try:
+            sig = inspect.signature(meta)
+        except (TypeError, ValueError):
+            found = (frozenset(), True, None)
+        else:
+            params = sig.parameters.values()
+            found = (frozenset(p.name for p in params if p.kind is not inspect.Parameter.POSITIONAL_ONLY),
+                     any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params), sig)
+        _meta_parameters[meta] = found
+    return found
+
+
+@functools.cache
+def _torch_signatures() -> dict:
+    # torch's own parameter names of every overridable torch function (its C functions have no inspectable
+    # signature): the test lambdas of torch.overrides, e.g. F.linear -> lambda input, weight, bias=None: -1
+    return torch.overrides.get_testing_overrides()
+
+
+def _torch_keywords_as_positions(sym, args: tuple, kwargs: dict, meta_sig) -> tuple[tuple, dict]:
+    for fn in torch_callables_of_symbol(sym):
+        signature_of = _torch_signatures().get(fn)
+        if signature_of is None:
+            continue
+        try:
+            tsig = inspect.signature(signature_of)
+            # (the lambdas leave some keyword-only parameters out, torch.add's alpha: those stay keywords)
+            bound = tsig.bind(*args, **{k: v for k, v in kwargs.items() if k in tsig.parameters})
+        except (TypeError, ValueError):
+            continue
+        rest = {k: v for k, v in kwargs.items() if k not in tsig.parameters}
+        params = list(tsig.parameters.values())
+        positional = [p for p in params if p.kind in _POSITIONAL]
+        given = [i for i, p in enumerate(positional) if p.name in bound.arguments]
+        new_args = [bound.arguments.get(p.name, p.default) for p in positional[: given[-1] + 1]] if given else []
+        new_kwargs = dict(rest)
+        for p in params:
+            if p.name not in bound.arguments:
+                continue
+            if p.kind is inspect.Parameter.VAR_POSITIONAL:
+                new_args.extend(bound.arguments[p.name])
+            elif p.kind is inspect.Parameter.KEYWORD_ONLY:
+                new_kwargs[p.name] = bound.arguments[p.name]
+            elif p.kind is inspect.Parameter.VAR_KEYWORD:
+                new_kwargs.update(bound.arguments[p.name])
+        try:
+            meta_sig.bind(*new_args, **new_kwargs)
+        except TypeError:
+            continue
+        return tuple(new_args), new_kwargs
+    return args, kwargs
+
+
+def torch_arguments(sym, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """The arguments of a call of torch-level symbol ``sym`` (from a torch function, method or operator in traced
+    code) as thunder's symbol takes them, where torch takes more than thunder 0.2.6 does:
+
+    * a Python type where a dtype goes (``torch.tensor([-1], dtype=int)``, ``x.to(float)``, ``torch.zeros(n,
+      dtype=bool)``: int64, float64, bool, complex128 as torch's argument parser maps them; thunder: "ValueError:
+      <class 'int'> had an unexpected type <class 'type'>"; transformers' ``StaticSlidingWindowLayer.update``);
+    * torch's keyword names for arguments thunder names otherwise (``F.linear(input=x, weight=w, bias=b)``: thunder's
+      ``ltorch.linear(a, w, bias)`` raised "unexpected keyword argument 'weight'"): bound to torch's signature (the
+      ``torch.overrides`` test lambdas name every overridable function's parameters) and passed by position.
+
+    Anything else is returned unchanged."""
+    if kwargs:
+        names, var_keyword, meta_sig = _meta_keywords(sym)
+        if not var_keyword and not names.issuperset(kwargs):
+            args, kwargs = _torch_keywords_as_positions(sym, args, kwargs, meta_sig)
+        for v in kwargs.values():
+            if type(v) is type:
+                kwargs = {k: _as_dtype(v) for k, v in kwargs.items()}
+                break
+    for a in args:
+        if type(a) is type:
+            return tuple(_as_dtype(a) for a in args), kwargs
+    return args, kwargs
 
 
 def _clamp_bound(b, length):

@@ -9,7 +9,8 @@ numbers it is computed from get a value check in the prologue); sizes that only 
 ``jit_ext.unpack_inputs`` (parameters tagged ``STATIC_MEMORY_LOCATION``), ``StringProxy``'s comparison methods
 (inherited from ``Proxy``, which raises), and, through the ``general_jit_lookaside`` hook of :mod:`.tracing`,
 thunder's bool lookaside (a number input used only in a branch is guarded; thunder reuses a stale trace),
-list/tuple ``__getitem__`` with a number index, ``isinstance`` of a number proxy.
+list/tuple ``__getitem__`` with a number index, ``isinstance`` of a number proxy, ``len()`` whose ``__len__`` returns a
+number proxy (pinned: transformers 5.x ``_PerLayerConfigView``).
 """
 
 from __future__ import annotations
@@ -162,6 +163,36 @@ def _sequence_getitem_lookaside(original):
     return lookaside
 
 
+def _len_impl(obj):
+    # what thunder's _len_lookaside interprets (core/interpreter.py), run by the interpreter
+    if not hasattr(obj, "__len__"):
+        raise TypeError(f"object of type '{type(obj).__name__}' has no len()")
+    result = obj.__len__()
+    if not isinstance(result, int):
+        raise TypeError(f"'{type(result).__name__}' object cannot be interpreted as an integer")
+    if result < 0:
+        raise ValueError("__len__() should return >= 0")
+    return result
+
+
+def _len_lookaside(obj):
+    """``len(obj)`` whose ``__len__`` returns an int read from an input, an IntegerProxy under symbolic values
+    (transformers 5.x ``_PerLayerConfigView.__len__`` returns ``config.num_hidden_layers``): thunder's lookaside
+    asserts an ``int`` ("AssertionError" in ``_len_lookaside``). ``len()`` is an int in CPython: the number is pinned
+    (a prologue check) and its value returned."""
+    from thunder.core.interpreter import INTERPRETER_SIGNALS, _interpret_call, unwrap, wrap_const
+    from thunder.core.proxies import IntegerProxy
+
+    result = _interpret_call(_len_impl, obj)
+    if result is INTERPRETER_SIGNALS.EXCEPTION_RAISED:
+        return result
+    value = unwrap(result)
+    if isinstance(value, IntegerProxy):
+        pin_input_numbers(value)
+        return wrap_const(int(value.value))
+    return result
+
+
 def _number_isinstance(obj, cls):
     # isinstance on a NumberProxy tests its Python value (its type is part of the number's identity in thunder's
     # caching); thunder answers False for isinstance(<IntegerProxy>, int), so transformers'
@@ -283,7 +314,7 @@ def _bool_lookaside(original):
 
 def symbolic_values_lookaside(fn, wrapped_args):
     """The lookaside of a symbolic-values fix for ``fn``, or None."""
-    if not (fn is bool or fn is list.__getitem__ or fn is tuple.__getitem__ or fn is isinstance):
+    if not (fn is bool or fn is list.__getitem__ or fn is tuple.__getitem__ or fn is isinstance or fn is len):
         return None
     if not _symbolic_values_active():
         return None
@@ -293,6 +324,8 @@ def symbolic_values_lookaside(fn, wrapped_args):
 
     if fn is bool:
         return _bool_lookaside(jit_ext._general_jit_lookaside_map[bool])
+    if fn is len:
+        return _len_lookaside
     if fn is list.__getitem__ or fn is tuple.__getitem__:
         return _sequence_getitem_lookaside(interpreter._default_provenance_tracking_lookaside_map[fn])
     if fn is isinstance and len(wrapped_args) == 2 and isinstance(interpreter.unwrap(wrapped_args[0]), NumberProxy):

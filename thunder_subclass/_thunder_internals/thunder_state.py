@@ -13,7 +13,8 @@
   arguments of ``super()``, whether the interpreter is running;
 * the jit context (``jit_ext.get_jit_ctx``): a per-trace dict for the plugin (:func:`jit_state`), calls appended to
   the epilogue (:func:`call_in_epilogue`, run by :mod:`.interpreter_fixes`' ``process_recorded_modifications``
-  hook), names and registration of input proxies, provenance records the prologue can unpack.
+  hook), names and registration of input proxies, provenance records the prologue can unpack (the jitted module
+  itself through thunder's ``ThunderModule``: :func:`hooked_module_provenance`).
 
 Owner of state: what is kept lives on thunder's own objects (the jit context, the trace being built) and is freed with
 them.
@@ -83,13 +84,14 @@ def new_trace(name: str, args: list, *, names) -> Any:
     return trace
 
 
-def source_location() -> tuple[str | None, int | None]:
+def source_location(skip_files: tuple[str, ...] = ()) -> tuple[str | None, int | None]:
     """The user's source file and line of the call being traced (thunder records it on the trace while it records
-    symbols; otherwise the line the interpreter is at in the innermost frame of user code)."""
+    symbols; otherwise, or when ``skip_files`` are given, the line the interpreter is at in the innermost frame of
+    user code whose file is not one of ``skip_files``)."""
     from thunder.core.trace import get_tracectx
 
     trace = get_tracectx()
-    if trace is not None and trace._current_source_filename is not None:
+    if trace is not None and trace._current_source_filename is not None and not skip_files:
         positions = trace._current_source_positions
         return trace._current_source_filename, getattr(positions, "lineno", None)
     if not is_interpreting():
@@ -101,7 +103,7 @@ def source_location() -> tuple[str | None, int | None]:
 
     thunder_dir = os.path.dirname(thunder.__file__)
     for frame in reversed(get_interpreterruntimectx().frame_stack):
-        if not frame.code.co_filename.startswith(thunder_dir):
+        if not frame.code.co_filename.startswith(thunder_dir) and frame.code.co_filename not in skip_files:
             return frame.code.co_filename, getattr(frame.positions, "lineno", None)
     return None, None
 
@@ -287,6 +289,23 @@ def is_unpackable_provenance(record) -> bool:
     return all(is_unpackable_provenance(i) for i in record.inputs)
 
 
+def hooked_module_provenance(module, provenance):
+    """The provenance under which the prologue reaches ``module`` itself, for checks of its hooks. thunder's prologue
+    unpacks the jitted module (``INPUT_FN``) as its ``ThunderModule`` (``core/module.py`` ``get_thunder_module``),
+    an ``nn.Module`` with hook dictionaries of its own (empty: the user's hooks are on the module it wraps); the
+    user's module is that wrapper's ``_model``. Other provenances are returned unchanged."""
+    import torch
+    from thunder.core.interpreter import ProvenanceRecord, PseudoInst, wrap_const
+    from thunder.core.module import ThunderModule, get_thunder_module
+
+    if getattr(provenance, "inst", None) is not PseudoInst.INPUT_FN or not isinstance(module, torch.nn.Module):
+        return provenance
+    wrapper = get_thunder_module(module)
+    if not isinstance(wrapper, ThunderModule) or wrapper._model is not module:
+        return provenance
+    return ProvenanceRecord(PseudoInst.LOAD_ATTR, inputs=[provenance, wrap_const("_model").provenance])
+
+
 def attribute_provenance(history) -> Callable[[str], Any]:
     """``attr -> provenance of getattr(<value with provenance history>, attr)``, for inner tensors of an input
     (the prologue unpacks them as attributes of the input)."""
@@ -344,6 +363,12 @@ def _torch_callables_by_symbol_id() -> dict:
     for torch_fn, sym in torch_to_thunder_symbols().items():
         table.setdefault(sym.id, []).append(torch_fn)
     return {k: tuple(v) for k, v in table.items()}
+
+
+def torch_callables_of_symbol(sym) -> tuple[Callable, ...]:
+    """The torch callables thunder traces as symbol ``sym`` (``torch.nn.functional.linear`` for ``ltorch.linear``;
+    ``torch.mul``, ``Tensor.mul``, ... for ``ltorch.mul``), from thunder's torch -> symbol table."""
+    return _torch_callables_by_symbol_id().get(sym.id, ())
 
 
 def tensor_producer(p) -> tuple[tuple[Callable, ...], Any] | None:

@@ -10,8 +10,9 @@
 * the user's ``TorchDispatchMode`` stack (:func:`active_dispatch_modes`);
 * torch's C++ tensor guard ``torch._C._dynamo.guards.TensorGuards`` (:func:`tensor_metadata_guard`: the fused
   prologue's fast check of tensor metadata, with the Python checks behind it);
-* ``nn.Module``'s hook dictionaries (:func:`module_forward_hooks`, :func:`has_no_global_module_hooks`,
-  :func:`module_has_no_own_hooks_expression`) and ``Module._call_impl``;
+* ``nn.Module``'s hook dictionaries, the global ones included (:func:`module_forward_hooks`,
+  :func:`module_has_backward_hooks`, :func:`has_no_global_module_hooks`, :func:`module_has_no_own_hooks_expression`)
+  and ``Module._call_impl``;
 * fake-tensor execution's data-dependence exceptions (``torch._subclasses.fake_tensor``:
   :func:`data_dependent_exception_types`), which ``graph_breaks`` reads as graph breaks.
 """
@@ -201,16 +202,36 @@ def tensor_metadata_guard(tensors: Sequence, strides: Sequence) -> Callable | No
 
 
 def module_forward_hooks(module) -> tuple | None:
-    """``(pre, post)``: the forward pre-hooks and forward hooks of ``module`` as ``(hook, takes_kwargs)`` pairs, in
-    the order ``Module._call_impl`` calls them (``torch/nn/modules/module.py``); None when its call involves more than
-    those (backward hooks, global module hooks, ``torch.jit`` tracing)."""
-    if module._backward_hooks or module._backward_pre_hooks or not has_no_global_module_hooks():
+    """``(pre, post)``: the forward pre-hooks and forward hooks that calling ``module`` runs, as ``(hook, takes_kwargs)``
+    pairs in the order ``Module._call_impl`` calls them (``torch/nn/modules/module.py``: the global ones registered
+    with ``register_module_forward_pre_hook`` / ``register_module_forward_hook`` first, then the module's own); None
+    when its call involves more than those (backward hooks of the module or global ones, ``torch.jit`` tracing)."""
+    from torch.nn.modules import module as m
+
+    if module_has_backward_hooks(module) or torch._C._get_tracing_state():
         return None
     pre, post = module._forward_pre_hooks, module._forward_hooks
+    global_pre, global_post = m._global_forward_pre_hooks, m._global_forward_hooks
+    if global_pre:
+        pre = {**global_pre, **pre} if pre else global_pre
+    if global_post:
+        post = {**global_post, **post} if post else global_post
+    pre_kwargs = module._forward_pre_hooks_with_kwargs
+    post_kwargs = module._forward_hooks_with_kwargs
+    global_post_kwargs = getattr(m, "_global_forward_hooks_with_kwargs", {})
     return (
-        tuple((h, k in module._forward_pre_hooks_with_kwargs) for k, h in pre.items()) if pre else (),
-        tuple((h, k in module._forward_hooks_with_kwargs) for k, h in post.items()) if post else (),
+        tuple((h, k in pre_kwargs) for k, h in pre.items()) if pre else (),
+        tuple((h, k in post_kwargs or k in global_post_kwargs) for k, h in post.items()) if post else (),
     )
+
+
+def module_has_backward_hooks(module) -> bool:
+    """Whether calling ``module`` sets up backward hooks: its own (``register_full_backward_hook``,
+    ``register_full_backward_pre_hook``, ``register_backward_hook``) or global ones."""
+    from torch.nn.modules import module as m
+
+    return bool(module._backward_hooks or module._backward_pre_hooks or m._global_backward_hooks
+                or m._global_backward_pre_hooks)
 
 
 def module_call_impl() -> Callable:
