@@ -167,10 +167,15 @@ def test_ragged_size_used_as_a_number_is_a_typed_error():
 
 def test_unbind_is_a_typed_error():
     # its results' sizes are the lengths, tensor values a trace does not know (torch.compile makes them unbacked
-    # symbolic sizes)
+    # symbolic sizes); with fullgraph=True that is its error, by default a graph break that runs eagerly
     with pytest.raises(UnsupportedSubclassOperationError,
                        match=r"torch.Tensor.unbind on NestedTensor at .*test_njt.py:\d+ makes a data-dependent"):
-        thunder_subclass.jit(lambda t: t.unbind())(njt())
+        thunder_subclass.jit(lambda t: t.unbind(), fullgraph=True)(njt())
+    x = njt()
+    with pytest.warns(thunder_subclass.GraphBreakWarning, match=r"torch\.Tensor\.unbind on NestedTensor"):
+        parts = thunder_subclass.jit(lambda t: t.unbind())(x)
+    for got, expected in zip(parts, x.unbind(), strict=True):
+        torch.testing.assert_close(got, expected)
 
 
 def test_returning_the_ragged_size_is_a_typed_error():

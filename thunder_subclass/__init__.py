@@ -28,7 +28,8 @@ from thunder_subclass.errors import (  # noqa: E402
     UnsupportedSubclassOperationError,
     CacheLimitWarning,
 )
-from thunder_subclass.plugin import PLUGIN_NAME, TensorSubclassPlugin, jit  # noqa: E402
+from thunder_subclass.plugin import PLUGIN_NAME, TensorSubclassPlugin, explain, jit  # noqa: E402
+from thunder_subclass.graph_breaks import GraphBreak, GraphBreakReport, GraphBreakWarning  # noqa: E402
 from thunder_subclass.cache import config, explain_recompiles, last_miss_reasons  # noqa: E402
 from thunder_subclass.proxy import SubclassTensorProxy  # noqa: E402
 from thunder_subclass.rules import RuleHandle, make_subclass, register_grad_rule, register_implementation  # noqa: E402
@@ -49,6 +50,10 @@ __version__ = "0.1.0"
 
 __all__ = [
     "jit",
+    "explain",
+    "GraphBreak",
+    "GraphBreakReport",
+    "GraphBreakWarning",
     "config",
     "explain_recompiles",
     "last_miss_reasons",

@@ -13,13 +13,13 @@ from collections.abc import Callable, Sequence
 from thunder.core.recipe import Plugin, PluginPolicy
 from thunder.core.transform_common import Transform
 
-from thunder_subclass import cache, fsdp, hooks
+from thunder_subclass import cache, fsdp, graph_breaks, hooks
 from thunder_subclass.executor import subclass_executor
 from thunder_subclass.prologue import FusedPrologueChecks
 from thunder_subclass.tangents import SavedTensorNames
 from thunder_subclass.torch_function import TypedTensorEdges
 
-__all__ = ["jit", "TensorSubclassPlugin", "PLUGIN_NAME"]
+__all__ = ["jit", "explain", "TensorSubclassPlugin", "PLUGIN_NAME"]
 
 PLUGIN_NAME = "tensor-subclass"
 
@@ -47,12 +47,20 @@ class TensorSubclassPlugin(Plugin):
         return [TypedTensorEdges(), SavedTensorNames(), RecompilingCopies()]
 
 
-def jit(fn: Callable, /, *, cache_size_limit: int | None | object = _DEFAULT, **kwargs) -> Callable:
+def jit(fn: Callable, /, *, fullgraph: bool = False, cache_size_limit: int | None | object = _DEFAULT,
+        **kwargs) -> Callable:
     """``thunder.jit(fn, **kwargs)`` that can compile functions and modules holding tensor wrapper subclasses.
 
     A module holding FSDP2 units (``fully_shard``) is compiled between FSDP2's hooks: the result is a
     :class:`thunder_subclass.fsdp.FSDPCompiledModule` (see ``thunder_subclass.fsdp``); tensor-parallel modules and
     DTensor code are traced through like any other subclass code.
+
+    A program thunder cannot trace as one graph (data-dependent control flow or shapes: ``if tensor:``, ``.item()``
+    branching, ``nonzero``, boolean masks; operations thunder has no symbol for) runs anyway, equal to eager: its
+    own code eagerly, each submodule that traces compiled as a region (graph breaks, see
+    ``thunder_subclass.graph_breaks``), with a one-time :class:`~thunder_subclass.graph_breaks.GraphBreakWarning`
+    naming each break; ``compiled.graph_breaks`` and :func:`explain` list breaks and regions. ``fullgraph=True``
+    raises the first break's error instead.
 
     Takes the same keyword arguments as ``thunder.jit``; ``executors`` (default: thunder's default executors) gets
     the plugin's executor put first, and ``transforms`` gets :class:`thunder_subclass.tangents.SavedTensorNames`
@@ -87,6 +95,10 @@ def jit(fn: Callable, /, *, cache_size_limit: int | None | object = _DEFAULT, **
     import thunder
     from thunder.extend import resolve_executors
 
+    if not fullgraph and not fsdp.holds_fsdp_units(fn):  # the regions get the same options (dynamic included)
+        options = dict(kwargs, cache_size_limit=cache_size_limit)
+        return graph_breaks.with_graph_breaks(jit(fn, fullgraph=True, **options), fn,
+                                              lambda region_fn: jit(region_fn, fullgraph=True, **options))
     dynamic = kwargs.pop("dynamic", None)
     if dynamic not in (None, True, False):
         raise TypeError(f"thunder_subclass.jit: dynamic must be None, True or False, got {dynamic!r}")
@@ -98,7 +110,7 @@ def jit(fn: Callable, /, *, cache_size_limit: int | None | object = _DEFAULT, **
     automatic_dynamic = dynamic is None and "cache" not in kwargs
     if fsdp.holds_fsdp_units(fn):
         return fsdp.compile_between_fsdp_hooks(
-            fn, lambda region_fn: jit(region_fn, cache_size_limit=cache_size_limit, **kwargs))
+            fn, lambda region_fn: jit(region_fn, fullgraph=True, cache_size_limit=cache_size_limit, **kwargs))
     limit = cache.config.cache_size_limit if cache_size_limit is _DEFAULT else cache_size_limit
     policy = cache.CachePolicy(limit, fn, getattr(fn, "__qualname__", None) or type(fn).__qualname__)
     hooks.install()
@@ -172,3 +184,26 @@ def _deepcopy_compiled_module(self, memo: dict):
         new = hooks.with_fast_cache_hits(new, policy, automatic_dynamic=automatic_dynamic)
     memo[id(self)] = new
     return new
+
+
+def explain(fn: Callable, /, *args, **kwargs) -> graph_breaks.GraphBreakReport:
+    """Compile ``fn`` with :func:`jit` (or take a :func:`jit` result), call it once with ``args`` / ``kwargs``
+    without the graph-break warning, and return its :class:`~thunder_subclass.graph_breaks.GraphBreakReport`: the
+    breaks (the user's file:line, the reason, what ran eagerly) and the compiled regions (qualified name -> jitted
+    function, for ``thunder.last_traces``).
+
+    Example::
+
+        >>> import torch, thunder_subclass
+        >>> def f(x):
+        ...     if x.sum() > 0:
+        ...         return x * 2
+        ...     return x
+        >>> report = thunder_subclass.explain(f, torch.ones(3))
+        >>> len(report.breaks), len(report.regions)
+        (1, 0)
+    """
+    compiled = fn if hasattr(fn, "_thunder_subclass_graph_breaks") else jit(fn)
+    with graph_breaks.suppressed_warnings(compiled):
+        compiled(*args, **kwargs)
+    return compiled.graph_breaks

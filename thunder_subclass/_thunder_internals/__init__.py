@@ -12,7 +12,8 @@ module                     concern
 :mod:`.thunder_state`      accessors for thunder's private state: compile data, symbol table, traces and their
                            producers, the interpreter (source lines, interpreted calls), the jit context
 :mod:`.torch_state`        accessors for torch's private state: opaque objects, nested ints, the fake mode class,
-                           dispatch modes, the C++ tensor guard, module hook dictionaries
+                           dispatch modes, the C++ tensor guard, module hook dictionaries, fake-tensor
+                           data-dependence exceptions
 :mod:`.plugin_state`       what every hook shares: the installed :class:`Handlers`, :func:`is_plugin_active`
 :mod:`.tracing`            tracing hooks: proxify, ``Symbol.__call__``, the lookaside, in-place aliases, the
                            interpreter's frames and bytecode decoding
@@ -99,6 +100,7 @@ from thunder_subclass._thunder_internals.thunder_state import (  # noqa: F401
 )
 from thunder_subclass._thunder_internals.torch_state import (  # noqa: F401
     active_dispatch_modes,
+    data_dependent_exception_types,
     fake_tensor_mode_class,
     has_no_global_module_hooks,
     is_nested_int,

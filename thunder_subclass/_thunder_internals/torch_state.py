@@ -12,7 +12,9 @@
   prologue's fast check of tensor metadata, with the Python checks behind it);
 * ``nn.Module``'s hook dictionaries, the global ones included (:func:`module_forward_hooks`,
   :func:`module_has_backward_hooks`, :func:`has_no_global_module_hooks`, :func:`module_has_no_own_hooks_expression`)
-  and ``Module._call_impl``.
+  and ``Module._call_impl``;
+* fake-tensor execution's data-dependence exceptions (``torch._subclasses.fake_tensor``:
+  :func:`data_dependent_exception_types`), which ``graph_breaks`` reads as graph breaks.
 """
 
 from __future__ import annotations
@@ -235,3 +237,16 @@ def module_has_backward_hooks(module) -> bool:
 def module_call_impl() -> Callable:
     """``torch.nn.Module._call_impl``: what thunder's interpreter meets for every module call."""
     return torch.nn.Module._call_impl
+
+
+def data_dependent_exception_types() -> tuple[type, ...]:
+    """The exceptions fake-tensor execution raises where an operation's output depends on tensor values
+    (``DynamicOutputShapeException``: ``nonzero``, boolean masks, ``unique``; ``DataDependentOutputException``:
+    ``.item()``, ``_local_scalar_dense``), from ``torch._subclasses.fake_tensor``."""
+    from torch._subclasses import fake_tensor
+
+    return tuple(
+        t for t in (getattr(fake_tensor, "DynamicOutputShapeException", None),
+                    getattr(fake_tensor, "DataDependentOutputException", None))
+        if isinstance(t, type)
+    )

@@ -1,0 +1,391 @@
+"""Stage 1 for programs thunder cannot trace whole: graph breaks at module boundaries.
+
+In: a function or module given to ``thunder_subclass.jit`` (without ``fullgraph=True``) and the arguments of a call.
+Out: the call's result, equal to eager: from the whole program compiled as one trace when it traces, else from the
+program's own Python run eagerly with each submodule compiled as a *region*, recursively.
+
+thunder's interpreter traces a whole function or none of it. When tracing a call fails with an error of a
+*graph-break kind* (:func:`graph_break_reason`: a value that depends on tensor data decides Python control flow or an
+output's shape — ``if tensor:``, ``.item()`` / ``.tolist()`` feeding a branch, ``nonzero``, boolean masks,
+``unique`` — or an operation thunder has no symbol for), the callable's own code runs eagerly instead:
+
+* a module (or a module's bound method, as in ``model.forward = thunder_subclass.jit(model.forward)``) runs its own
+  ``forward`` eagerly with the ``forward`` of each child replaced, for the duration of the call, by a compiled
+  function (the child itself when it defines ``forward``, else — ``ModuleList``, ``ModuleDict`` — its children);
+  ``Module.__call__`` and the child's hooks stay eager around the compiled ``forward``, as in ``fsdp``. A child that
+  fails in turn runs its own code eagerly the same way, so every submodule that traces is one compiled region;
+* a plain function runs eagerly: one break, no region.
+
+Children of one class share one jitted function (the module is its first argument), so N identical blocks trace
+once; ``thunder.last_traces(report.regions["model.layers.0"])`` shows a region's traces. Everything crossing a break
+is a real value: subclass outputs of a region are subclass tensors in the eager code and are flattened again by the
+next region's prologue; gradients flow through each region's autograd function and the eager code between them.
+
+The decision is made once per callable (a module instance, or the function) and input signature (tensor types,
+ranks, dtypes, devices, ``requires_grad``; Python scalars by value; the grad mode) and cached: a later call with the
+same signature runs the eager path without tracing again (sizes are left out: a generate loop's growing cache would
+otherwise retry the whole model every step), a call with another signature tries a whole trace again. Running the
+eager path is never wrong (it is the program itself), so the cache needs no finer guard.
+
+Only the known graph-break kinds fall back; any other error (a subclass's dispatch error, a missing grad rule) is
+raised as before. ``fullgraph=True`` turns the fallback off: the first break raises its error, as today.
+
+A warning (:class:`GraphBreakWarning`, once per break location and compiled object) names each break: the user's
+file:line where tracing stopped, the reason, the callables that ran eagerly, and the number of compiled regions.
+``compiled.graph_breaks`` (a :class:`GraphBreakReport` of the latest call) and ``thunder_subclass.explain`` list them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import os
+import sys
+import traceback
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from thunder_subclass._thunder_internals import data_dependent_exception_types
+
+__all__ = [
+    "GraphBreak",
+    "GraphBreakReport",
+    "GraphBreakWarning",
+    "graph_break_reason",
+    "with_graph_breaks",
+    "suppressed_warnings",
+]
+
+
+class GraphBreakWarning(UserWarning):
+    """A compiled program ran as several compiled regions with eager code between them (see ``graph_breaks``)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class GraphBreak:
+    """One callable that ran its own code eagerly: ``name`` (``""`` for the compiled object itself, else the
+    submodule's qualified name), ``location`` (the user's file:line where tracing stopped) and ``reason``."""
+
+    name: str
+    location: str
+    reason: str
+
+
+@dataclasses.dataclass
+class GraphBreakReport:
+    """Breaks and regions of the latest call of a compiled object (``compiled.graph_breaks``).
+
+    ``breaks``: the callables that ran eagerly, outermost first. ``regions``: qualified name -> jitted function of
+    each submodule that ran compiled (regions of one class share one function; ``thunder.last_traces`` of it
+    gives its traces). When the program traced whole, ``breaks`` is empty and ``regions`` is ``{"": compiled}``.
+    """
+
+    breaks: list[GraphBreak] = dataclasses.field(default_factory=list)
+    regions: dict[str, Callable] = dataclasses.field(default_factory=dict)
+
+    @property
+    def locations(self) -> dict[str, list[GraphBreak]]:
+        """The breaks grouped by where tracing stopped (one entry per break in the program's source)."""
+        grouped: dict[str, list[GraphBreak]] = {}
+        for b in self.breaks:
+            grouped.setdefault(b.location, []).append(b)
+        return grouped
+
+    def __str__(self) -> str:
+        lines = [f"{len(self.locations)} graph break(s), {len(self.regions)} compiled region(s)"]
+        for location, breaks in self.locations.items():
+            names = ", ".join(repr(b.name) if b.name else "<top>" for b in breaks)
+            lines.append(f"  break at {location}: {breaks[0].reason} (ran eagerly: {names})")
+        for name in self.regions:
+            lines.append(f"  region {name or '<top>'}")
+        return "\n".join(lines)
+
+
+_MESSAGE_KINDS = (
+    # thunder's proxies in a Python branch: TensorProxy.__bool__ and friends ("... (data dependency)")
+    (NotImplementedError, "data dependency"),
+    # thunder's boolean-mask indexing ("... (the result would be of unknown shape)")
+    (NotImplementedError, "unknown shape"),
+    # thunder has no symbol for the torch function (code it cannot run; Dynamo would run it in its graph or break)
+    (NotImplementedError, "but it is not yet supported"),
+    # .tolist() on a fake tensor: the Python list depends on tensor data
+    (RuntimeError, ".tolist() is not supported"),
+    # thunder 0.2.6 leaves a symbol scope open when an operation raises inside a primitive (a data-dependent op under
+    # ``with torch.no_grad():``, e.g. nonzero in an MoE router); the ``with`` block's exit then raises this and the
+    # original error is lost. Eager runs the code again, so a genuine error there still reaches the user.
+    (AssertionError, "was called while processing a primitive"),
+)
+
+
+def _chain(exc: BaseException):
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+def graph_break_reason(exc: BaseException) -> str | None:
+    """``"<type>: <message>"`` when ``exc`` (or an exception it was raised from) is of a graph-break kind — fake
+    execution's data-dependence exceptions, thunder's data-dependence errors, an operation thunder cannot trace —
+    else None (the error is the user's or the plugin's and is raised)."""
+    dependent = data_dependent_exception_types()
+    for e in _chain(exc):
+        message = str(e)
+        if isinstance(e, dependent) or any(isinstance(e, t) and s in message for t, s in _MESSAGE_KINDS):
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            return f"{type(exc).__name__}: {first if len(first) <= 200 else first[:200] + '...'}"
+    return None
+
+
+_OWN_DIRS = tuple(
+    os.path.dirname(m.__file__) + os.sep
+    for m in (__import__("thunder"), torch, __import__("thunder_subclass"))
+)
+
+
+def _user_location(exc: BaseException) -> str:
+    """file:line of the innermost traceback frame outside thunder, torch and thunder_subclass (thunder's interpreter
+    puts the interpreted user frames into the traceback), else "an unknown source line"."""
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        if not frame.filename.startswith(_OWN_DIRS) and not frame.filename.startswith("<"):
+            return f"{frame.filename}:{frame.lineno}"
+    return "an unknown source line"
+
+
+def _caller_stacklevel() -> int:
+    """``warnings.warn``'s stacklevel of the first frame outside thunder, torch, thunder_subclass and contextlib: the
+    user's call."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and (frame.f_code.co_filename.startswith(_OWN_DIRS)
+                                 or frame.f_code.co_filename == contextlib.__file__):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def _signature(v: Any) -> Any:
+    if isinstance(v, torch.Tensor):  # no sizes: whether code is data-dependent does not depend on them
+        return (type(v), v.dim(), v.dtype, v.device, v.requires_grad)
+    if isinstance(v, torch.nn.Module):
+        return ("module", id(v))
+    if isinstance(v, (tuple, list)):
+        return (type(v), tuple(_signature(x) for x in v))
+    if isinstance(v, dict):
+        return (type(v), tuple((k, _signature(x)) for k, x in v.items()))
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return (type(v), v)
+    return type(v)
+
+
+def _call_signature(args: tuple, kwargs: dict) -> Any:
+    return (torch.is_grad_enabled(), _signature(args), _signature(kwargs))
+
+
+def _defines_forward(m: torch.nn.Module) -> bool:
+    return type(m).forward is not torch.nn.Module.forward  # ModuleList / ModuleDict have none
+
+
+def _child_regions(module: torch.nn.Module, prefix: str):
+    """(qualified name, submodule) of the children whose ``forward`` is replaced while ``module`` runs eagerly."""
+    for name, child in module.named_children():
+        qualified = f"{prefix}.{name}" if prefix else name
+        if _defines_forward(child):
+            yield qualified, child
+        else:
+            yield from _child_regions(child, qualified)
+
+
+class _Program:
+    """The graph-break state of one compiled object: the jitted functions of its submodules' classes (created on the
+    first break that needs them), the cached fallback decisions, the report of the latest call and the break
+    locations already warned about. Owned by the compiled object (freed with it)."""
+
+    def __init__(self, jit: Callable[[Callable], Callable], label: str):
+        self.jit = jit  # thunder_subclass.jit with the user's options and fullgraph=True
+        self.label = label
+        self.shared: dict[Any, Callable] = {}  # (class, forward) -> jitted forward (module as first argument)
+        self.broken: dict[Any, GraphBreak] = {}  # (id of the callable, signature) -> the break it took
+        self.broken_owners: set[int] = set()  # ids of the callables with an entry in ``broken``
+        self.report = GraphBreakReport()
+        self.warned: set[str] = set()
+        self.depth = 0
+        self.quiet = False
+
+    def run(self, key_owner: Any, name: str, compiled: Callable, eager: Callable, args: tuple, kwargs: dict,
+            region: Callable | None = None):
+        """``compiled(*args, **kwargs)`` unless this callable and signature broke before or breaks now; then
+        ``eager(*args, **kwargs)`` (the callable's own code with its children compiled). ``region``: the jitted
+        function to list in the report (default ``compiled``). The signature is computed only for callables that
+        broke before or break now (nothing added to a call of a program that traces whole)."""
+        taken = None
+        if id(key_owner) in self.broken_owners:
+            taken = self.broken.get((id(key_owner), _call_signature(args, kwargs)))
+        if taken is None:
+            try:
+                result = compiled(*args, **kwargs)
+            except Exception as e:
+                reason = graph_break_reason(e)
+                if reason is None:
+                    raise
+                taken = GraphBreak(name, _user_location(e), reason)
+                self.broken[(id(key_owner), _call_signature(args, kwargs))] = taken
+                self.broken_owners.add(id(key_owner))
+            else:
+                self.report.regions[name] = compiled if region is None else region
+                return result
+        self.report.breaks.append(taken)
+        with self._children_compiled(eager if isinstance(eager, _ModuleCode) else None, name):
+            return eager(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def _children_compiled(self, code: _ModuleCode | None, name: str):
+        installed = []
+        try:
+            for qualified, child in _child_regions(code.module, name) if code is not None else ():
+                previous = child.__dict__.get("forward")
+                child.__dict__["forward"] = self._compiled_child(child, qualified)
+                installed.append((child, previous))
+            yield
+        finally:
+            for child, previous in reversed(installed):
+                if previous is None:
+                    child.__dict__.pop("forward", None)
+                else:
+                    child.__dict__["forward"] = previous
+
+    def _compiled_child(self, child: torch.nn.Module, qualified: str) -> Callable:
+        own = child.__dict__.get("forward")  # a forward set on the instance (another wrapper): compiled alone
+        if own is not None:
+            key, forward, bound = ("instance", id(child)), own, True
+        else:
+            forward = type(child).forward
+            key, bound = (type(child), forward), False
+        jfn = self.shared.get(key)
+        if jfn is None:
+            jfn = self.shared[key] = self.jit(forward)
+        code = _ModuleCode(child, forward, bound)
+
+        def forward_with_breaks(*args, **kwargs):
+            if bound:
+                return self.run(child, qualified, jfn, code, args, kwargs)
+            return self.run(child, qualified, functools.partial(jfn, child), code, args, kwargs, jfn)
+
+        return forward_with_breaks
+
+    @contextlib.contextmanager
+    def quiet_calls(self):
+        quiet, self.quiet = self.quiet, True
+        try:
+            yield
+        finally:
+            self.quiet = quiet
+
+    def call(self, owner: Any, compiled: Callable, code: Callable, args: tuple, kwargs: dict):
+        """A call of the compiled object: a fresh report (the same object, ``compiled.graph_breaks``), the program
+        run, and the warning for new break locations."""
+        outer = self.depth == 0
+        if outer:
+            self.report.breaks.clear()
+            self.report.regions.clear()
+        self.depth += 1
+        try:
+            return self.run(owner, "", compiled, code, args, kwargs)
+        finally:
+            self.depth -= 1
+            if outer and self.report.breaks and not self.quiet:
+                self._warn_new_breaks()
+
+    def _warn_new_breaks(self) -> None:
+        new = {loc: bs for loc, bs in self.report.locations.items() if loc not in self.warned}
+        if not new:
+            return
+        self.warned.update(new)
+        lines = [
+            f"thunder_subclass.jit({self.label}) could not trace the program as one graph; it ran as "
+            f"{len(self.report.regions)} compiled region(s) with the code at {len(self.report.locations)} graph "
+            f"break(s) run eagerly:"
+        ]
+        for location, breaks in new.items():
+            names = ", ".join(repr(b.name) if b.name else "<top>" for b in breaks)
+            lines.append(f"  {location}: {breaks[0].reason} (ran eagerly: {names})")
+        lines.append("`compiled.graph_breaks` or thunder_subclass.explain(fn, *args) lists breaks and regions; "
+                     "pass fullgraph=True to raise at the first break instead.")
+        warnings.warn("\n".join(lines), GraphBreakWarning, stacklevel=_caller_stacklevel())
+
+
+class _ModuleCode:
+    """A module's own code, called eagerly: ``forward`` (bound, or unbound with the module first)."""
+
+    def __init__(self, module: torch.nn.Module, forward: Callable, bound: bool):
+        self.module, self.forward, self.bound = module, forward, bound
+
+    def __call__(self, *args, **kwargs):
+        return self.forward(*args, **kwargs) if self.bound else self.forward(self.module, *args, **kwargs)
+
+
+class _FunctionCode:
+    def __init__(self, fn: Callable):
+        self.fn = fn
+
+    def __call__(self, *args, **kwargs):
+        return self.fn(*args, **kwargs)
+
+
+def _label(fn: Any) -> str:
+    if isinstance(fn, torch.nn.Module):
+        return type(fn).__name__
+    return getattr(fn, "__qualname__", None) or type(fn).__name__
+
+
+def with_graph_breaks(jfn: Callable, fn: Callable, jit: Callable[[Callable], Callable]) -> Callable:
+    """``jfn`` (``thunder_subclass.jit(fn, fullgraph=True)``'s result: a function or a ``ThunderModule``) whose calls
+    fall back to graph breaks (module docstring). ``jit`` compiles a submodule's forward with the same options and
+    ``fullgraph=True``. Returns the object to hand to the user, carrying ``graph_breaks``."""
+    from thunder.core.module import ThunderModule
+    from thunder.core.trace import is_tracing
+
+    program = _Program(jit, _label(fn))
+    if isinstance(jfn, ThunderModule):
+        model = jfn._model
+        code: Callable = _ModuleCode(model, model.__call__, True)  # the root's hooks run eagerly with it
+        compiled_call, owner = jfn._forward_fn, model
+    else:
+        module = getattr(fn, "__self__", None)
+        if isinstance(module, torch.nn.Module):  # model.forward: its children can be regions
+            code = _ModuleCode(module, fn, True)
+        else:
+            code = _FunctionCode(fn)
+        compiled_call, owner = jfn, fn
+
+    @functools.wraps(compiled_call)
+    def call_with_breaks(*args, **kwargs):
+        if is_tracing():  # called from inside another trace: no fallback there
+            return compiled_call(*args, **kwargs)
+        return program.call(owner, compiled_call, code, args, kwargs)
+
+    call_with_breaks.__wrapped__ = getattr(compiled_call, "__wrapped__", compiled_call)  # thunder's own fn_
+
+    if isinstance(jfn, ThunderModule):
+        jfn._forward_fn = call_with_breaks
+        target = jfn
+    else:
+        for name in ("_lc_cd", "_lc_cs", "_lc_transforms"):
+            if hasattr(jfn, name):
+                setattr(call_with_breaks, name, getattr(jfn, name))
+        target = call_with_breaks
+    object.__setattr__(target, "graph_breaks", program.report)  # a plain attribute, also on nn.Module
+    object.__setattr__(target, "_thunder_subclass_graph_breaks", program)
+    return target
+
+
+def suppressed_warnings(compiled: Any):
+    """A context in which calls of ``compiled`` (a :func:`with_graph_breaks` result) warn about no break."""
+    program = getattr(compiled, "_thunder_subclass_graph_breaks", None)
+    if program is None:
+        raise TypeError(f"{compiled!r} is not a thunder_subclass.jit result with graph breaks enabled (it was "
+                        f"compiled with fullgraph=True, or not by thunder_subclass.jit)")
+    return program.quiet_calls()
