@@ -145,6 +145,11 @@ def remember_input_stride(p: TensorProxy, stride: tuple[int, ...], add_guard: Ca
     p.__dict__[_STRIDE_GUARD_ATTR] = add_guard
 
 
+def recorded_stride(p: TensorProxy) -> tuple[int, ...] | None:
+    """The strides recorded for ``p`` (:func:`remember_stride`, :func:`remember_input_stride`), or None."""
+    return p.__dict__.get(_STRIDE_ATTR)
+
+
 def remember_stride(p: TensorProxy, t: torch.Tensor) -> TensorProxy:
     if not isinstance(p, SubclassTensorProxy):
         p.__dict__[_STRIDE_ATTR] = tuple(t.stride())
