@@ -86,7 +86,7 @@ def test_inputs_that_meet_no_subclass_have_no_layout_guard():
 
 from torch.testing._internal.two_tensor import TwoTensor  # noqa: E402
 
-from tests.subclasses import nested_two_tensor  # noqa: E402
+from subclasses import nested_two_tensor  # noqa: E402
 
 
 def _transposed_two_tensor():

@@ -300,6 +300,25 @@ def compile_data_context(cd, cs):
     return compile_data_and_stats(cd, cs)
 
 
+def traced_autocast_states() -> tuple[tuple[str, torch.dtype, bool], ...]:
+    """``(device type, dtype, enabled)`` for each ``torch.autocast`` active at this point of the traced code,
+    outermost first: thunder's jit pushes the autocast active around the call and its ``torch.autocast.__enter__``
+    / ``__exit__`` lookasides push and pop the ones the traced code enters (``CompileData.autocast_stack``,
+    ``thunder/torch/__init__.py`` ``autocast_enter``). Empty outside a jit, and while thunder applies an autocast rule
+    (``thunder.transforms.autocast.disable_autocast``: the rule's inputs are cast already)."""
+    from thunder.core.compile_data import get_compile_data
+    from thunder.transforms.autocast import is_autocast_enabled
+
+    cd = get_compile_data()
+    stack = getattr(getattr(cd, "autocast_stack", None), "stack", None)
+    if not stack or not is_autocast_enabled():
+        return ()
+    import thunder.core.dtypes as dtypes
+
+    return tuple((device, dtypes.to_torch_dtype(dtype) if isinstance(dtype, dtypes.dtype) else dtype, bool(enabled))
+                 for device, dtype, enabled in stack)
+
+
 @functools.cache
 def torch_to_thunder_symbols() -> dict:
     """thunder's table from torch callables to the thunder torch symbols they are traced as

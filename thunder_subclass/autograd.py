@@ -43,7 +43,7 @@ from thunder.core.symbol import Symbol
 from thunder.core.trace import get_tracectx
 
 from thunder_subclass.executor import register_symbol, subclass_executor, unique_operator_name
-from thunder_subclass.fake import FakeEnv, fake_execution
+from thunder_subclass.fake import FakeEnv, autocast_context, autocast_in_effect, fake_execution
 from thunder_subclass.proxy import SubclassTensorProxy, has_subclass_proxy, proxy_kind
 from thunder_subclass.recording import (
     RecordingMode,
@@ -348,11 +348,48 @@ def record_container_again(bsym):
 
 def record_function_call(fn: Callable, name: str, what: str, /, *args, **kwargs):
     """``fn(*args, **kwargs)`` in traced code, recorded as one bound symbol of :func:`container_symbol` (``fn``, ``name``)
-    with the aten calls ``fn`` made on fakes as subsymbols; returns its outputs as proxies."""
+    with the aten calls ``fn`` made on fakes as subsymbols; returns its outputs as proxies. Under autocast (entered
+    around the call or in the traced code), the symbol is that of ``fn`` under this autocast state
+    (:func:`under_autocast`)."""
+    states = autocast_in_effect()
+    if states:
+        fn, name = under_autocast(fn, states), f"{name}_{_autocast_suffix(states)}"
     sym = container_symbol(fn, name, what)
     scope: list = []
     _, _, result = record_call(fn, args, kwargs, scope, what, subclass_names(args, kwargs))
     return bind_unrolled(sym, args, kwargs, result, scope)
+
+
+_autocast_callables: dict = {}  # (callable, autocast states) -> the callable run under them
+
+
+def under_autocast(fn: Callable, states: tuple) -> Callable:
+    """``fn`` run under exactly the autocast state ``states`` (one callable per pair, so one container symbol). A
+    call made under autocast is recorded as a call of this: what autocast casts is then part of the call wherever it
+    is recorded again (its backward, recorded by the grad transform after tracing, when thunder's autocast stack is
+    empty; eager's backward does not run under the forward's autocast, and neither does this one's)."""
+    key = (fn, states)
+    wrapped = _autocast_callables.get(key)
+    if wrapped is None:
+        @functools.wraps(fn)
+        def wrapped(*args, **kwargs):
+            with autocast_context(states):
+                return fn(*args, **kwargs)
+
+        _autocast_callables[key] = wrapped
+    return wrapped
+
+
+def _autocast_suffix(states: tuple) -> str:
+    return "autocast_" + "_".join(f"{d}_{str(t).removeprefix('torch.')}" if on else f"{d}_off" for d, t, on in states)
+
+
+def record_symbol_call_under_autocast(sym: Symbol, args: tuple, kwargs: dict):
+    """``sym(*args, **kwargs)`` (some args are subclass proxies) at a point of the traced code where autocast is on:
+    recorded as the call of its torch callable under this autocast state (:func:`record_function_call`)."""
+    targs, tkwargs = denormalize(sym, args, kwargs)
+    fn = torch_callable_for(sym, targs)
+    return record_function_call(fn, sym.name, op_name(fn), *targs, **tkwargs)
 
 
 def autograd_function_symbol(cls: type) -> Symbol:
@@ -462,7 +499,7 @@ def involves_subclass(cls: type, args: tuple, kwargs: dict) -> bool:
     recorder = RecordingMode()
     try:
         fargs, fkwargs = tree_map(env.to_fake, (args, kwargs))
-        with fake_execution(), recorder:
+        with fake_execution(autocast=True), recorder:
             out = cls.apply(*fargs, **fkwargs)
     except Exception:
         return False  # thunder's own handling of autograd.Function applies (and reports errors)

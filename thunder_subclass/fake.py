@@ -20,6 +20,7 @@ import thunder.core.dtypes as dtypes
 from thunder.core.proxies import NumberProxy, TensorProxy
 
 from thunder_subclass._thunder_internals import (
+    traced_autocast_states,
     fake_tensor_mode_class,
     is_interpreting,
     pin_numbers,
@@ -357,7 +358,49 @@ def check_unflattened(cls: type, t: Any, shape: tuple) -> None:
 
 
 @contextlib.contextmanager
-def fake_execution():
-    """Run torch code on fakes: the shared fake mode, with real (non-fake) constants allowed."""
-    with fake_mode():
+def fake_execution(*, autocast: bool = False):
+    """Run torch code on fakes: the shared fake mode, with real (non-fake) constants allowed.
+
+    Autocast: with ``autocast=True`` (running a user-level torch operation, as eager would run it at this point of
+    the traced code), torch's autocast state is the traced code's (:func:`traced_autocast`); otherwise none (aten
+    calls already recorded, backward graphs: what they compute is fixed, as when the trace runs them, which thunder
+    does with autocast off)."""
+    with fake_mode(), traced_autocast(enabled=autocast):
         yield
+
+
+_AUTOCAST_DEVICES = ("cpu", "cuda")
+
+
+def traced_autocast(*, enabled: bool = True) -> contextlib.AbstractContextManager:
+    """A context in which torch's autocast state is that of the traced code at this point: what ``torch.autocast``
+    entered and exited around the call and inside the traced function has (thunder records it in its autocast stack
+    instead of entering it, ``_thunder_internals.traced_autocast_states``), none where thunder applies an autocast
+    rule itself (its inputs are cast already) or with ``enabled=False``. The fake runs of a subclass operation then
+    cast as eager's dispatcher does (its Autocast keys run before the subclass's ``__torch_dispatch__``), and the
+    casts are recorded as aten calls."""
+    return autocast_context(traced_autocast_states() if enabled else ())
+
+
+def autocast_context(states: tuple) -> contextlib.AbstractContextManager:
+    """A context in which torch's autocast state is exactly ``states`` (``(device type, dtype, enabled)``,
+    outermost first; ``()``: none), whatever it is outside."""
+    active = [d for d in _AUTOCAST_DEVICES if torch.is_autocast_enabled(d)]
+    if not states and not active:
+        return contextlib.nullcontext()
+    stack = contextlib.ExitStack()
+    for device in active:  # the tracer's caller's state is not the traced code's
+        stack.enter_context(torch.autocast(device, enabled=False))
+    for device, dtype, on in states:
+        stack.enter_context(torch.autocast(device, dtype=dtype, enabled=on))
+    return stack
+
+
+def autocast_in_effect() -> tuple:
+    """The traced code's autocast states (:func:`traced_autocast`) when autocast is on for some device at this point,
+    else ``()``."""
+    states = traced_autocast_states()
+    final = {}
+    for device, dtype, on in states:
+        final[device] = on
+    return states if any(final.values()) else ()

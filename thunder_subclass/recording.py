@@ -230,7 +230,7 @@ def run_on_fakes(fn: Callable, args, kwargs, what: str, subclasses: str, *, env:
     recorder = RecordingMode()
     grad_mode = torch.enable_grad() if wants_grad is not None else torch.set_grad_enabled(is_traced_grad_enabled())
     try:
-        with fake_execution(), grad_mode, recorder:
+        with fake_execution(autocast=True), grad_mode, recorder:
             out = fn(*fargs, **fkwargs)
     except TensorSubclassError:
         raise

@@ -1,0 +1,121 @@
+"""Trust under real use (issue 24): programs that gave silent wrong results or crashed give eager's results.
+
+* autocast entered inside the compiled function (or around the call) reaches subclass operations: their fake runs
+  cast as eager's dispatcher does, and the casts are recorded with the call, forward and backward;
+* a ``torch.autograd.Function`` that changes an input through a tensor kept on ``ctx`` leaves the caller's tensor as
+  eager does;
+* training bugs found by torchao's tests: a parameter subclass that stays a subclass only for ``t``/``detach``, and
+  ``requires_grad`` of results computed on inner tensors only.
+"""
+
+import pytest
+import thunder
+import torch
+import torch.nn.functional as F
+
+import thunder_subclass
+from subclasses import TwoTensor
+
+
+def _leaf(x):
+    return x.detach().clone().requires_grad_() if isinstance(x, torch.Tensor) else x
+
+
+def _run_both(f, args, *, around_autocast=False):
+    """(outputs, input gradients) of eager ``f`` and of the compiled ``f``, each on fresh leaves of ``args``."""
+    results = []
+    for fn in (f, thunder_subclass.jit(f)):
+        inputs = [_leaf(a) for a in args]
+        if around_autocast:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                out = fn(*inputs)
+        else:
+            out = fn(*inputs)
+        outs = out if isinstance(out, tuple) else (out,)
+        sum(o.float().sum() for o in outs).backward()
+        results.append((outs, [i.grad for i in inputs if isinstance(i, torch.Tensor)]))
+    return results
+
+
+def _assert_same(actual, expected):
+    for a, e in zip(actual, expected, strict=True):
+        assert type(a) is type(e) and a.dtype == e.dtype, (type(a), a.dtype, type(e), e.dtype)
+        torch.testing.assert_close(a, e)
+        if isinstance(e, TwoTensor):
+            assert (a.a.dtype, a.b.dtype) == (e.a.dtype, e.b.dtype)
+
+
+# --- autocast -------------------------------------------------------------------------------------------------
+
+
+def _autocast_inside(t, w):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = t @ w
+    return y, y * 2
+
+
+def _autocast_exited(t, w):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = t @ w
+    return y.float() @ w  # after the block: float32 again
+
+
+def _autocast_nested_disabled(t, w):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = t @ w
+        with torch.autocast("cpu", enabled=False):
+            z = t @ w
+        u = t @ w
+    return y, z, u
+
+
+def _autocast_linear(t, w, b):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        return F.linear(t, w, b).relu()
+
+
+def _two(*shape):
+    return TwoTensor(torch.randn(*shape), torch.randn(*shape))
+
+
+@pytest.mark.parametrize("f, make_args", [
+    (_autocast_inside, lambda: (_two(3, 4), torch.randn(4, 5))),
+    (_autocast_inside, lambda: (_two(3, 4), _two(4, 5))),
+    (_autocast_exited, lambda: (_two(3, 4), torch.randn(4, 4))),
+    (_autocast_nested_disabled, lambda: (_two(3, 4), torch.randn(4, 5))),
+    (_autocast_linear, lambda: (_two(3, 4), torch.randn(5, 4), torch.randn(5))),
+], ids=["enter", "both-subclass", "exit", "nested-enabled-false", "linear-bias"])
+def test_autocast_inside_the_compiled_function_reaches_subclass_ops(f, make_args):
+    (eager_out, eager_grads), (out, grads) = _run_both(f, make_args())
+    _assert_same(out, eager_out)
+    _assert_same(grads, eager_grads)
+
+
+def test_autocast_around_the_call_reaches_subclass_ops():
+    def f(t, w):
+        return (t @ w).relu()
+
+    (eager_out, eager_grads), (out, grads) = _run_both(f, (_two(3, 4), torch.randn(4, 5)), around_autocast=True)
+    assert eager_out[0].dtype == torch.bfloat16
+    _assert_same(out, eager_out)
+    _assert_same(grads, eager_grads)
+
+
+def test_autocast_state_is_part_of_the_cache_key_and_recorded_in_the_trace():
+    def f(t, w):
+        return t @ w
+
+    jf = thunder_subclass.jit(f)
+    t, w = _two(3, 4), torch.randn(4, 5)
+    for around in (False, True, False, True):
+        if around:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                out, expected = jf(t, w), f(t, w)
+        else:
+            out, expected = jf(t, w), f(t, w)
+        _assert_same((out,), (expected,))
+    assert thunder.cache_misses(jf) == 2 and thunder.cache_hits(jf) == 2
+    # the call under autocast is one symbol whose subsymbols hold the casts
+    (bsym,) = [b for b in thunder.last_traces(jf)[0].bound_symbols if "matmul" in b.sym.name]
+    assert bsym.sym.name == "matmul_autocast_cpu_bfloat16"
+    assert any(s.sym.name == "to" for s in bsym.subsymbols)
