@@ -119,3 +119,78 @@ def test_autocast_state_is_part_of_the_cache_key_and_recorded_in_the_trace():
     (bsym,) = [b for b in thunder.last_traces(jf)[0].bound_symbols if "matmul" in b.sym.name]
     assert bsym.sym.name == "matmul_autocast_cpu_bfloat16"
     assert any(s.sym.name == "to" for s in bsym.subsymbols)
+
+
+# --- a torch.autograd.Function that changes an input through a tensor kept on ctx ------------------------------
+
+
+class _ChangesKeptInput(torch.autograd.Function):
+    """Adds 1 to ``t`` in ``forward`` and again in ``backward``, through the tensor kept on ``ctx``."""
+
+    @staticmethod
+    def forward(ctx, x, t):
+        ctx.t = t
+        t.add_(1)
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.t.add_(1)
+        return grad * 2, None
+
+
+class _ReadsKeptInput(torch.autograd.Function):
+    """Keeps ``t`` on ``ctx`` (not through ``save_for_backward``) and reads it in ``backward``."""
+
+    @staticmethod
+    def forward(ctx, x, t):
+        ctx.t = t
+        return x * t
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * ctx.t, None
+
+
+def _make_plain():
+    return torch.zeros(3)
+
+
+def _make_two():
+    return TwoTensor(torch.zeros(3), torch.zeros(3))
+
+
+@pytest.mark.parametrize("make_t", [_make_plain, _make_two], ids=["plain", "TwoTensor"])
+@pytest.mark.parametrize("x_requires_grad", [True, False], ids=["train", "no-grad-input"])
+def test_function_changing_an_input_through_ctx_leaves_eagers_values(make_t, x_requires_grad):
+    def f(x, t):
+        return _ChangesKeptInput.apply(x, t)
+
+    x0 = torch.randn(3)
+    states = []
+    for fn in (f, thunder_subclass.jit(f)):
+        x, t = x0.clone().requires_grad_(x_requires_grad), make_t()
+        out = fn(x, t)
+        after_forward = t.clone()
+        if x_requires_grad:
+            out.sum().backward()
+        states.append((out.detach(), after_forward, t.clone(), x.grad))
+    (eager_out, eager_fwd, eager_bwd, eager_grad), (out, fwd, bwd, grad) = states
+    torch.testing.assert_close(out, eager_out)
+    for actual, expected in ((fwd, eager_fwd), (bwd, eager_bwd)):
+        assert type(actual) is type(expected)
+        torch.testing.assert_close(actual, expected)
+    torch.testing.assert_close(grad, eager_grad)
+    assert float(eager_bwd.sum()) == (6.0 if x_requires_grad else 3.0)  # the test sees both changes
+
+
+@pytest.mark.parametrize("make_t", [lambda: torch.randn(3), lambda: TwoTensor(torch.randn(3), torch.randn(3))],
+                         ids=["plain", "TwoTensor"])
+def test_function_reading_a_tensor_kept_on_ctx_in_backward(make_t):
+    def f(x, t):
+        return _ReadsKeptInput.apply(x, t)
+
+    t = make_t()
+    (eager_out, eager_grads), (out, grads) = _run_both(f, (torch.randn(3), t))
+    _assert_same(out, eager_out)
+    torch.testing.assert_close(grads[0], eager_grads[0])

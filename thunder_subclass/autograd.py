@@ -37,11 +37,12 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 import thunder.core.dtypes as dtypes
 import thunder.core.prims as prims
 from thunder.core.interpreter import interpreter_needs_wrap, unwrap
-from thunder.core.proxies import TensorProxy
+from thunder.core.proxies import Proxy, TensorProxy
 from thunder.core.pytree import tree_flatten, tree_map
 from thunder.core.symbol import Symbol
 from thunder.core.trace import get_tracectx
 
+from thunder_subclass.aten_symbols import recording_backward
 from thunder_subclass.executor import register_symbol, subclass_executor, unique_operator_name
 from thunder_subclass.fake import FakeEnv, autocast_context, autocast_in_effect, fake_execution
 from thunder_subclass.proxy import SubclassTensorProxy, has_subclass_proxy, proxy_kind
@@ -51,6 +52,7 @@ from thunder_subclass.recording import (
     denormalize,
     dispatch_error,
     emit_calls,
+    is_traced_grad_enabled,
     op_name,
     record_call,
     subclass_names,
@@ -202,9 +204,13 @@ def record_forward(sym: Symbol, call_for: Callable, args: tuple, kwargs: dict, w
     forward: list = []
     fn, cargs, ckwargs = call_for(args, kwargs)
     env, fake_out, result = record_call(fn, cargs, ckwargs, forward, what, subclasses, wants_grad=_wants_grad(trace))
+    if env.mutated:
+        _keep_inner_updates_in_forward(env, tree_flatten((args, kwargs))[0], forward)
     result = bind_unrolled(sym, args, kwargs, result, forward)
     if isinstance(result, TensorProxy) and any(result is a for a in tree_flatten((args, kwargs))[0]):
         return result, None  # the op returned its input: the gradient passes through unchanged
+    if env.mutated:
+        env.read_inputs_in_place(tree_flatten((args, kwargs))[0])
     recipe = _grad_recipe(env, args, kwargs, fake_out, result, what, subclasses)
     if recipe is not None:
         recipe.forward_again = lambda a, k: record_forward(sym, call_for, a, k, what, subclasses)
@@ -214,6 +220,32 @@ def record_forward(sym: Symbol, call_for: Callable, args: tuple, kwargs: dict, w
 
 
 _RECIPE = "_thunder_subclass_grad_recipes"
+
+
+def _inner_updates_meta(versions: tuple, x, **kwargs) -> None:
+    return None
+
+
+def _inner_updates_impl(versions: tuple, x, **kwargs) -> None:
+    return None
+
+
+# thunder's forward/backward split (``transforms/autodiff.py`` ``split_into_forward_and_backward``) keeps in the forward
+# what the forward's outputs and arguments need, and a symbol named ``copy_`` whose destination is one of those; the
+# copies a recorded call makes into the inner tensors of a subclass argument write to values the split does not know
+# as the argument's. This no-op (named ``copy_``, destination: the argument, sources: the new inner versions) ties
+# them to it, so they run with the forward, as in eager, not with the backward.
+_inner_updates = subclass_executor.register_operator(
+    "copy_" if "copy_" not in subclass_executor.opmap else unique_operator_name("copy_"),
+    meta=_inner_updates_meta, fn=_inner_updates_impl, tags=[prims.OpTags.DONT_DCE],
+)
+
+
+def _keep_inner_updates_in_forward(env: FakeEnv, inputs: list, scope: list) -> None:
+    for p in inputs:
+        versions = env.new_inner_versions([p]) if isinstance(p, SubclassTensorProxy) else ()
+        if versions:
+            scope.append(_inner_updates.bind(tuple(versions), p, output=None))
 
 
 def grad_recipe_of(bsym) -> GradRecipe | None:
@@ -252,6 +284,9 @@ def record_gradient(recipe: GradRecipe, result, op_name: str):
     (``recipe``); returns ``result``."""
     grads = [prims.get_grad(p) for p in recipe.outputs]
     input_grads, subsymbols = record_backward(recipe, grads)
+    # values the backward reads besides the gradients and the recorded inputs/outputs (a Function's backward changing
+    # a tensor it kept on ctx reads the version its forward left): saved for backward too
+    recipe.saved = (*recipe.saved, *_read_but_not_given(subsymbols, (*grads, *recipe.saved)))
     recipe.grad_kinds = tuple(proxy_kind(g) for g in grads)  # what the subsymbols below are recorded for
     recipe.positions = tuple(
         i for i, g in enumerate(input_grads) if g is not None and not any(g is x for x in grads)
@@ -263,6 +298,18 @@ def record_gradient(recipe: GradRecipe, result, op_name: str):
         if g is not None:
             prims.put_grad(p, g)
     return result
+
+
+def _read_but_not_given(bsyms: list, given: tuple) -> list:
+    known = {p.name for p in given if isinstance(p, Proxy)}
+    read: list = []
+    for b in bsyms:
+        for p in b.flat_proxy_args:
+            if p.name not in known:
+                known.add(p.name)
+                read.append(p)
+        known.update(p.name for p in b.flat_proxy_outs)
+    return [p for p in read if isinstance(p, TensorProxy)]
 
 
 def record_backward(recipe: GradRecipe, grads, saved=None) -> tuple[list, list]:
@@ -283,8 +330,9 @@ def record_backward(recipe: GradRecipe, grads, saved=None) -> tuple[list, list]:
     except Exception as e:
         raise dispatch_error(f"the backward of {recipe.what}", recipe.subclasses, e) from e
     scope: list = []
-    input_grads = emit_calls(env, recorder.calls, list(fake_input_grads), scope,
-                             f"the backward of {recipe.what}", recipe.subclasses, flatten_from=mark)
+    with recording_backward():
+        input_grads = emit_calls(env, recorder.calls, list(fake_input_grads), scope,
+                                 f"the backward of {recipe.what}", recipe.subclasses, flatten_from=mark)
     return input_grads, scope
 
 
@@ -492,18 +540,30 @@ def _nested_api() -> dict:
 
 
 def involves_subclass(cls: type, args: tuple, kwargs: dict) -> bool:
-    """Whether ``cls.apply`` returns a tensor subclass, or runs a subclass's ``__torch_dispatch__`` inside (torchao's
-    float8 matmul casts its plain inputs to Float8TrainingTensor inside the Function), for arguments like these
-    (tried on fakes)."""
+    """Whether ``cls.apply`` must be recorded by thunder_subclass for arguments like these (tried on fakes): it returns
+    a tensor subclass, or runs a subclass's ``__torch_dispatch__`` inside (torchao's float8 matmul casts its plain
+    inputs to Float8TrainingTensor inside the Function), or it changes an input in place or keeps an input on ``ctx``
+    (``ctx.t = t``), which its ``backward`` may change: thunder 0.2.6's own handling of Functions traces ``forward``
+    into a trace of its own whose in-place updates of inputs never reach the caller, and its backward cannot read a
+    tensor kept on ``ctx`` (``UnboundLocalError`` in the generated backward)."""
     env = FakeEnv()
     recorder = RecordingMode()
     try:
         fargs, fkwargs = tree_map(env.to_fake, (args, kwargs))
-        with fake_execution(autocast=True), recorder:
+        inputs = [a for a in tree_flatten((fargs, fkwargs))[0] if isinstance(a, torch.Tensor)]
+        versions = [a._version for a in inputs]
+        with fake_execution(autocast=True), torch.set_grad_enabled(is_traced_grad_enabled()), recorder:
             out = cls.apply(*fargs, **fkwargs)
     except Exception:
         return False  # thunder's own handling of autograd.Function applies (and reports errors)
-    return recorder.saw_subclass or any(is_traceable_wrapper_subclass(o) for o in torch.utils._pytree.tree_leaves(out))
+    outs = torch.utils._pytree.tree_leaves(out)
+    if recorder.saw_subclass or any(is_traceable_wrapper_subclass(o) for o in outs):
+        return True
+    if any(a._version != v for a, v in zip(inputs, versions)):
+        return True
+    ctx = next((o.grad_fn for o in outs if isinstance(o, torch.Tensor) and o.grad_fn is not None), None)
+    kept = getattr(ctx, "__dict__", {}).values()
+    return any(isinstance(v, torch.Tensor) and any(v is a for a in inputs) for v in kept)
 
 
 def apply_autograd_function(cls: type, *args, **kwargs):

@@ -224,6 +224,33 @@ class FakeEnv:
                 if a in new.inner:
                     self.rename(q, new.inner[a])
 
+    def new_inner_versions(self, inputs) -> list[TensorProxy]:
+        """The new versions (proxies) of the inner tensors of subclass values among ``inputs`` that a recorded call
+        changed in place."""
+        found = []
+        for p in inputs:
+            if isinstance(p, SubclassTensorProxy):
+                for q in p.inner.values():
+                    fake = self._fake_of.get(id(q)) if isinstance(q, TensorProxy) else None
+                    current = self._proxy_of.get(id(fake)) if fake is not None else None
+                    if current is not None and current is not q:
+                        found.append(current)
+                found += self.new_inner_versions(p.inner.values())
+        return found
+
+    def read_inputs_in_place(self, inputs) -> None:
+        """After a recorded call changed some of ``inputs`` in place: their fakes stand for the input proxies again,
+        not for the new versions the call made (names local to its subsymbols). What is recorded on this environment
+        afterwards (the call's backward) reads the input, whose storage holds the new value when it runs."""
+        for p in inputs:
+            fake = self._fake_of.get(id(p)) if isinstance(p, TensorProxy) else None
+            if fake is None:
+                continue
+            if self._proxy_of.get(id(fake)) is not p:
+                self._proxy_of[id(fake)] = p
+            if isinstance(p, SubclassTensorProxy):
+                self.read_inputs_in_place(p.inner.values())
+
     def grad_input(self, fake: torch.Tensor) -> torch.Tensor:
         """What to differentiate with respect to for ``fake``: the leaf a non-leaf fake was made from. It stands for
         the value before the operation, also when an in-place op rebased ``fake`` itself onto the op's result."""
