@@ -194,3 +194,125 @@ def test_function_reading_a_tensor_kept_on_ctx_in_backward(make_t):
     (eager_out, eager_grads), (out, grads) = _run_both(f, (torch.randn(3), t))
     _assert_same(out, eager_out)
     torch.testing.assert_close(grads[0], eager_grads[0])
+
+
+# --- training bugs found by torchao's tests ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+@pytest.mark.parametrize("x_requires_grad", [True, False], ids=["x-grad", "x-no-grad"])
+def test_linear_with_a_parameter_that_stays_a_subclass_only_for_t_and_detach(bias, x_requires_grad):
+    from subclasses import ViewKeepingWeight
+
+    w0, b0, x0 = torch.randn(3, 4), torch.randn(3), torch.randn(2, 4)
+    results = []
+    for compiled in (False, True):
+        w = torch.nn.Parameter(ViewKeepingWeight(w0.clone()))
+        b = torch.nn.Parameter(b0.clone()) if bias else None
+        x = x0.clone().requires_grad_(x_requires_grad)
+        fn = thunder_subclass.jit(F.linear) if compiled else F.linear
+        out = fn(x, w, b)
+        out.sum().backward()
+        results.append((out.detach(), w.grad, x.grad, b.grad if bias else None))
+    for actual, expected in zip(*results):
+        assert type(actual) is type(expected)
+        if expected is not None:
+            torch.testing.assert_close(actual, expected)
+
+
+def test_torchao_int8_mixed_precision_training_parameters():
+    pytest.importorskip("torchao")
+    import copy
+
+    from torchao.prototype.quantized_training import Int8MixedPrecisionTrainingConfig
+    from torchao.quantization import quantize_
+
+    model = torch.nn.Sequential(torch.nn.Linear(32, 16), torch.nn.ReLU(), torch.nn.Linear(16, 8))
+    quantize_(model, Int8MixedPrecisionTrainingConfig(module_swap=False))
+    assert type(model[0].weight).__name__ == "Int8MixedPrecisionTrainingLinearWeight"
+    compiled_model = copy.deepcopy(model)
+    x = torch.randn(4, 32, requires_grad=True)
+    cx = x.detach().clone().requires_grad_()
+    expected, out = model(x), thunder_subclass.jit(compiled_model)(cx)
+    expected.sum().backward()
+    out.sum().backward()
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(cx.grad, x.grad)
+    for (name, p), (_, q) in zip(model.named_parameters(), compiled_model.named_parameters()):
+        assert type(q.grad) is type(p.grad), name
+        torch.testing.assert_close(q.grad, p.grad)
+
+
+def _inner_only_weight(requires_grad=True):
+    from subclasses import InnerOnlyLinearWeight
+
+    return InnerOnlyLinearWeight(torch.randint(-127, 127, (4, 4), dtype=torch.int8), torch.rand(4),
+                                 requires_grad=requires_grad)
+
+
+@pytest.mark.parametrize("x_requires_grad", [False, True], ids=["x-no-grad", "x-grad"])
+def test_results_computed_on_inner_tensors_only_require_grad_as_in_eager(x_requires_grad):
+    # the weights require grad (as load_state_dict(..., assign=True) leaves them), but F.linear computes on their inner
+    # tensors: the results require grad only through x
+    w1, w2 = _inner_only_weight(), _inner_only_weight()
+
+    def f(x, w1, w2):
+        return F.linear(F.linear(x, w1).relu(), w2)
+
+    x0 = torch.randn(2, 4)
+    x, cx = x0.clone().requires_grad_(x_requires_grad), x0.clone().requires_grad_(x_requires_grad)
+    expected, out = f(x, w1, w2), thunder_subclass.jit(f)(cx, w1, w2)
+    torch.testing.assert_close(out, expected)
+    assert out.requires_grad == expected.requires_grad == x_requires_grad
+    if x_requires_grad:
+        expected.sum().backward()
+        out.sum().backward()
+        torch.testing.assert_close(cx.grad, x.grad)
+        assert w1.grad is None and w2.grad is None
+
+
+def _int4_model_as_loaded(bias: bool):
+    pytest.importorskip("torchao")
+    from torchao.prototype.quantization.int4 import PrototypeInt4WeightOnlyConfig
+    from torchao.quantization import quantize_
+
+    def make():
+        return torch.nn.Sequential(torch.nn.Linear(64, 32, bias=bias), torch.nn.ReLU(),
+                                   torch.nn.Linear(32, 32, bias=bias)).to(torch.bfloat16)
+
+    quantized = make()
+    quantize_(quantized, PrototypeInt4WeightOnlyConfig(group_size=32))
+    model = make()
+    model.load_state_dict(quantized.state_dict(), assign=True)  # the int4 weights now require grad
+    assert type(model[0].weight).__name__ == "Int4OpaqueTensor" and model[0].weight.requires_grad
+    return model
+
+
+def test_int4_weights_that_require_grad_give_results_that_do_not():
+    # torchao's Int4OpaqueTensor computes F.linear on its inner tensors: eager's result does not require grad, and
+    # nothing is differentiated (the second layer's input does not require grad either)
+    model = _int4_model_as_loaded(bias=False)
+    x = torch.randn(2, 64, dtype=torch.bfloat16)
+    expected, out = model(x), thunder_subclass.jit(model)(x)
+    torch.testing.assert_close(out, expected)
+    assert not expected.requires_grad and not out.requires_grad
+
+
+def test_backward_without_a_derivative_raises_at_backward_naming_the_line():
+    # torchao's Int4OpaqueTensor: F.linear calls aten._weight_int4pack_mm_for_cpu, which has no derivative. Eager runs
+    # the forward (the result requires grad through the bias) and .backward() raises; so does the compiled function
+    model = _int4_model_as_loaded(bias=True)
+
+    def f(x):
+        return model(x) * 2
+
+    x = torch.randn(2, 64, dtype=torch.bfloat16)
+    expected, out = f(x), thunder_subclass.jit(f)(x)
+    torch.testing.assert_close(out, expected)
+    assert out.requires_grad == expected.requires_grad
+    with pytest.raises(RuntimeError, match="derivative for aten::_weight_int4pack_mm_for_cpu is not implemented"):
+        expected.sum().backward()
+    with pytest.raises(thunder_subclass.errors.SubclassDispatchError,
+                       match=r"backward of torch.linear on Int4OpaqueTensor .* at .*linear.py:\d+: RuntimeError: "
+                             r"derivative for aten::_weight_int4pack_mm_for_cpu is not implemented"):
+        out.sum().backward()

@@ -49,6 +49,7 @@ from thunder_subclass.proxy import SubclassTensorProxy, has_subclass_proxy, prox
 from thunder_subclass.recording import (
     RecordingMode,
     bind_unrolled,
+    call_location,
     denormalize,
     dispatch_error,
     emit_calls,
@@ -63,7 +64,7 @@ from thunder_subclass.rules import call_rule, find_grad_rule
 from thunder_subclass._thunder_internals import (
     runs_natively, source_location, thunder_resolves_method, torch_to_thunder_symbols,
 )
-from thunder_subclass.errors import UnsupportedSubclassOperationError, format_location
+from thunder_subclass.errors import SubclassDispatchError, UnsupportedSubclassOperationError, format_location
 
 __all__ = [
     "GradRecipe", "ensure_grad_rule", "is_grad_bsym", "is_container_bsym", "record_backward", "differentiate_call",
@@ -95,6 +96,7 @@ class GradRecipe:
         self.grad_kinds: tuple = ()
         self.saved: tuple = ()
         self.outputs: tuple = ()
+        self.location: tuple | None = None  # the user's source line of the call (file, line)
         # (args, kwargs) -> (outputs, GradRecipe): the forward recorded again (with grad) for other arguments, in the
         # current scope; the flatten pass uses it where the arguments' kinds changed after recording
         self.forward_again: Callable | None = None
@@ -163,13 +165,16 @@ def ensure_grad_rule(sym: Symbol) -> None:
 
 
 def _wants_grad(trace) -> Callable[[TensorProxy], bool]:
-    # differentiable: inexact dtype (thunder's own criterion), except inputs of the trace that do not require grad
-    constant_inputs = {
-        p.name for p in tree_flatten((trace.args, trace.kwargs))[0] if isinstance(p, TensorProxy) and not p.requires_grad
-    }
+    # differentiable: inexact dtype (thunder's own criterion), except inputs of the trace that do not require grad and
+    # intermediate values that do not require grad in eager (interpretation records it on their proxies: a result
+    # computed by a subclass's __torch_function__ on inner tensors only, then anything computed from it alone)
+    inputs = {p.name: p for p in tree_flatten((trace.args, trace.kwargs))[0] if isinstance(p, TensorProxy)}
 
     def wants_grad(p: TensorProxy) -> bool:
-        return dtypes.is_inexact_dtype(p.dtype) and p.name not in constant_inputs
+        if not dtypes.is_inexact_dtype(p.dtype):
+            return False
+        q = inputs.get(p.name)
+        return bool(q.requires_grad) if q is not None else bool(p.requires_grad)
 
     return wants_grad
 
@@ -203,16 +208,22 @@ def record_forward(sym: Symbol, call_for: Callable, args: tuple, kwargs: dict, w
     trace = get_tracectx()
     forward: list = []
     fn, cargs, ckwargs = call_for(args, kwargs)
-    env, fake_out, result = record_call(fn, cargs, ckwargs, forward, what, subclasses, wants_grad=_wants_grad(trace))
-    if env.mutated:
+    location = call_location(sym, args, kwargs)  # the user's line (thunder knows none while differentiating)
+    env, fake_out, result = record_call(fn, cargs, ckwargs, forward, what, subclasses, wants_grad=_wants_grad(trace),
+                                        location=location)
+    # a call of a Python callable (a Function's apply) that changed arguments in place: what its backward reads of them
+    # is the argument (see below), whose changes the forward must keep
+    in_place_call = bool(env.mutated) and sym.id in _container_ids
+    if in_place_call:
         _keep_inner_updates_in_forward(env, tree_flatten((args, kwargs))[0], forward)
     result = bind_unrolled(sym, args, kwargs, result, forward)
     if isinstance(result, TensorProxy) and any(result is a for a in tree_flatten((args, kwargs))[0]):
         return result, None  # the op returned its input: the gradient passes through unchanged
-    if env.mutated:
+    if in_place_call:
         env.read_inputs_in_place(tree_flatten((args, kwargs))[0])
     recipe = _grad_recipe(env, args, kwargs, fake_out, result, what, subclasses)
     if recipe is not None:
+        recipe.location = location
         recipe.forward_again = lambda a, k: record_forward(sym, call_for, a, k, what, subclasses)
         # on the output, keyed by the symbol (an output may also be one of a subsymbol's, see grad_recipe_of)
         recipe.outputs[0].__dict__.setdefault(_RECIPE, {})[sym.id] = recipe
@@ -283,7 +294,13 @@ def record_gradient(recipe: GradRecipe, result, op_name: str):
     """Record get_grad of the outputs / ``grad_<op_name>`` / put_grad of the inputs for a forward recorded on fakes
     (``recipe``); returns ``result``."""
     grads = [prims.get_grad(p) for p in recipe.outputs]
-    input_grads, subsymbols = record_backward(recipe, grads)
+    try:
+        input_grads, subsymbols = record_backward(recipe, grads)
+    except SubclassDispatchError as e:
+        # PyTorch's backward of this call fails (an inner op without a derivative: torchao's int4 matmul): in eager
+        # the forward runs and its result requires grad, and .backward() raises. So here: the forward compiles and
+        # the backward raises this error (naming the user's line) when it runs
+        return _raise_in_backward(recipe, grads, e, result)
     # values the backward reads besides the gradients and the recorded inputs/outputs (a Function's backward changing
     # a tensor it kept on ctx reads the version its forward left): saved for backward too
     recipe.saved = (*recipe.saved, *_read_but_not_given(subsymbols, (*grads, *recipe.saved)))
@@ -312,6 +329,30 @@ def _read_but_not_given(bsyms: list, given: tuple) -> list:
     return [p for p in read if isinstance(p, TensorProxy)]
 
 
+def _backward_error_meta(grads: tuple, message: str, like: tuple) -> tuple:
+    return tuple(TensorProxy(like=p, requires_grad=False) for p in like)
+
+
+def _backward_error_impl(grads: tuple, message: str, like: tuple) -> tuple:
+    raise SubclassDispatchError(message)
+
+
+# in the backward (it reads the incoming gradients); never dead code: it stands for a failing backward
+_backward_error = subclass_executor.register_operator(
+    unique_operator_name("backward_error"), meta=_backward_error_meta, fn=_backward_error_impl,
+    tags=[prims.OpTags.DONT_DCE],
+)
+
+
+def _raise_in_backward(recipe: GradRecipe, grads: list, error: Exception, result):
+    like = tuple(p for p in recipe.input_proxies if not isinstance(p, SubclassTensorProxy))
+    outs = _backward_error_meta(tuple(grads), str(error), like)
+    get_tracectx().peek_scope().append(_backward_error.bind(tuple(grads), str(error), like, output=outs))
+    for p, g in zip(like, outs):
+        prims.put_grad(p, g)
+    return result
+
+
 def record_backward(recipe: GradRecipe, grads, saved=None) -> tuple[list, list]:
     """Run PyTorch's backward of the recorded forward on fakes, for gradients ``grads`` (proxies of any kind);
     return the input gradients (proxies or None) and the recorded bound symbols. ``saved``: the current proxies of
@@ -328,7 +369,7 @@ def record_backward(recipe: GradRecipe, grads, saved=None) -> tuple[list, list]:
                 recipe.fake_outputs, recipe.fake_inputs, fake_grads, retain_graph=True, allow_unused=True
             )
     except Exception as e:
-        raise dispatch_error(f"the backward of {recipe.what}", recipe.subclasses, e) from e
+        raise dispatch_error(f"the backward of {recipe.what}", recipe.subclasses, e, recipe.location) from e
     scope: list = []
     with recording_backward():
         input_grads = emit_calls(env, recorder.calls, list(fake_input_grads), scope,
