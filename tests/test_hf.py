@@ -119,6 +119,14 @@ def test_generate_with_dynamic_cache_and_padding():
     assert thunder.cache_misses(jforward) == 2
 
 
+@pytest.mark.parametrize("arch", ["llama", "mistral"])  # mistral: sliding-window cache layers
+def test_generate_with_dynamic_cache_at_default_settings_stops_retracing(arch):
+    # automatic dynamic shapes: the first decode step misses on sizes only, so its trace makes them symbolic
+    jforward = _generate_compiled(arch, max_new_tokens=16, padding=True)
+    assert thunder.cache_misses(jforward) == 2
+    assert thunder.cache_hits(jforward) == 14
+
+
 def test_generate_with_dynamic_cache_and_symbolic_values_compiles_prefill_and_decode_once():
     jforward = _generate_compiled("llama", {"cache": "symbolic values"}, max_new_tokens=4, padding=True)
     # the cache length grows but never reaches a subclass operation: it stays symbolic

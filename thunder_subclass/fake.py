@@ -20,13 +20,13 @@ import thunder.core.dtypes as dtypes
 from thunder.core.proxies import NumberProxy, TensorProxy
 
 from thunder_subclass._thunder_internals import (
-    traced_autocast_states,
     fake_tensor_mode_class,
     is_interpreting,
     pin_numbers,
     registered_nested_int,
     set_fake_nested_int,
     tensor_producer,
+    traced_autocast_states,
 )
 from thunder_subclass.errors import SubclassProtocolError
 from thunder_subclass.proxy import (

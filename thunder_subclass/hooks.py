@@ -134,9 +134,9 @@ def uninstall() -> None:
     _thunder_internals.uninstall()
 
 
-def with_fast_cache_hits(jfn):
+def with_fast_cache_hits(jfn, *, automatic_dynamic: bool = False):
     """``thunder_subclass.jit``'s result with the shorter path to cache hits (``_thunder_internals``)."""
-    return _thunder_internals.with_fast_cache_hits(jfn)
+    return _thunder_internals.with_fast_cache_hits(jfn, automatic_dynamic=automatic_dynamic)
 
 
 def is_installed() -> bool:

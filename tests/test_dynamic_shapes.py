@@ -1,0 +1,146 @@
+"""Automatic dynamic shapes (``thunder_subclass.jit``'s default, ``dynamic=None``): a cache miss caused only by new
+sizes makes the next trace's sizes symbolic, so new sizes stop retracing; ``dynamic=False`` / ``True`` choose."""
+
+import warnings
+
+import pytest
+import thunder
+import torch
+
+import thunder_subclass
+from subclasses import TwoTensor
+
+SIZES = (2, 3, 4, 5, 6)
+
+
+def _mlp():
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+
+
+def _state(jfn):
+    fast_call = jfn._forward_fn if isinstance(jfn, torch.nn.Module) else jfn
+    return fast_call._thunder_subclass_dynamic_shapes.state
+
+
+def test_new_batch_sizes_trace_twice_then_hit():
+    def f(x, y):
+        return (x * 2 + 1).sum(0) + y
+
+    jf = thunder_subclass.jit(f)
+    for n in SIZES:
+        x, y = torch.randn(n, 4), torch.randn(4)
+        torch.testing.assert_close(jf(x, y), f(x, y))
+    assert (thunder.cache_misses(jf), thunder.cache_hits(jf)) == (2, 3)
+    assert _state(jf) == "symbolic"
+    # the symbolic trace's shapes hold number proxies, the first (exact) trace's do not
+    assert "IntegerProxy" in str(thunder.last_traces(jf)[0])
+
+
+def test_training_loop_over_five_batch_sizes_traces_twice():
+    model = _mlp()
+    reference = _mlp()
+    reference.load_state_dict(model.state_dict())
+    jmodel = thunder_subclass.jit(model)
+    for n in SIZES:
+        x = torch.randn(n, 4)
+        out, expected = jmodel(x), reference(x)
+        torch.testing.assert_close(out, expected)
+        out.square().sum().backward()
+        expected.square().sum().backward()
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)
+    assert thunder.cache_misses(jmodel) == 2
+
+
+def test_exact_entries_keep_answering_their_sizes():
+    jf = thunder_subclass.jit(lambda x: x.cos() + 1)
+    first = torch.randn(2, 3)
+    jf(first)
+    jf(torch.randn(5, 3))  # size-driven miss: the symbolic trace
+    torch.testing.assert_close(jf(first), first.cos() + 1)
+    # the exact trace made for the first size answered it, not the symbolic one
+    assert "IntegerProxy" not in str(thunder.last_traces(jf)[0])
+    jf(torch.randn(7, 3))
+    assert "IntegerProxy" in str(thunder.last_traces(jf)[0])
+    assert thunder.cache_misses(jf) == 2
+
+
+def test_a_miss_for_another_reason_keeps_sizes_static():
+    jf = thunder_subclass.jit(lambda x: x * 2)
+    jf(torch.ones(3))
+    jf(torch.ones(3, dtype=torch.float64))  # dtype, not size
+    assert _state(jf) == "static"
+    assert "IntegerProxy" not in str(thunder.last_traces(jf)[0])
+
+
+@pytest.mark.parametrize("dynamic, misses", [(False, len(SIZES)), (True, 1)])
+def test_dynamic_false_and_true(dynamic, misses):
+    jf = thunder_subclass.jit(lambda x: x.sin() * 3, dynamic=dynamic)
+    for n in SIZES:
+        x = torch.randn(n)
+        torch.testing.assert_close(jf(x), x.sin() * 3)
+    assert thunder.cache_misses(jf) == misses
+    assert thunder.cache_option(jf).name == ("SYMBOLIC_VALUES" if dynamic else "CONSTANT_VALUES")
+
+
+def test_dynamic_with_cache_is_a_type_error():
+    with pytest.raises(TypeError, match="pass either dynamic or cache, not both"):
+        thunder_subclass.jit(lambda x: x, dynamic=True, cache="symbolic values")
+    with pytest.raises(TypeError, match="dynamic must be None, True or False, got 'yes'"):
+        thunder_subclass.jit(lambda x: x, dynamic="yes")
+
+
+def test_an_explicit_cache_option_is_used_as_given():
+    jf = thunder_subclass.jit(lambda x: x + 1, cache="constant values")
+    for n in SIZES[:3]:
+        jf(torch.ones(n))
+    assert thunder.cache_misses(jf) == 3
+
+
+def test_a_function_that_cannot_trace_with_symbolic_sizes_keeps_static_traces():
+    def f(x):
+        if type(x.shape[0]) is not int:  # true only while tracing with symbolic sizes
+            raise TypeError("needs an int size")
+        return x * 2
+
+    jf = thunder_subclass.jit(f)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for n in (2, 3, 4, 5):
+            torch.testing.assert_close(jf(torch.ones(n)), torch.ones(n) * 2)
+    messages = [str(w.message) for w in caught if "symbolic sizes" in str(w.message)]
+    where = f"{f.__qualname__} ({__file__}:{f.__code__.co_firstlineno})"
+    assert messages == [
+        f"thunder_subclass: tracing {where} with symbolic sizes after its inputs changed size failed (TypeError: "
+        "needs an int size); it keeps one trace per input size. Pass dynamic=False to thunder_subclass.jit to choose "
+        "that from the start."
+    ]
+    assert _state(jf) == "static for good"
+    assert len(thunder.compile_stats(jf).interpreter_cache) == 4  # one exact trace per size
+
+
+def test_an_error_of_the_program_itself_is_raised_not_retried():
+    calls = []
+
+    def f(x):
+        calls.append(1)
+        return x.view(-1, 3)  # sizes 2 and 4 are not multiples of 3: eager raises too
+
+    jf = thunder_subclass.jit(f)
+    jf(torch.ones(6))
+    with pytest.raises(RuntimeError, match="shape"):
+        jf(torch.ones(4))
+    with pytest.raises(RuntimeError, match="shape"):
+        f(torch.ones(4))
+
+
+def test_subclass_sizes_that_reach_dispatch_stay_guarded():
+    # TwoTensor's dispatch runs on fakes of the current sizes: those sizes are pinned, each new one traces
+    jf = thunder_subclass.jit(lambda t: t * 2)
+    for n in (2, 3, 4):
+        t = TwoTensor(torch.randn(n), torch.randn(n))
+        out = jf(t)
+        assert type(out) is TwoTensor
+        torch.testing.assert_close(out.a, t.a * 2)
+        torch.testing.assert_close(out.b, t.b * 2)
+    assert thunder.cache_misses(jf) == 3

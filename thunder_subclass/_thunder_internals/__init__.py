@@ -1,0 +1,132 @@
+"""The layer that reaches into thunder and torch internals: the bottom layer, importing no stage of the plugin.
+
+Everything thunder_subclass needs from thunder 0.2.6 (and torch) that has no public extension point is in this
+package, one module per concern, each opening with the part of the hook map that concerns it (the thunder paths it
+hooks or reads, and what each does for the plugin):
+
+=========================  =====================================================================================
+module                     concern
+=========================  =====================================================================================
+:mod:`.versions`           the supported stack (torch >= 2.10, < 2.16; thunder 0.2.6) and the shims that make
+                           thunder importable under it (:func:`ensure_thunder_importable`)
+:mod:`.thunder_state`      accessors for thunder's private state: compile data, symbol table, traces and their
+                           producers, the interpreter (source lines, interpreted calls), the jit context
+:mod:`.torch_state`        accessors for torch's private state: opaque objects, nested ints, the fake mode class,
+                           dispatch modes, the C++ tensor guard, module hook dictionaries
+:mod:`.plugin_state`       what every hook shares: the installed :class:`Handlers`, :func:`is_plugin_active`
+:mod:`.tracing`            tracing hooks: proxify, ``Symbol.__call__``, the lookaside, in-place aliases, the
+                           interpreter's frames and bytecode decoding
+:mod:`.interpreter_fixes`  where thunder's interpreter runs ordinary Python unlike CPython (found with Hugging Face)
+:mod:`.symbolic_values`    ``cache="symbolic values"``: number pins and thunder's own fixes under that option
+:mod:`.autograd_hooks`     the flatten point before executors, gradients of inputs changed in place,
+                           ``ThunderFunction`` forward/backward
+:mod:`.runtime`            the per-call path: cache info and the fast way to a cache hit
+:mod:`.executors`          thunder's torch_compile executor and the plugin's inductor regions
+:mod:`.install`            :func:`install` / :func:`uninstall`: the table of hook targets
+=========================  =====================================================================================
+
+Hooks are installed idempotently by :func:`install` (called through ``thunder_subclass.hooks`` by
+``thunder_subclass.jit`` and by the plugin when a model is compiled, never at import time), are removed by
+:func:`uninstall`, and act only while a jit that uses the plugin is tracing or transforming (its executor list holds
+``thunder_subclass``'s executor); every other ``thunder.jit`` in the process behaves as if they were absent. What a
+hook does for the plugin is a :class:`Handlers` callback that ``thunder_subclass.hooks`` (the layer above the stages)
+passes to :func:`install`; this package only knows thunder's side of each hook.
+
+The stages import what they need from this package (the names below); within it, no module imports another's
+private names (``tests/test_layering.py``).
+"""
+
+from thunder_subclass._thunder_internals.autograd_hooks import (  # noqa: F401
+    MUTATED_INPUTS_KEY,
+    grads_for_mutated_inputs,
+)
+from thunder_subclass._thunder_internals.executors import (  # noqa: F401
+    allow_torch_compile_fusion,
+    compile_with_inductor,
+    region_callable,
+    register_torch_compile_fusible,
+    torch_compile_fusible_symbols,
+    unregister_torch_compile_fusible,
+)
+from thunder_subclass._thunder_internals.install import (  # noqa: F401
+    install,
+    is_installed,
+    uninstall,
+)
+from thunder_subclass._thunder_internals.interpreter_fixes import (  # noqa: F401
+    interpreter_fix_lookaside,
+    is_hashable,
+)
+from thunder_subclass._thunder_internals.plugin_state import (  # noqa: F401
+    NOT_HANDLED,
+    Handlers,
+    is_plugin_active,
+)
+from thunder_subclass._thunder_internals.runtime import (  # noqa: F401
+    with_fast_cache_hits,
+)
+from thunder_subclass._thunder_internals.symbolic_values import (  # noqa: F401
+    pin_input_numbers,
+    pin_numbers,
+    symbolic_values_lookaside,
+)
+from thunder_subclass._thunder_internals.thunder_state import (  # noqa: F401
+    attribute_provenance,
+    call_in_epilogue,
+    compile_data_context,
+    current_compile_data,
+    input_proxy_name,
+    interpret_call,
+    interpret_native_call,
+    is_called_from_user_code,
+    is_interpreting,
+    is_torch_level_symbol,
+    is_unpackable_provenance,
+    jit_context,
+    jit_state,
+    new_trace,
+    raise_in_interpreter,
+    rebind_wrapped_value,
+    register_input_proxy,
+    source_location,
+    super_arguments,
+    tensor_producer,
+    thunder_resolves_method,
+    torch_to_thunder_symbols,
+    trace_producers,
+    traced_autocast_states,
+)
+from thunder_subclass._thunder_internals.torch_state import (  # noqa: F401
+    active_dispatch_modes,
+    fake_tensor_mode_class,
+    has_no_global_module_hooks,
+    is_nested_int,
+    is_opaque_reference_object,
+    module_call_impl,
+    module_forward_hooks,
+    module_has_no_own_hooks_expression,
+    new_nested_int,
+    opaque_attributes_supported,
+    opaque_attributes_unavailable,
+    opaque_guard_fn,
+    real_script_object,
+    registered_nested_int,
+    set_fake_nested_int,
+    tensor_metadata_guard,
+)
+from thunder_subclass._thunder_internals.tracing import (  # noqa: F401
+    is_pybind11_class,
+    runs_natively,
+    sum_to_scalar_grad,
+)
+from thunder_subclass._thunder_internals.versions import (  # noqa: F401
+    OPAQUE_ATTRIBUTES_TORCH,
+    SHIMS,
+    SUPPORTED_THUNDER,
+    TORCH_SUPPORTED,
+    Shim,
+    check_versions,
+    ensure_thunder_importable,
+    format_version,
+    torch_version,
+)

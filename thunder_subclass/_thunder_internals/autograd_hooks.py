@@ -1,0 +1,268 @@
+"""Autograd hooks: where subclasses are flattened, and how compiled forward/backward meet PyTorch's autograd.
+
+Hooks (thunder 0.2.6 paths, relative to the installed ``thunder/``):
+
+* ``executors/passes.py`` ``_transform_for_operator_executor_execution`` — the point after autograd and before
+  executors claim operations (looked up at call time by ``thunder/__init__.py`` and by ``transform_for_execution``):
+  subclass-level bound symbols are replaced by their flat subsymbols (``Handlers.before_executors``:
+  ``thunder_subclass.flatten``). In thunder 0.2.6 ``grad_transform_on_trace`` builds one joint forward+backward trace
+  before this point, so the pass sees (and flattens) forward and backward together, before
+  ``split_into_forward_and_backward``.
+* ``transforms/autodiff.py`` ``grad_transform_on_trace`` — gradients reach inputs changed in place, whose new
+  values become forward outputs (:func:`grads_for_mutated_inputs`); ``split_into_forward_and_backward`` — the
+  forward gives the epilogue the user's outputs only (the added new values stay in ``flat_output``).
+* ``executors/torch_autograd.py`` ``ThunderFunction.forward`` — outputs eager would not give ``requires_grad``
+  (inner tensors of a computed subclass, detached values) are marked non-differentiable, per trace
+  (``Handlers.differentiable_outputs``), through thunder's own ``is_differentiable_outputs`` argument; non-leaf
+  inputs changed in place are returned in place of their new values and marked dirty (``Handlers.mutated_inputs``),
+  so that their autograd history becomes the compiled function's, as eager's becomes the in-place ops'.
+* ``executors/torch_autograd.py`` ``ThunderFunction.backward`` — when ``.backward(grad)`` passes gradients of another
+  kind than the compiled backward expects (a plain tensor for a ``TwoTensor`` output), a backward made for those
+  gradients runs instead (``Handlers.replace_grads`` / ``run_backward``: ``thunder_subclass.tangents``); otherwise
+  thunder's own backward runs unchanged (saved tensors released as thunder does: ``ctx.maybe_clear_saved_tensors``).
+  The gradient of a changed input whose new value nothing used stays undefined, as in eager
+  (``Handlers.gradless_inputs``).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+from thunder_subclass._thunder_internals import plugin_state
+from thunder_subclass._thunder_internals.plugin_state import (
+    NOT_HANDLED,
+    is_plugin_active,
+)
+
+
+def _hook_operator_executor_execution(original):
+    # wraps thunder.executors.passes._transform_for_operator_executor_execution
+    @functools.wraps(original)
+    def _transform_for_operator_executor_execution(trace, executors_list):
+        if plugin_state.handlers is not None and plugin_state.handlers.executor in executors_list:
+            trace = plugin_state.handlers.before_executors(trace)
+        return original(trace, executors_list)
+
+    return _transform_for_operator_executor_execution
+
+
+def _hook_grad_transform_on_trace(original):
+    # wraps thunder.transforms.autodiff.grad_transform_on_trace
+    @functools.wraps(original)
+    def grad_transform_on_trace(trace, /, *args, **kwargs):
+        if not is_plugin_active():
+            return original(trace, *args, **kwargs)
+        return grads_for_mutated_inputs(trace, lambda t: original(t, *args, **kwargs))
+
+    return grad_transform_on_trace
+
+
+# key of a joint trace's return dict: (how many outputs were added after the user's, ((position in flat_args of an
+# input changed in place, position of its new value among the outputs), ...))
+MUTATED_INPUTS_KEY = "thunder_subclass_mutated_inputs"
+
+
+def grads_for_mutated_inputs(trace, transform: Callable):
+    """``transform(trace)`` (thunder's grad transform) with gradients for inputs that the program mutates in place.
+
+    thunder 0.2.6 (``transforms/autodiff.py``, ``grad_transform_on_trace``) returns the gradients of the return's
+    ``flat_args``; for an input that an in-place op changed, ``flat_args`` holds the input's last alias (the output
+    of the last ``update_aliases``), an intermediate, not the input: no gradient reached the input, and a non-leaf
+    input requiring grad (``x = base + 1; f(x)`` with ``x.mul_(2)`` inside) gave outputs that do not require grad
+    (plain thunder.jit too: "element 0 of tensors does not require grad"). Eager differentiates through the mutation
+    to the input's history. Here the transform sees the inputs themselves in ``flat_args`` (the chain through
+    ``update_aliases`` and ``copy_`` has thunder's own grad rules); afterwards ``flat_args`` names the last aliases
+    again, found in the new trace as the same output of the same (k-th) forward ``update_aliases``: they keep the
+    in-place updates alive through dead-code elimination, and at run time they are the caller's tensors."""
+    from thunder.core.prims import PrimIDs
+    from thunder.core.proxies import TensorProxy
+    from thunder.core.symbol import BoundSymbolTag
+
+    ret = trace.bound_symbols[-1] if trace.bound_symbols else None
+    if ret is None or not isinstance(ret.args, tuple) or not ret.args or not isinstance(ret.args[0], dict) \
+            or "flat_args" not in ret.args[0] or len(ret.args[0]["flat_args"]) != len(trace.args):
+        return transform(trace)
+    flat_args = list(ret.args[0]["flat_args"])
+
+    def forward_aliases(t) -> list[tuple]:  # the outputs of each forward update_aliases, in trace order
+        return [b.output for b in t.bound_symbols
+                if b.sym.id == PrimIDs.UPDATE_ALIASES and BoundSymbolTag.BACKWARD not in b.tags]
+
+    old_positions = {o.name: (k, j) for k, outs in enumerate(forward_aliases(trace)) for j, o in enumerate(outs)
+                     if isinstance(o, TensorProxy)}
+    extra_outputs = isinstance(ret.args[0].get("output"), tuple)
+    substituted = {i for i, (a, f) in enumerate(zip(trace.args, flat_args))
+                   if isinstance(a, TensorProxy) and isinstance(f, TensorProxy) and a is not f and a.requires_grad
+                   and (extra_outputs or f.name in old_positions)}
+    if not substituted:
+        return transform(trace)
+    inputs = [trace.args[i] if i in substituted else f for i, f in enumerate(flat_args)]
+    changed = {**ret.args[0], "flat_args": inputs}
+    order = tuple(sorted(substituted))
+    positions: list[int] = []
+    if extra_outputs:
+        # each changed input's new value is a forward output (a user's output, or one added after them): thunder's
+        # backward then takes its gradient, and at run time the ThunderFunction.forward hook returns the caller's
+        # object in its place, marked dirty, so that its autograd history becomes the compiled function's, as in eager
+        outputs = list(changed["output"])
+        n_user = len(outputs)
+        for i in order:
+            names = [getattr(o, "name", None) for o in outputs]
+            if flat_args[i].name in names:
+                positions.append(names.index(flat_args[i].name))
+            else:
+                positions.append(len(outputs))
+                outputs.append(flat_args[i])
+        changed["output"] = tuple(outputs)
+        changed[MUTATED_INPUTS_KEY] = (len(outputs) - n_user, tuple(zip(order, positions)))
+    trace.bound_symbols[-1] = ret.from_bsym(args=(changed, *ret.args[1:]))
+    try:
+        new_trace = transform(trace)
+    finally:
+        trace.bound_symbols[-1] = ret
+    new_aliases = forward_aliases(new_trace)
+    new_ret = new_trace.bound_symbols[-1]
+    restored = list(new_ret.args[0]["flat_args"])
+    fw_out = new_ret.args[0].get("fw_flat_out", ())
+    for m, i in enumerate(order):
+        if extra_outputs:  # the new value, which the forward also returns
+            last = fw_out[positions[m]] if positions[m] < len(fw_out) else None
+        else:  # the same output of the same (k-th) forward update_aliases
+            k, j = old_positions[flat_args[i].name]
+            last = new_aliases[k][j] if k < len(new_aliases) and j < len(new_aliases[k]) else None
+        if not isinstance(last, TensorProxy):
+            # thunder changed the structure: thunder's own result (outputs without gradient), transformed again
+            return transform(trace)
+        # a plain input's last alias is, at run time, the caller's tensor; a subclass input's is an object rebuilt
+        # from the changed inner tensors, without the caller's autograd history: the input itself is passed to
+        # autograd (the changed inner tensors stay alive: in-place ops are never removed)
+        restored[i] = last if type(new_trace.args[i]) is TensorProxy else new_trace.args[i]
+    new_trace.bound_symbols[-1] = new_ret.from_bsym(args=({**new_ret.args[0], "flat_args": restored},
+                                                          *new_ret.args[1:]))
+    return new_trace
+
+
+def _hook_split_into_forward_and_backward(original):
+    # wraps thunder.transforms.autodiff.split_into_forward_and_backward (imported by name when thunder compiles a
+    # program that needs a backward): the forward returns, as "output" (what the epilogue gets), the user's outputs
+    # only; the new values of inputs changed in place (grads_for_mutated_inputs) stay in "flat_output" (what autograd
+    # connects), at its end
+
+    @functools.wraps(original)
+    def split_into_forward_and_backward(joint_trace):
+        forward, backward = original(joint_trace)
+        ret = forward.bound_symbols[-1]
+        if not ret.args or not isinstance(ret.args[0], dict) or MUTATED_INPUTS_KEY not in ret.args[0]:
+            return forward, backward
+        out = dict(ret.args[0])
+        n_added, pairs = out.pop(MUTATED_INPUTS_KEY)
+        # a user output that is a changed input's new value (`a.mul_(2); return a`) is the caller's object itself, as
+        # in eager (for a subclass input, the new value is an object rebuilt from the changed inner tensors)
+        outputs = list(out["output"][: len(out["output"]) - n_added])
+        for i, pos in pairs:
+            if pos < len(outputs):
+                outputs[pos] = out["flat_args"][i]
+        out["output"] = tuple(outputs)
+        forward.bound_symbols[-1] = ret.from_bsym(args=(out, *ret.args[1:]))
+        return forward, backward
+
+    return split_into_forward_and_backward
+
+
+def _hook_thunder_function_forward(original):
+    # wraps thunder.executors.torch_autograd.ThunderFunction.forward (a staticmethod)
+    original = original.__func__ if isinstance(original, staticmethod) else original
+
+    @functools.wraps(original)
+    def forward(ctx, return_none_instead_of_grads, compiled_backward, side_channel, saved_tensors, saved_other,
+                is_differentiable_outputs, flat_output, *flat_args):
+        # thunder marks outputs non-differentiable from its per-jit option is_differentiable_outputs, only without
+        # the split-autograd side channel (thunder_subclass.jit's default); the plugin knows it per trace
+        if plugin_state.handlers is not None and side_channel is None and is_differentiable_outputs is None:
+            is_differentiable_outputs = plugin_state.handlers.differentiable_outputs(compiled_backward)
+        mutated = plugin_state.handlers.mutated_inputs(compiled_backward) if plugin_state.handlers is not None and side_channel is None else ()
+        # torch refuses a Function that changes an input that is a view of another tensor and has more than one
+        # output: such an input keeps its history from before the call (README "Limits")
+        if mutated and not any(flat_args[i]._base is not None for i, _ in mutated):
+            # the outputs that are new values of inputs changed in place (grads_for_mutated_inputs): the caller's
+            # objects themselves, marked dirty (autograd gives them this function's history)
+            flat_output = list(flat_output)
+            for i, pos in mutated:
+                flat_output[pos] = flat_args[i]
+            flat_output = tuple(flat_output)
+            if is_differentiable_outputs is not None:  # the new value of an input that requires grad does too
+                positions = {pos for _, pos in mutated}
+                is_differentiable_outputs = tuple(d or k in positions for k, d in enumerate(is_differentiable_outputs))
+            ctx.mark_dirty(*(flat_args[i] for i, _ in mutated))
+            # undefined gradients reach the backward hook as None (an input's gradient stays undefined, as in eager,
+            # when nothing used its new value); BackwardVariants.canonical fills in zeros for the compiled backward
+            ctx.set_materialize_grads(False)
+        return original(ctx, return_none_instead_of_grads, compiled_backward, side_channel, saved_tensors,
+                        saved_other, is_differentiable_outputs, flat_output, *flat_args)
+
+    return staticmethod(forward)
+
+
+def _hook_thunder_function_backward(original):
+    # wraps thunder.executors.torch_autograd.ThunderFunction.backward (a staticmethod)
+    original = original.__func__ if isinstance(original, staticmethod) else original
+
+    @functools.wraps(original)
+    def backward(ctx, *raw_args):
+        if plugin_state.handlers is None:
+            return original(ctx, *raw_args)
+        grads = ctx.side_channel["bw"] if ctx.side_channel is not None else raw_args
+        gradless = plugin_state.handlers.gradless_inputs(ctx.compiled_backward, grads)
+        result = _backward(ctx, raw_args)
+        # ThunderFunction.forward takes 7 non-tensor arguments before the flat tensors
+        return tuple(None if k - 7 in gradless else r for k, r in enumerate(result)) if gradless else result
+
+    def _backward(ctx, raw_args):
+        if plugin_state.handlers is not None:
+            side_channel = ctx.side_channel
+            grads = side_channel["bw"] if side_channel is not None else raw_args
+            replaced = plugin_state.handlers.replace_grads(ctx.compiled_backward, grads)
+            if replaced is not None:
+                grads = replaced
+                if side_channel is not None:
+                    side_channel["bw"] = replaced
+                else:
+                    raw_args = tuple(replaced)
+            result = plugin_state.handlers.run_backward(ctx.compiled_backward, grads, functools.partial(_take_saved_tensors, ctx))
+            if result is not NOT_HANDLED:
+                if ctx.return_none_instead_of_grads:
+                    result = [None] * len(result)
+                # ThunderFunction.forward takes 7 non-tensor arguments before the flat tensors
+                return (None, None, None, None, None, None, None, *result)
+        return original(ctx, *raw_args)
+
+    return staticmethod(backward)
+
+
+def _take_saved_tensors(ctx) -> list:
+    """The tensors a ``ThunderFunction`` forward saved, released from its context as thunder's backward does
+    (from the split-autograd side channel, else ``ctx.saved_tensors`` + ``ctx.maybe_clear_saved_tensors``)."""
+    side_channel = ctx.side_channel
+    if side_channel is not None:
+        saved = side_channel.pop("saved_tensors")
+        side_channel.pop("bw")
+        return saved
+    saved = list(ctx.saved_tensors)
+    ctx.maybe_clear_saved_tensors()
+    return saved
+
+
+def hook_targets() -> list[tuple[Any, str, Callable]]:
+    import thunder.executors.passes as passes
+    import thunder.executors.torch_autograd as torch_autograd
+    import thunder.transforms.autodiff as autodiff
+
+    return [
+        (passes, "_transform_for_operator_executor_execution", _hook_operator_executor_execution),
+        (autodiff, "grad_transform_on_trace", _hook_grad_transform_on_trace),
+        (autodiff, "split_into_forward_and_backward", _hook_split_into_forward_and_backward),
+        (torch_autograd.ThunderFunction, "forward", _hook_thunder_function_forward),
+        (torch_autograd.ThunderFunction, "backward", _hook_thunder_function_backward),
+    ]

@@ -1,0 +1,378 @@
+"""Interpreter fixes: thunder 0.2.6 interprets some ordinary Python unlike CPython (or torch).
+
+Each acts only while a plugin jit traces (:func:`~.plugin_state.is_plugin_active`); found with Hugging Face
+transformers 4.55-5.x models at their default call arguments, none is specific to them; each names what it works
+around:
+
+* ``core/interpreter.py`` ``_type_call_lookaside`` (through the ``general_jit_lookaside`` hook of :mod:`.tracing`) —
+  ``type.__call__`` as CPython runs it, ``__init__`` looked up on the type (thunder's reads it from the instance:
+  "'wrapper_descriptor' object has no attribute '__self__'" for ``typing.Callable[...]``, made on every
+  ``torch.vmap`` call by torch's ``_pytree``).
+* ``core/jit_ext.py`` module global ``Sequence`` (used by ``general_jit_lookaside``, ``proxify``,
+  ``recursively_proxy``) — only builtin sequences are iterated, not a user's ``collections.abc.Sequence``
+  (transformers 5.x ``_PerLayerConfigView``: "object has no attribute '_config'").
+* ``torch.cat`` / ``F.scaled_dot_product_attention`` (lookasides) — ATen's rule skipping 1-D empty tensors in
+  ``cat`` (thunder's ``prims.cat_meta``: IndexError on DynamicCache's ``torch.tensor([])``); ``enable_gqa``, which
+  thunder's ``ltorch.scaled_dot_product_attention`` lacks.
+* ``core/jit_ext.py`` ``_general_jit_object_setattr_lookaside`` (through the ``general_jit_lookaside`` hook) — every
+  attribute write on an input object reaches the epilogue, not only the first.
+* ``core/jit_ext.py`` ``process_recorded_modifications`` — attribute writes of dtypes, devices and strings on input
+  objects (its assertion admits Proxy, int, float, tuple, None, Device); also appends the plugin's epilogue calls
+  (``thunder_state.call_in_epilogue``: in-place view ops replayed on the caller's object).
+* ``core/jit_ext.py`` ``build_value_from_wrapped`` — a Python object made in the traced code and returned
+  (``DynamicCache``) is rebuilt by the epilogue from its class and ``__dict__`` ("unhandled value of type").
+* ``clang/__init__.py`` ``_basic_indexing`` — slice bounds below ``-length`` are clamped as in Python / torch.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from thunder_subclass._thunder_internals import plugin_state
+from thunder_subclass._thunder_internals.plugin_state import is_plugin_active
+from thunder_subclass._thunder_internals.symbolic_values import pin_input_numbers
+from thunder_subclass._thunder_internals.thunder_state import is_interpreting
+from thunder_subclass._thunder_internals.torch_state import is_nested_int
+
+
+def is_hashable(x) -> bool:
+    try:
+        hash(x)
+    except TypeError:
+        return False
+    return True
+
+
+def _type_call_lookaside(wrapped_typ, *args, **kwargs):
+    """``type.__call__`` as CPython runs it (replaces ``core/interpreter.py`` ``_type_call_lookaside``, which reads
+    ``__init__`` from the new *instance* and asserts it is bound): ``obj = typ.__new__(typ, ...)``; if ``obj`` is an
+    instance of ``typ``, ``type(obj).__init__(obj, ...)``, looked up on the type. thunder's fails for classes whose
+    instances forward attribute reads (a ``types.GenericAlias`` subclass such as ``typing.Callable[[PyTree], bool]``,
+    built by torch's ``_pytree._broadcast_to_and_flatten`` on every ``torch.vmap`` call): "'wrapper_descriptor'
+    object has no attribute '__self__'"."""
+    from thunder.core.interpreter import (
+        INTERPRETER_SIGNALS,
+        _interpret_call,
+        unwrap,
+        wrap_const,
+    )
+
+    typ = unwrap(wrapped_typ)
+    if typ is type and len(args) == 1 and not kwargs:
+        return wrap_const(type(unwrap(args[0])))
+    obj = _interpret_call(typ.__new__, wrapped_typ, *args, **kwargs)
+    if obj is INTERPRETER_SIGNALS.EXCEPTION_RAISED or not isinstance(unwrap(obj), typ):
+        return obj
+    init = _interpret_call(getattr, wrap_const(type(unwrap(obj))), wrap_const("__init__"))
+    if init is INTERPRETER_SIGNALS.EXCEPTION_RAISED:
+        return init
+    res = _interpret_call(init, obj, *args, **kwargs)
+    return res if res is INTERPRETER_SIGNALS.EXCEPTION_RAISED else obj
+
+
+class _BuiltinSequenceMeta(type):
+    def __instancecheck__(cls, obj):
+        if is_plugin_active():
+            return isinstance(obj, cls.builtin)
+        return isinstance(obj, cls.abc_sequence)
+
+    def __subclasscheck__(cls, sub):
+        if is_plugin_active():
+            return isinstance(sub, type) and issubclass(sub, cls.builtin)
+        return issubclass(sub, cls.abc_sequence)
+
+
+def _hook_jit_ext_sequence(original):
+    # replaces the module global `Sequence` of thunder.core.jit_ext (collections.abc.Sequence), which
+    # general_jit_lookaside (every call without a lookaside: `any(isinstance(i, TensorProxy) for i in a.value)`),
+    # proxify and recursively_proxy use to decide what to iterate and rebuild. Iterating a user's Sequence runs its
+    # __getitem__ / __len__ outside the interpreter, even on `self` before __init__ ran (transformers 5.x
+    # _PerLayerConfigView: "object has no attribute '_config'"), and hangs on one whose __getitem__ never raises
+    # IndexError. For a plugin jit only the builtin sequences (list, tuple and their subclasses such as torch.Size
+    # and namedtuples, range, deque) count; otherwise collections.abc.Sequence as before.
+    import collections
+
+    return _BuiltinSequenceMeta(
+        "BuiltinSequence", (), {"builtin": (list, tuple, range, collections.deque), "abc_sequence": original}
+    )
+
+
+def _is_legacy_empty(t) -> bool:
+    from thunder.core.proxies import TensorProxy
+
+    return isinstance(t, (TensorProxy, torch.Tensor)) and len(t.shape) == 1 and t.shape[0] == 0
+
+
+def _cat(tensors, dim=0, *, out=None):
+    """``torch.cat`` with ATen's legacy rule (``aten/src/ATen/native/TensorShape.cpp``): 1-D tensors of size 0 are
+    skipped, so ``cat([torch.tensor([]), x], dim=-2)`` is ``x`` (transformers' DynamicCache starts from
+    ``torch.tensor([])``). thunder's ``ltorch.cat`` canonicalizes ``dim`` against the first tensor
+    (``prims.cat_meta``): IndexError."""
+    import thunder.torch as ltorch
+
+    if out is not None:
+        raise NotImplementedError("torch.cat(..., out=) is not supported by thunder")
+    tensors = list(tensors)
+    kept = [t for t in tensors if not _is_legacy_empty(t)]
+    if kept and len(kept) != len(tensors) and all(t.dtype == kept[0].dtype for t in tensors):
+        tensors = kept
+    return ltorch.cat(tensors, dim)
+
+
+def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    """``F.scaled_dot_product_attention`` with torch >= 2.5's ``enable_gqa`` (key/value heads repeated to the query's
+    head count), which thunder 0.2.6's ``ltorch.scaled_dot_product_attention`` lacks: "unexpected keyword argument
+    'enable_gqa'" (transformers 5.x passes it whenever the mask is None)."""
+    import thunder.torch as ltorch
+
+    if enable_gqa and key.shape[-3] != query.shape[-3]:
+        repeats = query.shape[-3] // key.shape[-3]
+        key = ltorch.repeat_interleave(key, repeats, dim=-3)
+        value = ltorch.repeat_interleave(value, repeats, dim=-3)
+    return ltorch.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale=scale)
+
+
+def _traced_symbol_lookaside(fn):
+    from thunder.core.interpreter import interpreter_needs_wrap
+    from thunder.core.jit_ext import recursively_proxy
+
+    def lookaside(*args, **kwargs):
+        recursively_proxy(*args, **kwargs)
+        return interpreter_needs_wrap(fn)(*args, **kwargs)
+
+    return lookaside
+
+
+@functools.cache
+def _fixed_torch_functions() -> dict:
+    cat = _traced_symbol_lookaside(_cat)
+    return {
+        torch.cat: cat,
+        torch.concat: cat,
+        torch.concatenate: cat,
+        torch.nn.functional.scaled_dot_product_attention: _traced_symbol_lookaside(_sdpa),
+    }
+
+
+def _object_setattr_lookaside(original):
+    """thunder's lookaside for ``object.__setattr__`` on an input object (``core/jit_ext.py``
+    ``_general_jit_object_setattr_lookaside``) records the write for the epilogue through the dict ``__setitem__``
+    lookaside on the object's wrapped ``__dict__``; from the second write on, the interpreter reaches that dict
+    through a new wrapper without thunder's member-dict flag, and the write is not recorded: the caller's object
+    keeps its old value (transformers' ``DynamicLayer.lazy_initialization`` sets four attributes, one reached the
+    caller). Every write is recorded on the flagged wrapper (the epilogue keeps the last per attribute)."""
+    from thunder.core.interpreter import (
+        INTERPRETER_SIGNALS,
+        PseudoInst,
+        WrappedValue,
+        unwrap,
+        wrap_const,
+    )
+    from thunder.core.jit_ext import (
+        _TORCH_DYNAMIC_TYPES,
+        EXT_FLAG_IS_MODULE_MEMBER_DICT,
+        get_jit_ctx,
+        is_created_during_tracing,
+    )
+
+    def lookaside(obj, name, value):
+        res = original(obj, name, value)
+        if res is INTERPRETER_SIGNALS.EXCEPTION_RAISED:
+            return res
+        uobj = unwrap(obj)
+        if is_created_during_tracing(obj.provenance) or type(uobj) in _TORCH_DYNAMIC_TYPES or not hasattr(uobj, "__dict__"):
+            return res
+        d = obj.attribute_wrappers.get("__dict__")
+        if d is not None and d.provenance.ext_flag & EXT_FLAG_IS_MODULE_MEMBER_DICT:
+            name = name if isinstance(name, WrappedValue) else wrap_const(name)
+            get_jit_ctx()._additional_outputs[d].append((PseudoInst.STORE_SUBSCR, d, name, value))
+        return res
+
+    return lookaside
+
+
+def interpreter_fix_lookaside(fn):
+    """The lookaside of an interpreter fix for ``fn``, or None."""
+    if fn is type.__call__:
+        return _type_call_lookaside
+    if fn is object.__setattr__:
+        from thunder.core.jit_ext import _general_jit_lookaside_map
+
+        return _object_setattr_lookaside(_general_jit_lookaside_map[object.__setattr__])
+    if is_hashable(fn):
+        return _fixed_torch_functions().get(fn)
+    return None
+
+
+def _clamp_bound(b, length):
+    from thunder.core.proxies import NumberProxy
+
+    value = b.value if isinstance(b, NumberProxy) else b
+    length_value = length.value if isinstance(length, NumberProxy) else length
+    if not isinstance(value, int) or isinstance(value, bool) or not isinstance(length_value, int):
+        return b
+    if value >= -length_value:
+        return b
+    for p in (b, length):  # under symbolic values the clamping holds for these numbers only
+        if isinstance(p, NumberProxy) and is_interpreting():
+            pin_input_numbers(p)
+    return -length_value
+
+
+def _hook_basic_indexing(original):
+    # wraps thunder.clang._basic_indexing, which rejects slice bounds below -length ("start=-4095 is not a valid
+    # index for length 16") where Python and torch clamp them (x[-4095:] of a length-16 dim is all of it;
+    # transformers' sliding-window cache layers slice `[:, :, -self.sliding_window + 1:, :]`)
+    @functools.wraps(original)
+    def _basic_indexing(a, /, key):
+        if not is_plugin_active():
+            return original(a, key)
+        new_key, dim = [], 0
+        for x in key:  # a list, ellipses resolved; None entries add a dimension and index none of a's
+            if isinstance(x, slice) and dim < len(a.shape):
+                x = slice(_clamp_bound(x.start, a.shape[dim]), _clamp_bound(x.stop, a.shape[dim]), x.step)
+            new_key.append(x)
+            dim += x is not None
+        return original(a, new_key)
+
+    return _basic_indexing
+
+
+class _ConstantAttributeValueMeta(type):
+    def __instancecheck__(cls, obj):
+        import thunder
+
+        return obj is None or isinstance(
+            obj, (thunder.dtypes.dtype, thunder.devices.Device, torch.dtype, torch.device, str)
+        )
+
+
+class _ConstantAttributeValue(metaclass=_ConstantAttributeValueMeta):
+    """What ``isinstance(v, NoneType)`` admits inside ``process_recorded_modifications`` for a plugin jit."""
+
+
+def _hook_process_recorded_modifications(original):
+    # wraps thunder.core.jit_ext.process_recorded_modifications, which asserts that a value the traced code writes to
+    # an attribute of an input object (the epilogue's pack_attr) is a Proxy, int, float, tuple, None or thunder Device
+    # (the tuple is built from jit_ext's module globals when it runs). transformers' DynamicLayer writes
+    # `self.dtype = key_states.dtype` on a cache layer generate() passes in: "trying to set .dtype ... to object of
+    # type dtype". For a plugin jit, jit_ext.NoneType admits dtypes, devices and strings (printable constants) while
+    # it runs.
+    @functools.wraps(original)
+    def process_recorded_modifications(ctx, epilogue_trace):
+        import thunder.core.jit_ext as jit_ext
+
+        if not is_plugin_active():
+            return original(ctx, epilogue_trace)
+        saved = jit_ext.NoneType
+        jit_ext.NoneType = _ConstantAttributeValue
+        try:
+            original(ctx, epilogue_trace)
+        finally:
+            jit_ext.NoneType = saved
+        _add_epilogue_calls(ctx, epilogue_trace)
+
+    return process_recorded_modifications
+
+
+def _add_epilogue_calls(ctx, epilogue_trace) -> None:
+    # the calls call_in_epilogue collected, each on a proxy of the caller's object made from its provenance (one per
+    # object): not a computation input, so thunder passes it from the prologue to the epilogue
+    from thunder.core.proxies import Proxy
+    from thunder.core.trace import tracectx
+
+    objects: dict[int, Any] = {}
+    for sym, history, args in ctx.__dict__.get("_thunder_subclass_state", {}).get("epilogue_calls", ()):
+        obj = objects.get(id(history))
+        if obj is None:
+            obj = objects[id(history)] = Proxy(history=history)
+            epilogue_trace.add_name(obj.name)
+        with tracectx(epilogue_trace):
+            epilogue_trace.bound_symbols.append(sym.bind(obj, *args, output=None))
+
+
+@functools.cache
+def _object_rebuild_symbol():
+    from thunder.core.proxies import AnyProxy
+
+    def meta(typ, state):
+        return AnyProxy(None)
+
+    def impl(typ, state):
+        obj = typ.__new__(typ)
+        obj.__dict__.update(state)
+        return obj
+
+    return plugin_state.handlers.executor.register_operator("python_object_rebuild", meta=meta, fn=impl)
+
+
+def _is_plain_object(v) -> bool:
+    """An object that ``build_value_from_wrapped`` has no rule for: not a constant, collection, dataclass, tensor,
+    module, type or callable; a Python object with a ``__dict__``."""
+    import dataclasses
+    import enum
+    import types
+
+    import thunder
+    import thunder.core.baseutils as baseutils
+    import thunder.core.codeutils as codeutils
+    from thunder.core.proxies import ProxyInterface
+
+    if isinstance(v, (thunder.dtypes.dtype, thunder.devices.Device, ProxyInterface, codeutils.ContextObject,
+                      torch.finfo, enum.Enum, type, torch.Tensor, torch.nn.Module, types.ModuleType)):
+        return False
+    if type(v) in (str, object) or baseutils.is_base_printable(v) or baseutils.is_collection(v) or callable(v):
+        return False
+    return type(v).__module__ != "builtins" and hasattr(v, "__dict__") and not dataclasses.is_dataclass(v)
+
+
+def _hook_build_value_from_wrapped(original):
+    # wraps thunder.core.jit_ext.build_value_from_wrapped (the epilogue's return value; recursive through the module
+    # global), which knows inputs, constants, dataclasses, tuples, lists and dicts: any other object made in the
+    # traced code and returned raises "unhandled value of type <class '...DynamicCache'>". Such an object is rebuilt
+    # by the epilogue from its class and its __dict__, with the attributes the traced code set taken as their values
+    # in the trace (proxies become the computed tensors).
+    @functools.wraps(original)
+    def build_value_from_wrapped(wrapped_v):
+        import thunder.core.jit_ext as jit_ext
+        from thunder.core.interpreter import unwrap
+
+        v = unwrap(wrapped_v)
+        if is_plugin_active() and is_nested_int(v):
+            from thunder_subclass.errors import UnsupportedSubclassOperationError
+
+            raise UnsupportedSubclassOperationError(
+                f"the compiled function returns {v}, the ragged size of a jagged NestedTensor (a nested int): the "
+                f"compiled program would return the one seen when it was traced, also for a NestedTensor with other "
+                f"offsets on a cache hit. Return the NestedTensor and read its .shape outside the compiled function."
+            )
+        if (
+            is_plugin_active()
+            and not hasattr(wrapped_v, "anyproxy")
+            and not jit_ext.should_register_for_prologue(wrapped_v.provenance)
+            and _is_plain_object(v)
+        ):
+            state = {}
+            for k, value in vars(v).items():
+                w = wrapped_v.attribute_wrappers.get(k)
+                state[k] = jit_ext.build_value_from_wrapped(w) if w is not None else value
+            return _object_rebuild_symbol()(type(v), state)
+        return original(wrapped_v)
+
+    return build_value_from_wrapped
+
+
+def hook_targets() -> list[tuple[Any, str, Callable]]:
+    import thunder.clang as clang
+    import thunder.core.jit_ext as jit_ext
+
+    return [
+        (jit_ext, "Sequence", _hook_jit_ext_sequence),
+        (clang, "_basic_indexing", _hook_basic_indexing),
+        (jit_ext, "process_recorded_modifications", _hook_process_recorded_modifications),
+        (jit_ext, "build_value_from_wrapped", _hook_build_value_from_wrapped),
+    ]

@@ -1,0 +1,107 @@
+"""What every hook shares: the :class:`Handlers` the plugin installed and whether a plugin jit is active.
+
+The hooks (:mod:`.tracing`, :mod:`.runtime`, :mod:`.autograd_hooks`, :mod:`.interpreter_fixes`,
+:mod:`.symbolic_values`) know thunder's side of each hook only; what a hook does for the plugin is a :class:`Handlers`
+callback that ``thunder_subclass.hooks`` (the layer above the stages) passes to :func:`.install.install`, kept here as
+:data:`handlers`. A hook acts only while a jit that uses the plugin is tracing or transforming
+(:func:`is_plugin_active`: its executor list holds ``thunder_subclass``'s executor); every other ``thunder.jit`` in
+the process behaves as if the hooks were absent.
+
+Owner of state: :data:`handlers` and :data:`hooks_installed` are set by :func:`.install.install` /
+:func:`.install.uninstall` (process-wide, one plugin); the activity answer is remembered for one compile data, weakly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+NOT_HANDLED = object()  # a handler's answer meaning "thunder's own behaviour applies"
+
+
+@dataclasses.dataclass(frozen=True)
+class Handlers:
+    """What the hooks call while a plugin jit traces or transforms (see the module docstring for each hook).
+
+    * ``executor``: the plugin's executor; its presence in a jit's executor list switches the hooks on.
+    * ``proxify(jit_ctx, value, original)``: a proxy for the tensor ``value`` (a wrapped value) of a plugin jit.
+    * ``symbol_call(sym, args, kwargs)``: the result of a torch-level symbol call, or ``NOT_HANDLED``; also called
+      for the prims listed in ``prim_ids`` (thunder's alias bookkeeping for in-place ops: ``prims.update_aliases``).
+    * ``plain_symbol_result(sym, args, kwargs, result)``: called after thunder recorded a torch-level symbol the
+      plugin did not handle (e.g. to set its outputs' ``requires_grad`` as eager would).
+    * ``new_alias(proxy)``: the proxy thunder's in-place alias pass makes for a new version of ``proxy``
+      (``core/update_aliases.py`` ``_get_new_alias``), or ``NOT_HANDLED``.
+    * ``lookaside(fn, wrapped_args)``: a lookaside for ``fn`` (as thunder's ``general_jit_lookaside`` returns),
+      or None.
+    * ``before_executors(trace)``: the trace executors will claim.
+    * ``differentiable_outputs(compiled_backward)``: which outputs of a thunder forward call are differentiable
+      (a tuple of bools), or None for thunder's default (all).
+    * ``replace_grads(compiled_backward, grads)``: the incoming gradients of a thunder backward call, changed,
+      or None to keep them.
+    * ``run_backward(compiled_backward, grads, take_saved_tensors)``: the input gradients of a backward the plugin
+      runs instead of thunder's compiled one, or ``NOT_HANDLED``; ``take_saved_tensors()`` releases the saved
+      tensors to it.
+    * ``mutated_inputs(compiled_backward)``: pairs (position in a thunder forward call's ``flat_args``, position in
+      its ``flat_output``) of the inputs changed in place and their new values (``grads_for_mutated_inputs``), or
+      ``()``.
+    * ``gradless_inputs(compiled_backward, grads)``: of those, the ones whose gradient is undefined for these
+      incoming gradients (``None`` where nothing used a new value), or ``()``.
+    """
+
+    executor: Any
+    proxify: Callable
+    symbol_call: Callable
+    plain_symbol_result: Callable
+    prim_ids: frozenset
+    new_alias: Callable
+    lookaside: Callable
+    before_executors: Callable
+    differentiable_outputs: Callable
+    replace_grads: Callable
+    run_backward: Callable
+    mutated_inputs: Callable
+    gradless_inputs: Callable
+
+
+# the Handlers given to the last install(); read by every hook (as plugin_state.handlers)
+handlers: Handlers | None = None
+# whether the hooks are in place now (install() sets it, uninstall() clears it)
+hooks_installed = False
+
+
+class _PluginActivity:
+    """Whether the plugin's executor is in a compile data's executor list, remembered for the compile data last asked
+    about (weakly: a jit's compile data holds the user's model). The hooks ask on every interpreted call; the answer
+    changes only with the compile data (``CompileData.executors_list`` is a tuple set once, ``thunder/common.py``)."""
+
+    def __init__(self):
+        from thunder.core.compile_data import _compile_data
+
+        self.compile_data_var = _compile_data
+        # (weak reference to the compile data last asked about, the handlers installed then, the answer), replaced as
+        # one tuple so that a thread never reads one jit's answer with another's compile data
+        self.last = (lambda: None, None, False)
+
+    def __call__(self) -> bool:
+        cd = self.compile_data_var.get()[0]
+        if cd is None:
+            return False
+        ref, seen, active = self.last
+        if ref() is cd and seen is handlers:
+            return active
+        active = handlers is not None and handlers.executor in cd.executors_list
+        self.last = (weakref.ref(cd), handlers, active)
+        return active
+
+
+@functools.cache
+def _plugin_activity() -> _PluginActivity:
+    return _PluginActivity()
+
+
+def is_plugin_active() -> bool:
+    """True while a jit that uses thunder_subclass traces or transforms (reads thunder's current compile data)."""
+    return handlers is not None and _plugin_activity()()

@@ -1,0 +1,404 @@
+"""The per-call path of a compiled function: thunder's cache info and a shorter way to a cache hit.
+
+* ``thunder/__init__.py`` ``_with_cache_info_ctx`` (hook) — for a plugin jit, the per-call cache info groups tensor
+  arguments as aliases only when they are the same view (thunder groups any that share a storage and replaces one by
+  a reshape of the other: a wrong value for ``f(x[:, :2], x[:, 2:])`` with an in-place op). In the same hook, the
+  jit's ``populate_cache_info`` (the closure cell of that name in the ``get_computation_and_inputs`` it decorates) is
+  replaced by one that fills the same entries with less work when no autocast, DDP/FSDP or possible alias is involved
+  (:func:`_use_fast_populate_cache_info`), and calls thunder's otherwise.
+* ``thunder/__init__.py`` ``fn_`` (not a hook: :func:`with_fast_cache_hits`, applied by ``thunder_subclass.jit`` to
+  what ``thunder.jit`` returns) — calls reach a cache hit through the same steps as thunder's ``fn_`` (cache info,
+  prologues under the compile data, computation, connection to autograd, epilogue, grad mode, statistics) without
+  its wrapper layers; everything else (autocast, tracing, misses) calls thunder's ``fn_``.
+
+Owner of state: the fast path keeps the jit's compile data and stats weakly (no cycle through the compiled function)
+and a per-function table of undecorated computation/epilogue functions, freed with the compiled function.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from thunder_subclass._thunder_internals import plugin_state
+
+
+class _ViewAwareCacheInfo(dict):
+    """thunder's per-call cache info (``thunder._cache_info_ctx``) for a plugin jit: thunder groups tensor arguments
+    that share a storage as aliases of one another and then replaces all but the first by a reshape of it
+    (``core/update_aliases.py`` ``replace_args_with_alias_map``), which is wrong for distinct views of one storage
+    (``x[:, :2]`` and ``x[:, 2:]``: the second would read the first's values). Here only arguments that are the same
+    view (same storage, offset, and shape and strides, or both contiguous of the same size) are grouped."""
+
+    def __init__(self, args, kwargs):
+        super().__init__()
+        self._args = (args, kwargs)
+
+    def __setitem__(self, key, value):
+        if key == "alias_tensor_indices" and value:
+            value = _same_view_groups(*self._args)
+        super().__setitem__(key, value)
+
+
+def _same_view_groups(args, kwargs) -> str:
+    from torch.utils._pytree import tree_leaves
+
+    groups: dict = {}
+    for i, t in enumerate(tree_leaves((args, kwargs))):
+        if type(t) is torch.Tensor and t.layout is torch.strided:
+            contiguous = t.is_contiguous()
+            view = (t.numel(),) if contiguous else (tuple(t.shape), tuple(t.stride()))
+            groups.setdefault((t.untyped_storage().data_ptr(), t.storage_offset(), contiguous, view), []).append(i)
+    return "-".join(",".join(map(str, g)) for g in groups.values() if len(g) > 1)
+
+
+def _hook_with_cache_info_ctx(original):
+    # wraps thunder._with_cache_info_ctx, the decorator thunder.jit puts on its per-call function; called inside
+    # thunder.jit (its local `cd`, the jit's compile data, tells whether the jit uses the plugin)
+    @functools.wraps(original)
+    def _with_cache_info_ctx(fn):
+        import sys
+
+        import thunder
+
+        jit_locals = sys._getframe(1).f_locals
+        cd = jit_locals.get("cd")
+        if plugin_state.handlers is None or cd is None or plugin_state.handlers.executor not in getattr(cd, "executors_list", ()):
+            return original(fn)
+        _use_fast_populate_cache_info(fn, jit_locals)
+
+        def cache_info_wrapper(*args, **kwargs):
+            token = thunder._cache_info_ctx.set(_ViewAwareCacheInfo(args, kwargs))
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                thunder._cache_info_ctx.reset(token)
+
+        return cache_info_wrapper
+
+    return _with_cache_info_ctx
+
+
+_SCALAR_TYPES = frozenset({int, float, bool, complex, str, type(None)})
+
+
+def _plain_strided_tensors(args: tuple, kwargs: dict) -> int:
+    """How many plain strided tensors thunder's alias grouping would see among the call's arguments (thunder's
+    ``tree_flatten`` of ``(args, kwargs)``; taken directly when every argument is a tensor or a scalar)."""
+    n = 0
+    for t in (*args, *kwargs.values()) if kwargs else args:
+        if type(t) is torch.Tensor:
+            if t.layout is torch.strided:
+                n += 1
+        elif type(t) not in _SCALAR_TYPES and not isinstance(t, torch.Tensor):
+            from thunder.core.pytree import tree_flatten
+
+            flat, _ = tree_flatten((args, kwargs))
+            return sum(1 for x in flat if type(x) is torch.Tensor and x.layout is torch.strided)
+    return n
+
+
+def _default_device_function() -> Callable[[], torch.device]:
+    """``torch.get_default_device`` with a shorter common case: with no torch function mode active and no global
+    default device set (``torch._GLOBAL_DEVICE_CONTEXT``, which ``torch.set_default_device`` fills), it returns
+    ``torch.device("cpu")``, as torch's function does then (``torch/__init__.py``, torch 2.10-2.15); otherwise it is
+    torch's function."""
+    context = getattr(torch, "_GLOBAL_DEVICE_CONTEXT", None)
+    modes = getattr(torch._C, "_len_torch_function_stack", None)
+    get_default_device = torch.get_default_device
+    if context is None or modes is None:
+        return get_default_device
+    cpu = torch.device("cpu")
+
+    def default_device() -> torch.device:
+        if modes() or getattr(context, "device_context", None) is not None:
+            return get_default_device()
+        return cpu
+
+    return default_device
+
+
+def _use_fast_populate_cache_info(get_computation_and_inputs, jit_locals: dict) -> None:
+    """For a plugin jit, thunder's ``populate_cache_info`` (a local function of ``thunder.jit`` that
+    ``get_computation_and_inputs`` calls through its closure cell of that name, every call) is replaced by one that
+    fills the same cache info with less work in the common case: no autocast, no DDP/FSDP, in-place alias updates on.
+    There it skips thunder's alias grouping (a pytree flatten and one ``untyped_storage()`` per tensor, whose
+    non-empty result :class:`_ViewAwareCacheInfo` recomputes anyway) when fewer than two plain tensors are passed,
+    which cannot alias. Every other case calls thunder's function. Left as is when the closure is not as expected."""
+    import weakref
+
+    code = get_computation_and_inputs.__code__
+    if "populate_cache_info" not in code.co_freevars or get_computation_and_inputs.__closure__ is None:
+        return
+    cell = get_computation_and_inputs.__closure__[code.co_freevars.index("populate_cache_info")]
+    original = cell.cell_contents
+    options = jit_locals.get("compile_options") or {}
+    user_fn = jit_locals.get("fn")
+    weak_cd = weakref.ref(jit_locals["cd"])
+    if options.get("skip_inplace_alias_updates", False) or not callable(original):
+        return
+    get_default_dtype, get_default_device, is_grad_enabled = (
+        torch.get_default_dtype, _default_device_function(), torch.is_grad_enabled
+    )
+    autocast = torch.is_autocast_enabled  # ("cpu") is torch.is_autocast_cpu_enabled() without its deprecation path
+    dict_update = dict.update
+
+    def populate_cache_info(cache_info, *args, **kwargs):
+        if autocast() or autocast("cpu") or getattr(user_fn, "use_ddp", False) or getattr(user_fn, "use_fsdp", False):
+            return original(cache_info, *args, **kwargs)
+        if _plain_strided_tensors(args, kwargs) > 1:  # may alias: thunder's grouping, then _ViewAwareCacheInfo's
+            return original(cache_info, *args, **kwargs)
+        grad = is_grad_enabled()
+        # the entries thunder's function sets, in its order ("" for alias_tensor_indices: no two tensors to alias)
+        dict_update(cache_info, default_dtype=get_default_dtype(), default_device=get_default_device(),
+                    is_autocast_enabled=False, alias_tensor_indices="", is_grad_enabled=grad, no_grad_sync=False)
+        weak_cd().is_grad_enabled = grad
+
+    populate_cache_info.__wrapped__ = original
+    cell.cell_contents = populate_cache_info
+
+
+@functools.cache
+def _trace_decorator_codes() -> tuple:
+    """The code objects of the two decorators thunder puts on generated computation and epilogue functions
+    (``core/trace.py`` ``python_callable``: ``@torch.no_grad()`` then ``@no_autocast``)."""
+    from thunder.executors.torchex import no_autocast
+
+    sample = torch.no_grad()(no_autocast(lambda: None))
+    return sample.__code__, sample.__wrapped__.__code__
+
+
+def _undecorated(fn):
+    """``fn`` without thunder's ``@torch.no_grad() @no_autocast`` when it has exactly those: in the fast path grad mode
+    and autocast (CPU and CUDA) are already off, so they do nothing but cost two wrapper calls; else ``fn``."""
+    no_grad_code, no_autocast_code = _trace_decorator_codes()
+    inner = getattr(fn, "__wrapped__", None)
+    if getattr(fn, "__code__", None) is not no_grad_code or getattr(inner, "__code__", None) is not no_autocast_code:
+        return fn
+    return getattr(inner, "__wrapped__", fn)
+
+
+def with_fast_cache_hits(jfn, *, automatic_dynamic: bool = False):
+    """A ``thunder.jit`` result (function or ``ThunderModule``) of a plugin jit whose calls take a shorter path to a
+    cache hit than thunder 0.2.6's ``fn_`` (``thunder/__init__.py``): the same steps for the same result — the per-call
+    cache info (this jit's ``populate_cache_info``, in thunder's cache-info context), the cache entries' prologues
+    newest first under the jit's compile data, the hit's computation, its connection to autograd when the entry has a
+    backward (thunder's ``connect_to_autograd`` with the arguments thunder's ``maybe_connect_to_autograd`` passes),
+    the epilogue, the grad mode restored, and thunder's statistics (calls, cache hits, last traces) — without thunder's
+    layers of wrappers around them (call statistics, language context, cache-info context, the timers and the
+    per-call copy of the cache entry of ``decorate_computation_function``). Without grad mode the computation and
+    epilogue run without their ``no_grad``/``no_autocast`` decorators, no-ops then (:func:`_undecorated`). Calls
+    while tracing, under autocast, with a cache option other than constant values, and any call no entry's prologue
+    accepts (a cache miss) go to thunder's own ``fn_``, which checks the entries again and traces. Returns the object
+    to hand to the user: the same ``ThunderModule`` with its ``_forward_fn`` wrapped, or, for a function, a wrapper
+    carrying thunder's ``_lc_*``
+    attributes (``thunder.compile_stats`` and friends read them). With ``automatic_dynamic``, the calls that trace go
+    through :class:`AutomaticDynamicShapes` (a size-driven miss traces with symbolic sizes)."""
+    import thunder
+    from thunder.core.compile_data import (
+        reset_compile_data_and_stats,
+        set_compile_data_and_stats,
+    )
+    from thunder.core.module import ThunderModule
+    from thunder.core.options import CACHE_OPTIONS
+    from thunder.core.trace import is_tracing
+
+    cd, cs = getattr(jfn, "_lc_cd", None), getattr(jfn, "_lc_cs", None)
+    module = isinstance(jfn, ThunderModule)
+    original = jfn._forward_fn if module else jfn
+    if cd is None or cs is None or cd.cache_option is not CACHE_OPTIONS.CONSTANT_VALUES:
+        return jfn
+    populate = getattr(cd, "populate_cache_info", None)
+    if populate is None:
+        return jfn
+    import weakref
+
+    from thunder.executors.torch_autograd import connect_to_autograd
+
+    # what thunder.jit reads from its compile options once, for its maybe_connect_to_autograd
+    disable_split_autograd = bool(cd.compile_options.get("thunderfx_disable_split_autograd", False))
+    is_differentiable_outputs = cd.compile_options.get("is_differentiable_outputs", None)
+    weak_cd, weak_cs = weakref.ref(cd), weakref.ref(cs)  # no reference cycle through the compiled function
+    set_grad_enabled = torch.set_grad_enabled
+    autocast = torch.is_autocast_enabled
+    cache_info_ctx = thunder._cache_info_ctx
+
+    dynamic = AutomaticDynamicShapes(cd, cs, original) if automatic_dynamic else None
+    trace = dynamic.trace if dynamic is not None else (lambda args, kwargs: original(*args, **kwargs))
+
+    @functools.wraps(original)
+    def fast_call(*args, **kwargs):
+        cs = weak_cs()
+        if autocast("cpu") or autocast() or cs is None or is_tracing():
+            return original(*args, **kwargs)
+        if not cs.interpreter_cache:
+            return trace(args, kwargs)
+        cd = weak_cd()
+        token = cache_info_ctx.set(_ViewAwareCacheInfo(args, kwargs))
+        try:
+            populate(cache_info_ctx.get(), *args, **kwargs)
+            hit = None
+            data_token = set_compile_data_and_stats(cd, cs)  # thunder's compile_data_and_stats, without a generator
+            try:
+                for entry in reversed(cs.interpreter_cache):
+                    try:
+                        inps, pro_to_epi = entry.prologue_fn(*args, **kwargs)
+                    except Exception:
+                        continue
+                    hit = entry
+                    break
+            finally:
+                reset_compile_data_and_stats(data_token)
+        finally:
+            cache_info_ctx.reset(token)
+        if hit is None:
+            return trace(args, kwargs)
+        cs.calls += 1
+        cs.cache_hits += 1
+        cs.last_traces = hit.computation_traces
+        cs.last_interpreted_instructions = None
+        cs.last_interpreter_log = None
+        cs.last_prologue_traces = hit.prologue_traces
+        cs.last_prologue = hit.prologue_fn
+        if cd.is_grad_enabled:  # thunder's fn_: the computation (under its no_grad), connected to autograd, epilogue
+            result = hit.computation_fn(*inps)
+            if hit.backward_fn is not None:  # thunder's maybe_connect_to_autograd
+                data_for_autograd, (saved_tensors, saved_other) = result
+                connect_to_autograd(
+                    backward_fn=hit.backward_fn, flat_args=data_for_autograd["flat_args"],
+                    flat_output=data_for_autograd["flat_output"], saved_tensors=saved_tensors,
+                    saved_other=saved_other, return_none_instead_of_grads=hit.return_none_instead_of_grads,
+                    disable_split_autograd=disable_split_autograd, is_differentiable_outputs=is_differentiable_outputs,
+                )
+                result = data_for_autograd["output"]
+            result = hit.epilogue_fn(*pro_to_epi, *result)
+        else:
+            fns = plain_fns.get(id(hit))
+            if fns is None or fns[0] is not hit:
+                fns = plain_fns[id(hit)] = (hit, _undecorated(hit.computation_fn), _undecorated(hit.epilogue_fn))
+            result = fns[2](*pro_to_epi, *fns[1](*inps))
+        set_grad_enabled(cd.is_grad_enabled)
+        cs.last_computation = hit.computation_fn
+        return result
+
+    fast_call._thunder_subclass_fast_call = True
+    fast_call._thunder_subclass_dynamic_shapes = dynamic
+    plain_fns: dict = {}  # id(entry) -> (entry, computation, epilogue) without their no-grad/no-autocast decorators
+    if module:
+        jfn._forward_fn = fast_call
+        return jfn
+    for name in ("_lc_cd", "_lc_cs", "_lc_transforms"):
+        if hasattr(jfn, name):
+            setattr(fast_call, name, getattr(jfn, name))
+    return fast_call
+
+
+def hook_targets() -> list[tuple[Any, str, Callable]]:
+    import thunder
+
+    return [(thunder, "_with_cache_info_ctx", _hook_with_cache_info_ctx)]
+
+
+def _input_signature(args: tuple, kwargs: dict) -> tuple[Any, tuple, tuple]:
+    """``(structure, what must match, sizes)`` of a call's arguments: the pytree structure, per leaf its type and (for
+    tensors) dtype, device, layout, number of dimensions and ``requires_grad``, or (for other leaves) the leaf itself
+    where it is hashable and not an int; and the tensors' sizes and the ints, which symbolic values can vary."""
+    from torch.utils._pytree import tree_flatten
+
+    leaves, spec = tree_flatten((args, kwargs))
+    fixed, sizes = [], []
+    for x in leaves:
+        if isinstance(x, torch.Tensor):
+            with torch._C.DisableTorchFunctionSubclass():  # no user __torch_function__ for these reads
+                fixed.append((type(x), x.dtype, x.device, x.layout, x.dim(), x.requires_grad))
+                sizes.append(tuple(x.shape))
+        elif type(x) is int:
+            fixed.append(int)
+            sizes.append(x)
+        else:
+            try:
+                hash(x)
+                fixed.append((type(x), x))
+            except TypeError:
+                fixed.append((type(x), id(x)))
+    return spec, tuple(fixed), tuple(sizes)
+
+
+def _describe_callable(fn) -> str:
+    """``f (file.py:12)`` for a function, ``Linear (module)`` for a module: what a warning names."""
+    if isinstance(fn, torch.nn.Module):
+        return f"{type(fn).__qualname__} (module)"
+    code = getattr(fn, "__code__", None)
+    where = f" ({code.co_filename}:{code.co_firstlineno})" if code is not None else ""
+    return f"{getattr(fn, '__qualname__', type(fn).__qualname__)}{where}"
+
+
+class AutomaticDynamicShapes:
+    """torch.compile's automatic dynamic shapes for a plugin jit under thunder's default cache ("constant values"),
+    which traces once per input size: after a cache miss whose arguments differ from the previous miss's only in
+    tensor sizes or int values, the jit's cache option (``CompileData.cache_option``, which thunder's interpreter
+    reads while it traces: ``core/compile_data.py`` ``get_cache_option``) becomes "symbolic values", so that the trace
+    made for that call, and kept in the same cache, takes any sizes where nothing needs them fixed (the plugin still
+    guards the sizes that reach a subclass operation). Entries traced before keep their exact checks. If tracing
+    with symbolic values fails, the jit goes back to "constant values" for good, with a one-time warning, and the call
+    traces as before: a trace per size, never an error that constant values would not give.
+
+    Owner: one per compiled function (its fast path holds it); it holds the jit's compile data and stats weakly, so it
+    keeps nothing alive. :attr:`state` is ``"static"``, ``"symbolic"`` or ``"static for good"``."""
+
+    def __init__(self, cd, cs, trace_call: Callable):
+        import weakref
+
+        self._cd, self._cs = weakref.ref(cd), weakref.ref(cs)
+        self._trace_call = trace_call
+        self._previous = None  # the signature of the arguments of the last call that traced
+        self.state = "static"
+
+    def trace(self, args: tuple, kwargs: dict):
+        """Make and run a new trace for this call (a cache miss), with symbolic sizes when the miss is size-driven."""
+        from thunder.core.options import CACHE_OPTIONS
+
+        if self.state == "symbolic":
+            return self._first_among_entries(args, kwargs)
+        if self.state != "static":
+            return self._trace_call(*args, **kwargs)
+        signature = _input_signature(args, kwargs)
+        previous, self._previous = self._previous, signature
+        cd, cs = self._cd(), self._cs()
+        if previous is None or cd is None or cs is None or previous[:2] != signature[:2] or previous == signature:
+            return self._trace_call(*args, **kwargs)
+        cd.cache_option = CACHE_OPTIONS.SYMBOLIC_VALUES
+        self.state = "symbolic"
+        entries = len(cs.interpreter_cache)
+        try:
+            return self._first_among_entries(args, kwargs)
+        except Exception as e:
+            if len(cs.interpreter_cache) != entries:  # it traced and failed when it ran: the user's error
+                raise
+            import warnings
+
+            cd.cache_option = CACHE_OPTIONS.CONSTANT_VALUES
+            self.state = "static for good"
+            self._previous = None
+            warnings.warn(
+                f"thunder_subclass: tracing {_describe_callable(cd.fn)} with symbolic sizes "
+                f"after its inputs changed size failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+                "it keeps one trace per input size. Pass dynamic=False to thunder_subclass.jit to choose that from "
+                "the start.",
+                stacklevel=3,
+            )
+            return self._trace_call(*args, **kwargs)
+
+    def _first_among_entries(self, args: tuple, kwargs: dict):
+        """Trace with symbolic sizes, and put the new cache entry first in thunder's list of entries, which lookups
+        read newest first: the exact entries traced before keep answering the sizes they were made for (their checks
+        and computations are cheaper than the symbolic entry's), the symbolic one answers the others."""
+        cs = self._cs()
+        entries = len(cs.interpreter_cache) if cs is not None else None
+        result = self._trace_call(*args, **kwargs)
+        if cs is not None and len(cs.interpreter_cache) == entries + 1:
+            cs.interpreter_cache.insert(0, cs.interpreter_cache.pop())
+        return result

@@ -1,0 +1,310 @@
+"""thunder's ``cache="symbolic values"`` for plugin jits.
+
+Plain inputs' sizes and number inputs become NumberProxies whose values the prologue does not check.
+thunder_subclass runs subclass operations on fakes of the current sizes (no ShapeEnv), so every number that reaches a
+fake run is pinned (:func:`pin_numbers`, called by ``thunder_subclass.fake`` where a proxy becomes a fake: the input
+numbers it is computed from get a value check in the prologue); sizes that only meet plain operations stay symbolic
+(transformers' DynamicCache length in decoding: one trace for every decode step). The hooks below fix what thunder
+0.2.6 itself gets wrong under symbolic values; each acts only for a plugin jit with that cache option:
+``jit_ext.unpack_inputs`` (parameters tagged ``STATIC_MEMORY_LOCATION``), ``StringProxy``'s comparison methods
+(inherited from ``Proxy``, which raises), and, through the ``general_jit_lookaside`` hook of :mod:`.tracing`,
+thunder's bool lookaside (a number input used only in a branch is guarded; thunder reuses a stale trace),
+list/tuple ``__getitem__`` with a number index, ``isinstance`` of a number proxy.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+from thunder_subclass._thunder_internals import plugin_state
+from thunder_subclass._thunder_internals.plugin_state import is_plugin_active
+from thunder_subclass._thunder_internals.thunder_state import (
+    is_interpreting,
+    trace_producers,
+)
+
+
+def _symbolic_values_active() -> bool:
+    if not is_plugin_active():
+        return False
+    from thunder.core.compile_data import get_compile_data
+    from thunder.core.options import CACHE_OPTIONS
+
+    return get_compile_data().cache_option is CACHE_OPTIONS.SYMBOLIC_VALUES
+
+
+def _is_input_number(v) -> bool:
+    from thunder.core.jit_ext import should_register_for_prologue
+
+    return v.history is not None and should_register_for_prologue(v.history)
+
+
+def pin_input_numbers(v) -> None:
+    """A prologue value check on every input number ``v`` is computed from (``v`` itself if it is one)."""
+    import thunder.clang as clang
+    from thunder.core.jit_ext import get_jit_ctx
+    from thunder.core.proxies import NumberProxy
+
+    ctx, producers, seen, stack = get_jit_ctx(), None, set(), [v]
+    while stack:
+        p = stack.pop()
+        if p.name in seen:
+            continue
+        seen.add(p.name)
+        if _is_input_number(p):
+            if not p.is_dynamic():
+                p.make_static_constrained()
+            ctx.add_constraint((clang.check_number_type_and_value, p, p.value))
+            continue
+        producers = producers if producers is not None else trace_producers()
+        b = producers.get(p.name)
+        if b is not None:
+            stack.extend(a for a in b.flat_proxy_args if isinstance(a, NumberProxy))
+
+
+def pin_numbers(x) -> None:
+    """Pin ``x`` (a number proxy, or a tensor proxy's sizes) before it becomes part of a fake run, where a plugin jit
+    traces with ``cache="symbolic values"``: the traced program is valid only for these values."""
+    from thunder.core.proxies import NumberProxy, TensorProxy
+
+    if not is_interpreting() or not _symbolic_values_active():
+        return
+    if isinstance(x, NumberProxy) and x.value is not None:
+        pin_input_numbers(x)
+    elif isinstance(x, TensorProxy):
+        for s in x._shape:
+            if isinstance(s, NumberProxy) and s.value is not None:
+                pin_input_numbers(s)
+
+
+_STRING_PROXY_METHODS = ("__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__add__", "__mul__", "__rmul__",
+                         "__mod__", "__rmod__")
+
+
+def _string_proxy_method(name: str, original):
+    # StringProxy (thunder/core/proxies.py, `class StringProxy(Proxy, str)`) defines __eq__, but Proxy's
+    # NotImplementedError-raising __ne__, __lt__, ... come first in its MRO: under symbolic values a string attribute
+    # reached from an input (config._attn_implementation) fails `!= "eager"` (transformers' attention). For a plugin
+    # jit, str's behaviour on its value (no guard recorded, as for thunder's own __eq__).
+    str_method = getattr(str, name)
+
+    def method(self, *args):
+        if not is_plugin_active():
+            return original(self, *args)
+        from thunder.core.proxies import StringProxy
+
+        return str_method(self.value, *(a.value if isinstance(a, StringProxy) else a for a in args))
+
+    method.__name__ = name
+    return method
+
+
+def _hook_string_proxy_method(name: str):
+    return lambda original: _string_proxy_method(name, original)
+
+
+class _TaggingUnpackParameter:
+    """``prims.unpack_parameter`` whose bound outputs carry ``STATIC_MEMORY_LOCATION``."""
+
+    def __init__(self, sym):
+        self._sym = sym
+
+    def bind(self, *args, output=None, **kwargs):
+        from thunder.core.proxies import ProxyTag
+
+        if output is not None and hasattr(output, "tags"):
+            output.tags.add(ProxyTag.STATIC_MEMORY_LOCATION)
+        return self._sym.bind(*args, output=output, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._sym, name)
+
+
+def _hook_unpack_inputs(original):
+    # wraps thunder.core.jit_ext.unpack_inputs. Under symbolic values a parameter's sizes have provenance
+    # `<param>.shape[i]`, so unpack_inputs unpacks the parameter as an intermediate (a fresh proxy) and then asserts
+    # it carries STATIC_MEMORY_LOCATION, which only the parameter's own proxy has: "Parameter was not tagged with
+    # STATIC_MEMORY_LOCATION" (thunder.jit(nn.Linear(4, 4), cache="symbolic values") fails in 0.2.6). While it runs
+    # for a plugin jit, prims.unpack_parameter tags its outputs.
+    @functools.wraps(original)
+    def unpack_inputs(*args, **kwargs):
+        import thunder.core.prims as prims
+
+        if not _symbolic_values_active():
+            return original(*args, **kwargs)
+        saved = prims.unpack_parameter
+        prims.unpack_parameter = _TaggingUnpackParameter(saved)
+        try:
+            return original(*args, **kwargs)
+        finally:
+            prims.unpack_parameter = saved
+
+    return unpack_inputs
+
+
+def _sequence_getitem_lookaside(original):
+    """thunder's list/tuple ``__getitem__`` (``core/interpreter.py`` ``SequenceWrapperMethods.__getitem__``) accepts
+    only ``int`` indices; under symbolic values an int attribute (``LlamaAttention.layer_idx``) is an IntegerProxy:
+    "list indices must be integers or slices, not IntegerProxy" (transformers' ``self.layers[layer_idx]``). The index
+    is pinned (a prologue check) and its value used."""
+    from thunder.core.interpreter import WrappedValue, wrap_const
+    from thunder.core.proxies import IntegerProxy
+
+    def lookaside(self, idx, /):
+        value = idx.value if isinstance(idx, WrappedValue) else idx
+        if isinstance(value, IntegerProxy) and value.python_type is int:
+            pin_input_numbers(value)
+            idx = wrap_const(int(value.value))
+        return original(self, idx)
+
+    return lookaside
+
+
+def _number_isinstance(obj, cls):
+    # isinstance on a NumberProxy tests its Python value (its type is part of the number's identity in thunder's
+    # caching); thunder answers False for isinstance(<IntegerProxy>, int), so transformers'
+    # `slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep` indexes with a number
+    return isinstance(obj.value, cls)
+
+
+class _Name(str):
+    """A proxy's name in a :class:`_Condition` step (as opposed to a constant string)."""
+
+
+class _Condition:
+    """A branch condition as a straight-line program over input numbers, re-evaluated by a prologue check on the
+    call's numbers: steps ``(out, fn, args)`` whose args are input / earlier names or constants."""
+
+    def __init__(self, inputs, steps, out, expected):
+        self.inputs, self.steps, self.out, self.expected = inputs, steps, out, expected
+
+    def __call__(self, *values) -> bool:
+        env = dict(zip(self.inputs, values))
+        for out, fn, args in self.steps:
+            env[out] = fn(*(env[a] if isinstance(a, _Name) else a for a in args))
+        return bool(env[self.out]) == self.expected
+
+    def __repr__(self):
+        return f"<condition {self.out} == {self.expected} over {self.inputs}>"
+
+
+@functools.cache
+def _number_ops() -> dict:
+    import operator
+
+    return {"add": operator.add, "sub": operator.sub, "mul": operator.mul, "eq": operator.eq, "ne": operator.ne,
+            "lt": operator.lt, "le": operator.le, "gt": operator.gt, "ge": operator.ge,
+            "floor_divide": operator.floordiv, "neg": operator.neg, "bitwise_and": operator.and_,
+            "bitwise_or": operator.or_, "py_and": lambda a, b: a and b}
+
+
+@functools.cache
+def _condition_check_symbol():
+    from thunder.core.prims import OpTags
+
+    def check_condition(condition, *values):
+        if not condition(*values):
+            raise RuntimeError(f"{condition} does not hold")
+
+    return plugin_state.handlers.executor.register_operator(
+        "check_number_condition", meta=lambda condition, *values: None, fn=check_condition, tags=[OpTags.DONT_DCE]
+    )
+
+
+def _condition_program(v):
+    """``(input proxies, _Condition)`` for ``v`` computed from input numbers by number prims only; None otherwise."""
+    from thunder.core.proxies import NumberProxy, Proxy
+
+    producers, ops = trace_producers(), _number_ops()
+    inputs, steps, seen = {}, [], set()
+
+    def visit(p) -> bool:
+        if p.name in seen:
+            return True
+        seen.add(p.name)
+        if _is_input_number(p):
+            inputs[p.name] = p
+            return True
+        b = producers.get(p.name)
+        if b is None or not b.sym.is_prim or b.sym.name not in ops or b.kwargs:
+            return False
+        args = []
+        for a in b.args:
+            if isinstance(a, NumberProxy):
+                if not visit(a):
+                    return False
+                args.append(_Name(a.name))
+            elif isinstance(a, Proxy):
+                return False
+            else:
+                args.append(a)
+        steps.append((p.name, ops[b.sym.name], tuple(args)))
+        return True
+
+    if not visit(v):
+        return None
+    names = list(inputs)
+    return [inputs[n] for n in names], _Condition(names, steps, v.name, bool(v.value))
+
+
+def _bool_lookaside(original):
+    """thunder's bool lookaside (``core/jit_ext.py`` ``_general_jit_bool_lookaside``) makes a NumberProxy that
+    control flow branches on static-constrained, but the prologue checks only numbers passed on to the computation
+    or epilogue (``unpack_inputs``): an input number used only in a branch is not checked, and a trace made for one
+    branch serves the other (transformers' ``DynamicLayer.update`` ``if not self.is_initialized``: prefill and decode
+    would share a trace). The branch is guarded: an input number by its value; a number computed from input numbers
+    by number prims as that condition, re-evaluated on the call's numbers (so ``kv_len + offset > 0`` does not pin
+    each size); anything else pins the input numbers it depends on."""
+    from thunder.core.proxies import NumberProxy
+
+    def lookaside(wrapped_x):
+        res = original(wrapped_x)
+        v = wrapped_x.value
+        if isinstance(v, NumberProxy) and v.is_static_constrained():
+            import thunder.clang as clang
+            from thunder.core.jit_ext import get_jit_ctx
+
+            if _is_input_number(v):
+                get_jit_ctx().add_constraint((clang.check_number_type_and_value, v, v.value))
+                return res
+            program = _condition_program(v)
+            if program is None:
+                pin_input_numbers(v)
+                return res
+            inputs, condition = program
+            get_jit_ctx().add_constraint((_condition_check_symbol(), condition, *inputs))
+            v.make_constrainable()  # the condition guard replaces thunder's pinning of every input it reads
+        return res
+
+    return lookaside
+
+
+def symbolic_values_lookaside(fn, wrapped_args):
+    """The lookaside of a symbolic-values fix for ``fn``, or None."""
+    if not (fn is bool or fn is list.__getitem__ or fn is tuple.__getitem__ or fn is isinstance):
+        return None
+    if not _symbolic_values_active():
+        return None
+    import thunder.core.interpreter as interpreter
+    import thunder.core.jit_ext as jit_ext
+    from thunder.core.proxies import NumberProxy
+
+    if fn is bool:
+        return _bool_lookaside(jit_ext._general_jit_lookaside_map[bool])
+    if fn is list.__getitem__ or fn is tuple.__getitem__:
+        return _sequence_getitem_lookaside(interpreter._default_provenance_tracking_lookaside_map[fn])
+    if fn is isinstance and len(wrapped_args) == 2 and isinstance(interpreter.unwrap(wrapped_args[0]), NumberProxy):
+        return interpreter.interpreter_needs_wrap(_number_isinstance)
+    return None
+
+
+def hook_targets() -> list[tuple[Any, str, Callable]]:
+    import thunder.core.jit_ext as jit_ext
+    import thunder.core.proxies as proxies
+
+    return [
+        (jit_ext, "unpack_inputs", _hook_unpack_inputs),
+        *((proxies.StringProxy, name, _hook_string_proxy_method(name)) for name in _STRING_PROXY_METHODS),
+    ]

@@ -1,0 +1,382 @@
+"""Accessors for thunder 0.2.6's private state, for the stages above (no hook is installed here).
+
+* compile data: the jit being compiled (``thunder.core.compile_data._compile_data``: :func:`current_compile_data`,
+  :func:`compile_data_context`), and the autocast state of the traced code at the point being traced
+  (``CompileData.autocast_stack`` with ``thunder.transforms.autocast.is_autocast_enabled``:
+  :func:`traced_autocast_states`, replayed by the fake runs of subclass operations);
+* thunder's torch-callable -> symbol table (``thunder.torch._torch_to_thunder_function_map``:
+  :func:`torch_to_thunder_symbols`) and whether thunder resolves a tensor method (``core/langctxs.py``);
+* traces: an empty trace with a signature (``TraceCtx._siginfo``: :func:`new_trace`); the table of proxy producers of
+  the computation trace being built (:func:`tensor_producer`, kept on the trace, indexed as it grows; used by the
+  stride inference of fakes and by the symbolic-values number pins);
+* the interpreter: the user's source line (:func:`source_location`), whether a call comes from user code, calling a
+  function under the interpreter from a lookaside (``_interpret_call``: :func:`interpret_call`,
+  :func:`interpret_native_call`), raising in the traced program (``do_raise``), rebinding a wrapped value, the
+  arguments of ``super()``, whether the interpreter is running;
+* the jit context (``jit_ext.get_jit_ctx``): a per-trace dict for the plugin (:func:`jit_state`), calls appended to
+  the epilogue (:func:`call_in_epilogue`, run by :mod:`.interpreter_fixes`' ``process_recorded_modifications``
+  hook), names and registration of input proxies, provenance records the prologue can unpack.
+
+Owner of state: what is kept lives on thunder's own objects (the jit context, the trace being built) and is freed with
+them.
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+
+def current_compile_data() -> tuple[Any, Any]:
+    """thunder's compile data and compile stats of the jit being compiled (``thunder.core.compile_data``)."""
+    from thunder.core.compile_data import _compile_data
+
+    return _compile_data.get()
+
+
+def traced_autocast_states() -> tuple[tuple[str, Any, bool], ...]:
+    """``(device type, torch dtype, enabled)`` for each ``torch.autocast`` active at this point of the traced code,
+    outermost first: thunder's jit pushes the autocast active around the call and its ``torch.autocast.__enter__`` /
+    ``__exit__`` lookasides push and pop the ones the traced code enters (``CompileData.autocast_stack``;
+    ``thunder/torch/__init__.py`` ``autocast_enter`` / ``autocast_exit``). Empty outside a jit, and while thunder
+    applies an autocast rule itself (``thunder.transforms.autocast.disable_autocast``: its inputs are cast already)."""
+    from thunder.core.compile_data import get_compile_data
+    import thunder.core.dtypes as dtypes
+    from thunder.transforms.autocast import is_autocast_enabled
+
+    stack = getattr(getattr(get_compile_data(), "autocast_stack", None), "stack", None)
+    if not stack or not is_autocast_enabled():
+        return ()
+    return tuple((device, dtypes.to_torch_dtype(dtype) if isinstance(dtype, dtypes.dtype) else dtype, bool(enabled))
+                 for device, dtype, enabled in stack)
+
+
+def compile_data_context(cd, cs):
+    """Make ``cd``/``cs`` current again (``thunder.core.compile_data.compile_data_and_stats``), e.g. to trace a
+    backward variant at run time with the plugin's hooks active."""
+    from thunder.core.compile_data import compile_data_and_stats
+
+    return compile_data_and_stats(cd, cs)
+
+
+@functools.cache
+def torch_to_thunder_symbols() -> dict:
+    """thunder's table from torch callables to the thunder torch symbols they are traced as
+    (``thunder.torch._torch_to_thunder_function_map``), with the plain symbol in place of thunder 0.2.6's DTensor
+    dispatch closures (taken from their ``single_device_symbol`` nonlocal). Entries without a symbol are left out."""
+    import inspect
+
+    import thunder.torch as ltorch
+    from thunder.core.symbol import Symbol
+
+    table = {}
+    for torch_fn, sym in ltorch._torch_to_thunder_function_map.items():
+        if not isinstance(sym, Symbol):
+            sym = inspect.getclosurevars(sym).nonlocals.get("single_device_symbol") if callable(sym) else None
+        if isinstance(sym, Symbol):
+            table[torch_fn] = sym
+    return table
+
+
+def thunder_resolves_method(name: str) -> bool:
+    """Whether thunder's torch language context has a tensor method ``name`` (what ``TensorProxy.__getattr__``
+    looks up: ``core/langctxs.py`` ``resolve_method``)."""
+    from thunder.core.langctxs import resolve_method
+
+    return resolve_method(name) is not None
+
+
+def new_trace(name: str, args: list, *, names) -> Any:
+    """An empty thunder trace whose signature is ``name(*args)`` (proxies), reserving ``names``. thunder 0.2.6 has
+    no public constructor for a trace without a Python function, so the signature is set directly
+    (``TraceCtx._siginfo``, as thunder's own jit_ext does)."""
+    from thunder.core.codeutils import SigInfo
+    from thunder.core.trace import TraceCtx
+
+    trace = TraceCtx()
+    trace.names = set(names)
+    trace.args = args
+    trace._siginfo = SigInfo.from_name_and_args(name, args)
+    return trace
+
+
+def source_location() -> tuple[str | None, int | None]:
+    """The user's source file and line of the call being traced (thunder records it on the trace while it records
+    symbols; otherwise the line the interpreter is at in the innermost frame of user code)."""
+    from thunder.core.trace import get_tracectx
+
+    trace = get_tracectx()
+    if trace is not None and trace._current_source_filename is not None:
+        positions = trace._current_source_positions
+        return trace._current_source_filename, getattr(positions, "lineno", None)
+    if not is_interpreting():
+        return None, None
+    import os
+
+    import thunder
+    from thunder.core.interpreter import get_interpreterruntimectx
+
+    thunder_dir = os.path.dirname(thunder.__file__)
+    for frame in reversed(get_interpreterruntimectx().frame_stack):
+        if not frame.code.co_filename.startswith(thunder_dir):
+            return frame.code.co_filename, getattr(frame.positions, "lineno", None)
+    return None, None
+
+
+def is_called_from_user_code() -> bool:
+    """False when the call being interpreted comes from thunder's own interpreted helpers (for example the
+    interpreter's binary-operator implementation calls ``type(a)``), True for the user's code."""
+    import os
+
+    import thunder
+    from thunder.core.interpreter import get_interpreterruntimectx
+
+    frame = get_interpreterruntimectx().peek_frame_stack()
+    if frame is None:
+        return True
+    return not frame.code.co_filename.startswith(os.path.dirname(thunder.__file__))
+
+
+def jit_state() -> dict | None:
+    """A dict the plugin keeps on thunder's jit context of the trace being interpreted (``jit_ext.get_jit_ctx``), or
+    None when no jit is interpreting (e.g. while autodiff runs a grad rule)."""
+    from thunder.core.jit_ext import get_jit_ctx
+
+    try:
+        ctx = get_jit_ctx()
+    except LookupError:
+        return None
+    return ctx.__dict__.setdefault("_thunder_subclass_state", {})
+
+
+def call_in_epilogue(sym, history, *args) -> None:
+    """Append ``sym(obj, *args)`` to the epilogue of the trace being interpreted, where ``obj`` is the caller's object
+    with provenance ``history`` (an input). The epilogue runs after the computation (and after thunder's autograd
+    Function, which would hand the computation's outputs to it as new tensors: views of an input it returns), so
+    ``obj`` comes from the prologue directly (``jit_ext.process_recorded_modifications`` does the same for a module
+    whose buffers the traced code assigns). Calls run in the order they were added."""
+    jit_state().setdefault("epilogue_calls", []).append((sym, history, args))
+
+
+def interpret_call(fn, *wrapped_args, **wrapped_kwargs):
+    """Call ``fn`` under thunder's interpreter from inside a lookaside (``interpreter._interpret_call``): its body is
+    traced like user code. Arguments and result are the interpreter's wrapped values."""
+    from thunder.core.interpreter import _interpret_call
+
+    return _interpret_call(fn, *wrapped_args, **wrapped_kwargs)
+
+
+def raise_in_interpreter(e: BaseException):
+    """Raise ``e`` in the traced program from inside a lookaside (``interpreter.do_raise``): it reaches the user as
+    itself, not wrapped in an ``InterpreterError``."""
+    from thunder.core.interpreter import do_raise
+
+    return do_raise(e)
+
+
+def rebind_wrapped_value(wrapped, value) -> None:
+    """Make the interpreter's wrapped value ``wrapped`` hold ``value`` from now on: every Python reference to it in the
+    traced code (a local variable, a list item) then denotes ``value``, as after an in-place op on an object in eager.
+    Its cached attribute reads are dropped (``WrappedValue.attribute_wrappers``)."""
+    wrapped.value = value
+    wrapped.attribute_wrappers.clear()
+
+
+def super_arguments(wrapped_args: tuple) -> tuple[Any, Any]:
+    """The (class, object) of a ``super(...)`` call being interpreted, unwrapped; for the zero-argument form, read
+    from the calling frame's ``__class__`` cell and first argument as thunder's own ``_super_lookaside`` does
+    (``core/interpreter.py``). (None, None) when they cannot be found."""
+    from thunder.core.interpreter import get_interpreterruntimectx, unwrap
+
+    if len(wrapped_args) == 2:
+        return unwrap(wrapped_args[0]), unwrap(wrapped_args[1])
+    if wrapped_args:
+        return None, None
+    frame = get_interpreterruntimectx().frame_stack[-1]
+    if not frame.code.co_varnames:
+        return None, None
+    self_name, cls, obj = frame.code.co_varnames[0], None, None
+    for i in range(len(frame.localsplus)):
+        name, value = frame.get_localsplus_name(i), unwrap(frame.localsplus[i])
+        if name == "__class__" and hasattr(value, "cell_contents"):
+            cls = value.cell_contents
+        elif name == self_name:
+            obj = value.cell_contents if hasattr(value, "cell_contents") else value
+    return cls, obj
+
+
+def is_interpreting() -> bool:
+    """Whether thunder's interpreter is tracing user code now (not a later pass re-running symbols)."""
+    from thunder.core.interpreter import _interpretercompilectx
+
+    try:
+        _interpretercompilectx.get()
+    except LookupError:
+        return False
+    return True
+
+
+def interpret_native_call(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` traced by thunder's interpreter (its body like user code), called from plain Python
+    that thunder's interpreter is running opaquely (a symbol call, a lookaside's body): arguments are wrapped as
+    constants, the result unwrapped, an exception raised inside is raised here."""
+    from thunder.core.interpreter import (
+        INTERPRETER_SIGNALS,
+        _interpret_call,
+        get_interpreterruntimectx,
+        unwrap,
+        wrap_const,
+    )
+
+    result = _interpret_call(wrap_const(fn), *(wrap_const(a) for a in args),
+                             **{k: wrap_const(v) for k, v in kwargs.items()})
+    if result is INTERPRETER_SIGNALS.EXCEPTION_RAISED:
+        runtime = get_interpreterruntimectx()
+        exc, runtime.curexc = runtime.curexc, None
+        raise exc
+    return unwrap(result)
+
+
+def is_torch_level_symbol(sym) -> bool:
+    """A thunder torch-language symbol: a composite (``ltorch.mul``) or one of thunder's auto-registered torch
+    fallbacks (prims tagged AUTO_REGISTERED, run eagerly by torch; in thunder 0.2.6 under torch 2.13 even
+    ``torch.mm`` is one). Not prims, and not executor symbols (including thunder_subclass's own)."""
+    if sym.executor is not None:
+        return False
+    if not sym.is_prim:
+        return True
+    from thunder.core.prims import OpTags
+
+    return bool(sym.tags) and OpTags.AUTO_REGISTERED in sym.tags
+
+
+def input_proxy_name(jit_ctx, value) -> str | None:
+    """The name thunder gives the proxy of an input (``t_x``, ``t_fc_weight``: from the value's provenance,
+    ``jit_ext._infer_name_postfix_from_provenance``), released in the trace so the proxy can take it; None when
+    thunder would pick a fresh name."""
+    from thunder.core.jit_ext import _infer_name_postfix_from_provenance
+
+    postfix = _infer_name_postfix_from_provenance(value.provenance)
+    if not postfix:
+        return None
+    name = f"t{postfix}"
+    jit_ctx.computation_trace.names.discard(name)
+    return name
+
+
+def register_input_proxy(value, p) -> None:
+    """Make ``p`` the proxy of the input wrapped ``value``, flagged as a tensor proxy in its provenance (what
+    ``JitCtx.proxify`` does for tensors: ``EXT_FLAG_IS_TENSOR_PROXY``), so the prologue unpacks it."""
+    from thunder.core.jit_ext import EXT_FLAG_IS_TENSOR_PROXY
+
+    value.provenance.ext_flag |= EXT_FLAG_IS_TENSOR_PROXY
+    value.register_proxy(p)
+
+
+def jit_context():
+    """thunder's jit context of the trace being interpreted (``jit_ext.get_jit_ctx``), or None."""
+    from thunder.core.jit_ext import get_jit_ctx
+
+    try:
+        return get_jit_ctx()
+    except LookupError:
+        return None
+
+
+# what thunder's prologue can unpack (core/jit_ext.py unpack_inputs, from_provenance), for values reached from inputs
+_UNPACKABLE_PROVENANCE = {"INPUT_ARGS", "INPUT_KWARGS", "INPUT_FN", "LOAD_ATTR", "BINARY_SUBSCR"}
+
+
+def is_unpackable_provenance(record) -> bool:
+    """Whether thunder's prologue can fetch the value with provenance ``record`` from the inputs (attribute reads and
+    subscripts of arguments or of the jitted callable), so that a prologue check can take it as an argument."""
+    import dis
+
+    from thunder.core.interpreter import ProvenanceRecord
+
+    if not isinstance(record, ProvenanceRecord):
+        return False
+    inst = record.inst.opname if isinstance(record.inst, dis.Instruction) else getattr(record.inst, "name", None)
+    if inst == "CONSTANT":
+        return isinstance(record.value, (int, str))
+    if inst not in _UNPACKABLE_PROVENANCE:
+        return False
+    return all(is_unpackable_provenance(i) for i in record.inputs)
+
+
+def attribute_provenance(history) -> Callable[[str], Any]:
+    """``attr -> provenance of getattr(<value with provenance history>, attr)``, for inner tensors of an input
+    (the prologue unpacks them as attributes of the input)."""
+    from thunder.core.interpreter import ProvenanceRecord, PseudoInst, wrap_const
+
+    def inner_history(attr: str):
+        return ProvenanceRecord(PseudoInst.LOAD_ATTR, inputs=[history, wrap_const(attr).provenance])
+
+    return inner_history
+
+
+class _Producers:
+    """name of each proxy -> the first bound symbol producing it (an outer symbol before its subsymbols), over the
+    computation trace being built: its top level is indexed as it grows (again from the start if it shrank: a
+    recording that was undone), the few open nested scopes are searched on each lookup."""
+
+    def __init__(self, trace):
+        self.trace, self.table, self.seen = weakref.proxy(trace), {}, 0
+
+    def _index(self, bsyms, table) -> None:
+        for b in bsyms:
+            for o in b.flat_proxy_outs:
+                table.setdefault(o.name, b)
+            self._index(b.subsymbols, table)
+
+    def get(self, name: str):
+        top = self.trace.bound_symbols
+        if len(top) < self.seen:
+            self.table, self.seen = {}, 0
+        self._index(top[self.seen:], self.table)
+        self.seen = len(top)
+        b = self.table.get(name)
+        if b is None:
+            open_scopes: dict = {}
+            for scope in self.trace.scopes[1:]:
+                self._index(scope, open_scopes)
+            b = open_scopes.get(name)
+        return b
+
+
+def trace_producers() -> _Producers:
+    """The :class:`_Producers` of the computation trace being built (kept on the trace)."""
+    from thunder.core.trace import get_tracectx
+
+    trace = get_tracectx()
+    producers = trace.__dict__.get("_thunder_subclass_producers")
+    if producers is None:
+        producers = trace.__dict__["_thunder_subclass_producers"] = _Producers(trace)
+    return producers
+
+
+@functools.cache
+def _torch_callables_by_symbol_id() -> dict:
+    table = {}
+    for torch_fn, sym in torch_to_thunder_symbols().items():
+        table.setdefault(sym.id, []).append(torch_fn)
+    return {k: tuple(v) for k, v in table.items()}
+
+
+def tensor_producer(p) -> tuple[tuple[Callable, ...], Any] | None:
+    """``(torch_fns, bsym)``: the torch callables that thunder traces as the torch-level symbol which produced
+    tensor proxy ``p`` in the computation trace being interpreted (``torch.relu``, ``Tensor.relu``, ``F.relu``: the
+    symbol's arguments fit one of them), and that bound symbol; None for inputs of the trace, outside
+    interpretation, and for symbols with no torch callable. (thunder's proxies carry no strides: running the torch
+    callable on fakes gives eager's.)"""
+    from thunder.core.trace import get_tracectx
+
+    if get_tracectx() is None or not is_interpreting():
+        return None
+    b = trace_producers().get(p.name)
+    if b is None:
+        return None
+    fns = _torch_callables_by_symbol_id().get(b.sym.id)
+    return None if fns is None else (fns, b)

@@ -1,0 +1,216 @@
+"""Accessors for torch's private state, for the stages above (no hook is installed here).
+
+* the opaque-object registry (``torch._library.opaque_object``, torch >= 2.11: :func:`is_opaque_reference_object`,
+  :func:`opaque_guard_fn`, :func:`opaque_attributes_supported`) and torch's fake script objects
+  (:func:`real_script_object`);
+* nested ints of jagged NestedTensors (``torch.nested._internal``: the offsets -> nested int registry and
+  ``FakeTensor.nested_int_memo``: :func:`registered_nested_int`, :func:`set_fake_nested_int`,
+  :func:`new_nested_int`) and a ``FakeTensorMode`` whose ``create_symbolic_nested_int`` makes plain nested ints
+  instead of ``ShapeEnv`` symbols (:func:`fake_tensor_mode_class`);
+* the user's ``TorchDispatchMode`` stack (:func:`active_dispatch_modes`);
+* torch's C++ tensor guard ``torch._C._dynamo.guards.TensorGuards`` (:func:`tensor_metadata_guard`: the fused
+  prologue's fast check of tensor metadata, with the Python checks behind it);
+* ``nn.Module``'s hook dictionaries (:func:`module_forward_hooks`, :func:`has_no_global_module_hooks`,
+  :func:`module_has_no_own_hooks_expression`) and ``Module._call_impl``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from thunder_subclass._thunder_internals.versions import (
+    OPAQUE_ATTRIBUTES_TORCH,
+    format_version,
+)
+
+
+@functools.cache
+def _opaque_registry() -> tuple[Callable, Callable] | None:
+    """``(is_reference_type, get_info)`` from ``torch._library.opaque_object``, or None where torch has no opaque
+    reference attributes (torch 2.10: no ``get_opaque_obj_info``, no ``guard_fn``). torch 2.15 calls reference types
+    "symbolic" (``is_opaque_symbolic_type``; the old name still works there but logs a deprecation on each call)."""
+    try:
+        from torch._library import opaque_object
+    except ImportError:
+        return None
+    get_info = getattr(opaque_object, "get_opaque_obj_info", None)
+    is_reference = getattr(opaque_object, "is_opaque_symbolic_type", None) or getattr(
+        opaque_object, "is_opaque_reference_type", None
+    )
+    if get_info is None or is_reference is None:
+        return None
+    return is_reference, get_info
+
+
+def opaque_attributes_supported() -> bool:
+    """Whether this torch lets ``__tensor_flatten__`` list opaque reference objects (torch >= 2.11)."""
+    return _opaque_registry() is not None
+
+
+def opaque_attributes_unavailable(what: str) -> Exception:
+    """The :class:`TorchFeatureUnavailableError` for ``what`` (an opaque attribute) where torch lacks them."""
+    from thunder_subclass.errors import TorchFeatureUnavailableError
+
+    needs = format_version(OPAQUE_ATTRIBUTES_TORCH)
+    return TorchFeatureUnavailableError(
+        f"{what}: opaque reference attributes in __tensor_flatten__ need torch >= {needs} (torch._opaque_base, "
+        f"torch._library.opaque_object.get_opaque_obj_info); found torch {torch.__version__}.",
+        feature="opaque reference attributes",
+        needs_torch=needs,
+    )
+
+
+def is_opaque_reference_object(v: Any) -> bool:
+    """An object of a type registered with ``torch._library.opaque_object.register_opaque_type(...,
+    typ="reference")`` (torch 2.15: ``register_custom_class(..., typ="symbolic")``; DeviceMesh is one). Always False
+    where torch has no opaque reference attributes."""
+    registry = _opaque_registry()
+    if registry is None:
+        return False
+    try:
+        return bool(registry[0](type(v)))
+    except Exception:
+        return False
+
+
+def real_script_object(v: Any) -> Any:
+    """The real object a ``FakeScriptObject`` stands for (``torch._library.fake_class_registry``), else ``v``. After
+    torch.compile has run on DTensors in the same process, fake DTensors made by a fake run can hold their mesh as
+    one; what the trace records is the mesh itself."""
+    from torch._library.fake_class_registry import FakeScriptObject
+
+    return v.real_obj if isinstance(v, FakeScriptObject) else v
+
+
+def is_nested_int(v: Any) -> bool:
+    """A nested int (``torch.nested._internal.nested_int.NestedIntNode`` in a ``torch.SymInt``): the ragged size of a
+    jagged NestedTensor (``j1`` in ``torch.Size([3, j1, 5])``), or a multiple of one (its strides: ``5*j1``)."""
+    if not isinstance(v, torch.SymInt):
+        return False
+    try:
+        return bool(v.node.is_nested_int())
+    except Exception:
+        return False
+
+
+def registered_nested_int(t: Any) -> torch.SymInt | None:
+    """The nested int torch associates with tensor ``t`` (the offsets or lengths of jagged NestedTensors): for a real
+    tensor, the entry of ``torch.nested._internal.nested_tensor._tensor_symint_registry``; for a fake one, its
+    ``nested_int_memo``. None when it has none (then the next NestedTensor built on it makes a new one)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    if not isinstance(t, torch.Tensor):
+        return None
+    if isinstance(t, FakeTensor):
+        return t.nested_int_memo
+    from torch.nested._internal.nested_tensor import _tensor_symint_registry
+
+    return _tensor_symint_registry.get(t)
+
+
+def set_fake_nested_int(fake: Any, value: torch.SymInt) -> None:
+    """Associate nested int ``value`` with fake tensor ``fake`` (``FakeTensor.nested_int_memo``), as torch's
+    ``NestedTensor.__tensor_unflatten__`` does for fakes: NestedTensors built on it in a fake run get that ragged size."""
+    fake.nested_int_memo = value
+
+
+def new_nested_int() -> torch.SymInt:
+    """A nested int no tensor has yet, numbered by torch's own counter (``get_tensor_symint`` of a fresh tensor, made
+    outside any fake mode), so that it never equals a nested int of a real tensor."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.nested._internal.nested_tensor import get_tensor_symint
+
+    with unset_fake_temporarily():
+        return get_tensor_symint(torch.empty(0))
+
+
+@functools.cache
+def fake_tensor_mode_class() -> type:
+    """``FakeTensorMode`` whose nested ints for offsets made inside a fake run (``nested_tensor_from_jagged`` on
+    computed offsets) are plain nested ints, as in eager (:func:`new_nested_int`), instead of symbols of a
+    ``ShapeEnv`` (torch's ``FakeTensorMode.create_symbolic_nested_int`` requires one; without it, building such a
+    NestedTensor on fakes fails)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    class NestedIntFakeTensorMode(FakeTensorMode):
+        def create_symbolic_nested_int(self, *, nt_tensor_id=None):
+            return new_nested_int()
+
+    return NestedIntFakeTensorMode
+
+
+def opaque_guard_fn(typ: type):
+    """The ``guard_fn`` registered for opaque type ``typ`` (``torch._library.opaque_object``), or None."""
+    registry = _opaque_registry()
+    if registry is None:
+        return None
+    return getattr(registry[1](typ), "guard_fn", None)
+
+
+def active_dispatch_modes() -> list:
+    """The user's ``TorchDispatchMode`` s active now, innermost last (``torch.utils._python_dispatch``'s stack)."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    return list(_get_current_dispatch_mode_stack())
+
+
+def has_no_global_module_hooks() -> bool:
+    """No global module hooks and no ``torch.jit`` tracing: what every module call depends on besides the module's own
+    hooks (:func:`module_forward_hooks`; the fused prologue checks it once per call)."""
+    from torch.nn.modules import module as m
+
+    return not (m._global_backward_pre_hooks or m._global_backward_hooks or m._global_forward_hooks
+                or m._global_forward_pre_hooks or torch._C._get_tracing_state())
+
+
+def module_has_no_own_hooks_expression(v: str) -> str:
+    """A Python expression, for generated code, true when the module named ``v`` has no hooks of its own (with
+    :func:`has_no_global_module_hooks`: ``module_forward_hooks(module) == ((), ())``, without a call per module)."""
+    return f"not ({v}._forward_pre_hooks or {v}._forward_hooks or {v}._backward_hooks or {v}._backward_pre_hooks)"
+
+
+def tensor_metadata_guard(tensors: Sequence, strides: Sequence) -> Callable | None:
+    """``check(*tensors) -> bool``: torch's C++ tensor guard (``torch._C._dynamo.guards.TensorGuards``, what dynamo's
+    ``TENSOR_MATCH`` guards run), made from ``tensors`` as examples, that is True for tensors of the same Python types,
+    dispatch keys, dtypes, devices, ``requires_grad``, sizes and, where ``strides[i]`` is not None, strides (None for
+    a non-tensor argument). That is stricter than thunder's metadata checks (dispatch keys) and much cheaper than
+    them in Python: a caller checks in Python when it is False. None when this torch has no such guard or it does not
+    accept ``tensors`` (it is checked on them once)."""
+    guards = getattr(getattr(torch._C, "_dynamo", None), "guards", None)
+    make = getattr(guards, "TensorGuards", None)
+    if make is None or not tensors:
+        return None
+    try:
+        with torch._C.DisableTorchFunctionSubclass():  # no __torch_function__ of the user's runs for these reads
+            sizes = [list(t.shape) for t in tensors]
+        guard = make(*tensors, dynamic_dims_sizes=sizes,
+                     dynamic_dims_strides=[list(st) if st is not None else [None] * len(size)
+                                           for size, st in zip(sizes, strides)])
+        check = guard.check
+        if check(*tensors) is not True:
+            return None
+    except Exception:  # noqa: BLE001 - no C++ guard: the Python checks stay
+        return None
+    return check
+
+
+def module_forward_hooks(module) -> tuple | None:
+    """``(pre, post)``: the forward pre-hooks and forward hooks of ``module`` as ``(hook, takes_kwargs)`` pairs, in
+    the order ``Module._call_impl`` calls them (``torch/nn/modules/module.py``); None when its call involves more than
+    those (backward hooks, global module hooks, ``torch.jit`` tracing)."""
+    if module._backward_hooks or module._backward_pre_hooks or not has_no_global_module_hooks():
+        return None
+    pre, post = module._forward_pre_hooks, module._forward_hooks
+    return (
+        tuple((h, k in module._forward_pre_hooks_with_kwargs) for k, h in pre.items()) if pre else (),
+        tuple((h, k in module._forward_hooks_with_kwargs) for k, h in post.items()) if post else (),
+    )
+
+
+def module_call_impl() -> Callable:
+    """``torch.nn.Module._call_impl``: what thunder's interpreter meets for every module call."""
+    return torch.nn.Module._call_impl

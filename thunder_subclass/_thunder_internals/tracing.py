@@ -1,0 +1,295 @@
+"""Tracing hooks: how subclass values become proxies and how torch operations on them reach the plugin.
+
+Hooks (thunder 0.2.6 paths, relative to the installed ``thunder/``):
+
+* ``core/jit_ext.py`` ``JitCtx.proxify`` — a wrapper-subclass value becomes a ``SubclassTensorProxy`` with inner
+  proxies and prologue guards, instead of a plain ``TensorProxy`` (``Handlers.proxify``; there is no public proxify
+  extension point: ``register_general_jit_callback`` refuses existing keys).
+* ``core/symbol.py`` ``Symbol.__call__`` — the common end of ``torch.mul(x)``, ``x.mul()`` and ``x * y`` during
+  interpretation: a torch-level symbol called with a subclass proxy is unrolled through ``__torch_dispatch__``
+  (``Handlers.symbol_call``: ``thunder_subclass.interpretation``). Also where every grad rule puts a gradient
+  (``prims.put_grad``): a gradient put for a 0-dim tensor with more dimensions than it is summed to its shape
+  (:func:`sum_to_scalar_grad`; a thunder 0.2.6 bug, see there).
+* ``core/jit_ext.py`` ``general_jit_lookaside`` — calls of a wrapper-subclass class (construction in traced code),
+  ``isinstance`` and ``type`` on subclass proxies behave as in eager (``Handlers.lookaside``); then the lookasides of
+  :mod:`.interpreter_fixes` and :mod:`.symbolic_values`. Two interpreter bugs of thunder 0.2.6 are worked around here
+  for plugin jits: classes with a pybind11 base (DTensor placements under torch 2.13) are called as Python, not
+  interpreted (:func:`is_pybind11_class`: interpreting their ``__init__`` aborts the process), and a keyword argument
+  named ``fn`` no longer collides with the lookaside's own parameter. Plugin functions handed to user code as values
+  run as Python (:func:`runs_natively`).
+* ``core/update_aliases.py`` ``_get_new_alias`` and ``prims.update_aliases`` (through the ``Symbol.__call__`` hook) —
+  thunder's bookkeeping for in-place ops makes plain ``TensorProxy(like=x)`` versions of mutated values; a subclass
+  value's new version stays a subclass proxy (``Handlers.new_alias``).
+* ``core/interpreter.py`` ``wrap_args_from_list`` — ``f(*args)`` with an iterable that is not a list or tuple (a
+  generator: ``torch.nn.utils.parametrize``'s ``ParametrizationList.forward``) fails in thunder's interpreter
+  (``len()`` of a generator); it is made a tuple first, as CPython does.
+* ``core/interpreter.py`` ``InterpreterFrame.get_or_make_python_frame`` — the made-up CPython frame (user's file,
+  line, function) that the interpreter puts into the traceback of every exception leaving an interpreted function is
+  made as thunder makes it, in a new thread, but waited for on a lock instead of thunder's busy loop, which holds the
+  GIL until the 5 ms switch interval (5 ms per exception; every interpreted ``for`` loop and ``next()`` ends in one).
+* ``core/interpreter.py`` module global ``dis`` — the interpreter decodes the bytecode of every frame it runs
+  (``_run_frame``); ``dis.get_instructions(code)`` is answered from a cache per code object
+  (:class:`_CachedInstructionsDis`), the rest of ``dis`` is the module itself.
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from thunder_subclass._thunder_internals import plugin_state
+from thunder_subclass._thunder_internals.interpreter_fixes import (
+    interpreter_fix_lookaside,
+)
+from thunder_subclass._thunder_internals.plugin_state import (
+    NOT_HANDLED,
+    is_plugin_active,
+)
+from thunder_subclass._thunder_internals.symbolic_values import (
+    symbolic_values_lookaside,
+)
+from thunder_subclass._thunder_internals.thunder_state import is_torch_level_symbol
+
+
+def _hook_proxify(original):
+    # wraps thunder.core.jit_ext.JitCtx.proxify
+    @functools.wraps(original)
+    def proxify(self, value):
+        if not isinstance(value.value, torch.Tensor) or value.original_value is not value.nothing or not is_plugin_active():
+            return original(self, value)
+        return plugin_state.handlers.proxify(self, value, original)
+
+    return proxify
+
+
+def sum_to_scalar_grad(target, grad):
+    """The gradient to put for ``target``: ``grad`` summed to shape ``()`` when ``target`` is a 0-dim tensor and
+    ``grad`` is not. thunder 0.2.6 does not broadcast CPU scalar tensors in elementwise operations
+    (``clang/utils.py`` ``maybe_broadcast_impl``: they are treated as numbers), so a primitive sees ``a: f32[6]``
+    next to ``b: f32[]``, and its grad rule (``core/transforms.py``: ``_add_prim_grad`` puts ``b_grad = g``; likewise
+    sub, mul, div, pow, maximum, where, ...) puts a ``f32[6]`` gradient for ``b``, which autodiff accumulates as it is:
+    ``x * 2 + y.sum()`` gave ``y.grad`` 1 instead of 6, with plain ``thunder.jit`` too. A gradient of the right shape
+    is returned unchanged."""
+    from thunder.core.proxies import TensorProxy
+
+    if isinstance(target, TensorProxy) and isinstance(grad, TensorProxy) and target.ndim == 0 < grad.ndim:
+        import thunder.core.prims as prims
+
+        return prims.sum(grad, tuple(range(grad.ndim)))
+    return grad
+
+
+def _hook_symbol_call(original):
+    # wraps thunder.core.symbol.Symbol.__call__
+    from thunder.core.prims import PrimIDs
+
+    put_grad_id = PrimIDs.PUT_GRAD
+
+    @functools.wraps(original)
+    def __call__(self, *args, **kwargs):
+        torch_level = is_torch_level_symbol(self)
+        if self.id is put_grad_id and len(args) == 2 and is_plugin_active():
+            args = (args[0], sum_to_scalar_grad(*args))
+        elif (torch_level or (plugin_state.handlers is not None and self.id in plugin_state.handlers.prim_ids)) and is_plugin_active():
+            result = plugin_state.handlers.symbol_call(self, args, kwargs)
+            if result is not NOT_HANDLED:
+                return result
+            result = original(self, *args, **kwargs)
+            if torch_level:
+                plugin_state.handlers.plain_symbol_result(self, args, kwargs, result)
+            return result
+        return original(self, *args, **kwargs)
+
+    return __call__
+
+
+_native_functions: set = set()
+
+
+
+
+def runs_natively(fn: Callable) -> Callable:
+    """Decorator: ``fn`` is a plugin function handed to user code as a value (the bound method behind
+    ``x.transpose_``, ``x.as_subclass``): when user code calls it, thunder's interpreter calls it as Python, instead
+    of tracing its body like user code (where ``isinstance`` and attribute reads answer as for the user)."""
+    _native_functions.add(fn)
+    return fn
+
+
+def is_pybind11_class(fn: Any) -> bool:
+    """A Python class with a pybind11 base (torch 2.13's DTensor placements ``Shard``, ``Replicate``, ``Partial``
+    derive from ``torch._C._distributed.*``). thunder 0.2.6's interpreter cannot call one: its type-call lookaside
+    (``core/interpreter.py`` ``_type_call_lookaside``) interprets ``obj.__init__``, whose method unwrapping
+    (``_call_dispatch``) resolves pybind11's ``function_record`` ``__init__`` slot and calls it, and the process
+    aborts in C++ ("UNEXPECTED CALL OF function_record_PyTypeObject_methods::tp_init_impl")."""
+    if not isinstance(fn, type) or issubclass(fn, torch.Tensor):
+        return False
+    return any(t.__module__ == "pybind11_builtins" for t in fn.__mro__)
+
+
+def _is_native_function(fn) -> bool:
+    try:
+        return fn in _native_functions
+    except TypeError:  # unhashable callables (pybind11's instancemethod)
+        return False
+
+
+# a keyword argument named like the lookaside's own first parameter, renamed so that thunder's
+# general_jit_lookaside(fn, *args, **kwargs) does not get it twice (it only proxies the keyword arguments' values)
+_FN_KEYWORD = "fn (keyword)"
+
+
+def _hook_general_jit_lookaside(original):
+    # wraps thunder.core.jit_ext.general_jit_lookaside
+    @functools.wraps(original)
+    def general_jit_lookaside(fn, /, *args, **kwargs):
+        if is_plugin_active():
+            if _is_native_function(fn) or is_pybind11_class(fn):
+                from thunder.core.interpreter import interpreter_needs_wrap
+
+                return interpreter_needs_wrap(fn)
+            lookaside = (
+                plugin_state.handlers.lookaside(fn, args) or interpreter_fix_lookaside(fn) or symbolic_values_lookaside(fn, args)
+            )
+            if lookaside is not None:
+                return lookaside
+            if "fn" in kwargs:
+                # thunder 0.2.6 takes `fn` by name too: f(x, fn=g) in traced code raised "got multiple values for
+                # argument 'fn'" (plain thunder.jit as well)
+                kwargs[_FN_KEYWORD] = kwargs.pop("fn")
+        return original(fn, *args, **kwargs)
+
+    return general_jit_lookaside
+
+
+def _hook_get_new_alias(original):
+    # wraps thunder.core.update_aliases._get_new_alias (it makes TensorProxy(like=alias.proxy), a plain proxy)
+    @functools.wraps(original)
+    def _get_new_alias(alias, trace):
+        if is_plugin_active():
+            from thunder.core.trace import tracectx
+
+            with tracectx(trace):
+                new = plugin_state.handlers.new_alias(alias.proxy)
+            if new is not NOT_HANDLED:
+                return new
+        return original(alias, trace)
+
+    return _get_new_alias
+
+
+def _hook_wrap_args_from_list(original):
+    # wraps thunder.core.interpreter.wrap_args_from_list, which CALL_FUNCTION_EX (f(*args)) uses and which takes len()
+    # of the arguments: CPython makes a tuple of any iterable there (f(*generator), as torch's parametrizations do)
+    @functools.wraps(original)
+    def wrap_args_from_list(lst):
+        from thunder.core.interpreter import (
+            INTERPRETER_SIGNALS,
+            _interpret_call,
+            get_interpreterruntimectx,
+            unwrap,
+        )
+
+        if not isinstance(unwrap(lst), (list, tuple)) and is_plugin_active():
+            lst = _interpret_call(tuple, lst)
+            if lst is INTERPRETER_SIGNALS.EXCEPTION_RAISED:
+                raise get_interpreterruntimectx().curexc
+        return original(lst)
+
+    return wrap_args_from_list
+
+
+def _python_frame_in_new_thread(filename, firstlineno, rel_lineno, name, qualname, globals_, out, done) -> None:
+    # a function whose body raises at line `rel_lineno` of its code (counted from 1), renamed and moved to the user's
+    # function: its frame, taken from the traceback, says what a CPython frame of that function at that line would
+    try:
+        code = compile("\n" * (rel_lineno - 1) + "raise ValueError()", filename, "exec")
+        code = code.replace(co_filename=filename, co_firstlineno=firstlineno, co_name=name, co_qualname=qualname)
+        try:
+            types.FunctionType(code, globals_)()
+        except ValueError as e:
+            tb = e.__traceback__
+        while tb.tb_next is not None:
+            tb = tb.tb_next
+        out.append(tb.tb_frame)
+    finally:
+        done.release()
+
+
+def _hook_python_frame(original):
+    # wraps thunder.core.interpreter.InterpreterFrame.get_or_make_python_frame, which puts a made-up CPython frame
+    # (the user's file, line and function name) in the traceback of every exception leaving an interpreted function
+    # (user code's error messages and tracebacks show the user's lines through it). thunder makes the frame in a new
+    # thread (so that its f_back chain ends there) and waits for it in a busy loop holding the GIL: the thread runs
+    # only when the interpreter's switch interval (5 ms) takes the GIL away, 5 ms per exception. The interpreter raises
+    # one at the end of every interpreted for loop and next() (StopIteration): ~320 in a 2-layer Llama's first call.
+    # The same frame, made the same way (same code object fields and globals), waiting on a lock instead.
+    import _thread
+    import sys
+
+    @functools.wraps(original)
+    def get_or_make_python_frame(self):
+        if self.positions is None or sys.version_info < (3, 11) or not is_plugin_active():
+            return original(self)
+        lineno = self.positions.lineno if self.positions.lineno is not None else self.code.co_firstlineno
+        code = self.code
+        out, done = [], _thread.allocate_lock()
+        done.acquire()
+        _thread.start_new_thread(_python_frame_in_new_thread, (
+            code.co_filename, code.co_firstlineno, lineno - code.co_firstlineno + 1, code.co_name, self.qualname,
+            original.__globals__, out, done,
+        ))
+        done.acquire()
+        return out[0] if out else original(self)
+
+    return get_or_make_python_frame
+
+
+class _CachedInstructionsDis(types.ModuleType):
+    """What ``thunder.core.interpreter`` sees as its module global ``dis``: the ``dis`` module, except that
+    ``get_instructions(code)`` is read from a cache per code object while a plugin jit traces. The interpreter
+    decodes the bytecode of every frame it runs (``_run_frame``: ``tuple(dis.get_instructions(frame.code))``), the
+    same functions over and over (~26,000 frames, ~270,000 instructions in a 2-layer Llama's first call). Code objects
+    equal by value have equal instructions (``dis.Instruction`` holds no file name)."""
+
+    def __init__(self, dis_module):
+        super().__init__(dis_module.__name__, dis_module.__doc__)
+        self.__dict__.update(vars(dis_module))  # read as often as a module's attributes (dis.Instruction)
+        self._dis = dis_module
+        self._instructions = weakref.WeakKeyDictionary()
+        self.get_instructions = self._cached_instructions
+
+    def _cached_instructions(self, x, *args, **kwargs):
+        if args or kwargs or not isinstance(x, types.CodeType) or not is_plugin_active():
+            return self._dis.get_instructions(x, *args, **kwargs)
+        instructions = self._instructions.get(x)
+        if instructions is None:
+            instructions = self._instructions[x] = tuple(self._dis.get_instructions(x))
+        return iter(instructions)
+
+
+def _hook_interpreter_dis(original):
+    # replaces the module global `dis` of thunder.core.interpreter (used by _run_frame and the opcode handlers)
+    return _CachedInstructionsDis(original)
+
+
+def hook_targets() -> list[tuple[Any, str, Callable]]:
+    import thunder.core.interpreter as interpreter
+    import thunder.core.jit_ext as jit_ext
+    import thunder.core.symbol as symbol
+    import thunder.core.update_aliases as update_aliases
+
+    return [
+        (jit_ext.JitCtx, "proxify", _hook_proxify),
+        (symbol.Symbol, "__call__", _hook_symbol_call),
+        (jit_ext, "general_jit_lookaside", _hook_general_jit_lookaside),
+        (update_aliases, "_get_new_alias", _hook_get_new_alias),
+        (interpreter, "wrap_args_from_list", _hook_wrap_args_from_list),
+        (interpreter.InterpreterFrame, "get_or_make_python_frame", _hook_python_frame),
+        (interpreter, "dis", _hook_interpreter_dis),
+    ]
