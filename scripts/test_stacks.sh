@@ -3,7 +3,7 @@
 #
 #   scripts/test_stacks.sh [STACK ...]        STACK: torch210 torch213 torch214 torch215 (default: all)
 #
-# Each stack is installed the way README says a user does it: the stack's torch first, then the project
+# Each stack is installed the way docs/stacks.md says a user does it: the stack's torch first, then the project
 # (`pip install -e ".[EXTRAS]"`), which keeps that torch; the script checks that it did. An environment that is
 # already complete is reused (a marker file records what was installed); delete its folder to rebuild it.
 # Prints a result table and writes it, with the failures and skips of each stack, to scripts/stacks_results.md.

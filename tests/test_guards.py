@@ -98,3 +98,177 @@ def test_changed_context_flag_of_quantized_weight_is_a_miss():
     out = jf(x, wt)
     assert thunder.cache_misses(jf) == 2
     torch.testing.assert_close(out, x @ wt.dequantize())
+
+
+# --- Python objects the trace reads (issue 24): their type, identity or value is guarded as torch.compile does ---
+
+import dataclasses  # noqa: E402
+import enum  # noqa: E402
+
+import pytest  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.distributed.tensor.placement_types import Replicate, Shard  # noqa: E402
+
+
+class _Mode(enum.Enum):
+    DOUBLE = 1
+    KEEP = 2
+
+
+@dataclasses.dataclass
+class _Cfg:
+    scale: float
+    mode: _Mode
+
+
+class _Plus:
+    def apply(self, t):
+        return t + 1
+
+
+class _Times:
+    def apply(self, t):
+        return t * 3
+
+
+def _placement_branch(p):
+    return 1 if p.is_replicate() else 2
+
+
+def test_placement_type_is_guarded():
+    jf = thunder_subclass.jit(_placement_branch)
+    placements = (Shard(0), Replicate(), Shard(1), Replicate(), Shard(0))
+    assert [jf(p) for p in placements] == [_placement_branch(p) for p in placements] == [2, 1, 2, 1, 2]
+    # is_replicate is a pybind11 method (native: it may read anything of the placement), so the placement is guarded
+    # by value: Shard(1) is a miss, an equal Replicate() or Shard(0) a hit
+    assert (thunder.cache_misses(jf), thunder.cache_hits(jf)) == (3, 2)
+    spec = [b for b in thunder.last_prologue_traces(jf)[0].bound_symbols if b.sym.name == "check_object"][0].args[1]
+    assert (spec.kind, spec.where) == ("equal", "args[0]")
+
+
+def test_placement_attribute_read_is_guarded():
+    def f(t, p):
+        return t * (p.dim + 2) if isinstance(p, Shard) else t
+
+    jf = thunder_subclass.jit(f)
+    x = _two()
+    for p in (Shard(0), Shard(1), Replicate(), Shard(0)):
+        out = jf(x, p)
+        assert type(out) is TwoTensor
+        torch.testing.assert_close(out.a, f(x, p).a)
+    assert thunder.cache_misses(jf) == 3
+
+
+def test_user_class_method_is_guarded_by_type():
+    jf = thunder_subclass.jit(lambda t, op: op.apply(t))
+    x = _two()
+    for op in (_Plus(), _Times(), _Plus()):
+        out = jf(x, op)
+        torch.testing.assert_close(out.a, op.apply(x.a))
+        assert type(out) is TwoTensor
+    assert (thunder.cache_misses(jf), thunder.cache_hits(jf)) == (2, 1)
+
+
+def test_enum_member_is_guarded_by_identity():
+    def f(t, mode):
+        return t * 2 if mode == _Mode.DOUBLE else t
+
+    jf = thunder_subclass.jit(f)
+    x = torch.randn(3)
+    for mode in (_Mode.DOUBLE, _Mode.KEEP, _Mode.DOUBLE):
+        torch.testing.assert_close(jf(x, mode), f(x, mode))
+    assert (thunder.cache_misses(jf), thunder.cache_hits(jf)) == (2, 1)
+
+
+def test_dataclass_fields_and_type_are_guarded():
+    def f(t, cfg):
+        return t * cfg.scale if cfg.mode is _Mode.DOUBLE else t
+
+    jf = thunder_subclass.jit(f)
+    x = _two()
+    for cfg in (_Cfg(2.0, _Mode.DOUBLE), _Cfg(3.0, _Mode.DOUBLE), _Cfg(3.0, _Mode.KEEP), _Cfg(2.0, _Mode.DOUBLE)):
+        torch.testing.assert_close(jf(x, cfg).a, f(x, cfg).a)
+    assert (thunder.cache_misses(jf), thunder.cache_hits(jf)) == (3, 1)
+
+
+def test_function_argument_is_guarded_by_identity():
+    jf = thunder_subclass.jit(lambda t, act: act(t))
+    x = torch.randn(4)
+    for act in (torch.relu, torch.sigmoid, torch.relu, torch.tanh):
+        torch.testing.assert_close(jf(x, act), act(x))
+    assert (thunder.cache_misses(jf), thunder.cache_hits(jf)) == (3, 1)
+
+
+def test_none_or_tensor_keyword_is_guarded():
+    jf = thunder_subclass.jit(lambda t, m=None: t if m is None else t + m)
+    x = torch.randn(3)
+    torch.testing.assert_close(jf(x), x)
+    torch.testing.assert_close(jf(x, m=x), x + x)
+    torch.testing.assert_close(jf(x, m=None), x)
+
+
+class _ActNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+        self.act = torch.relu
+        self.mode = _Mode.DOUBLE
+
+    def forward(self, x):
+        y = self.act(self.lin(x))
+        return y * 2 if self.mode is _Mode.DOUBLE else y
+
+
+def test_objects_reached_through_module_attributes_are_guarded():
+    m = _ActNet()
+    jm = thunder_subclass.jit(m)
+    x = torch.randn(2, 3)
+    torch.testing.assert_close(jm(x), m(x))
+    m.act = torch.sigmoid
+    torch.testing.assert_close(jm(x), m(x))
+    m.mode = _Mode.KEEP
+    torch.testing.assert_close(jm(x), m(x))
+    assert thunder.cache_misses(jm) == 3
+    prologue = str(thunder.last_prologue_traces(jm)[0])
+    assert "check_object" in prologue
+
+
+def test_object_guard_failure_names_the_object():
+    from thunder_subclass.guards import ObjectSpec
+
+    spec = ObjectSpec("type", Shard, where="args[0]")
+    assert spec.matches(Shard(3)) and not spec.matches(Replicate())
+    assert spec.explain(Replicate()) == "the args[0] is a Replicate, the trace was made for a Shard"
+
+
+def test_object_read_by_a_native_call_is_guarded_by_value():
+    import datetime
+
+    def f(t, delay):
+        return t * delay.total_seconds()  # timedelta.total_seconds is C: its result is a constant in the trace
+
+    jf = thunder_subclass.jit(f)
+    x = torch.randn(3)
+    for seconds in (2, 3, 2):
+        d = datetime.timedelta(seconds=seconds)
+        torch.testing.assert_close(jf(x, d), f(x, d))
+    assert (thunder.cache_misses(jf), thunder.cache_hits(jf)) == (2, 1)
+    torch.testing.assert_close(jf(x, datetime.timedelta(seconds=3)), x * 3.0)  # an equal copy: a hit
+    assert thunder.cache_hits(jf) == 2
+
+
+def test_python_function_argument_is_guarded_by_code_and_closure():
+    jf = thunder_subclass.jit(lambda t, f: f(t))
+    x = torch.randn(3)
+    for scale in (2.0, 2.0, 3.0, 2.0):
+        f = lambda t, s=scale: t * s  # noqa: E731 - a new function object per call, as in a loop
+        torch.testing.assert_close(jf(x, f), x * scale)
+    assert (thunder.cache_misses(jf), thunder.cache_hits(jf)) == (2, 2)
+
+    def make(k):
+        return lambda t: t + k
+
+    jg = thunder_subclass.jit(lambda t, f: f(t))
+    for k in (1.0, 1.0, 5.0):
+        torch.testing.assert_close(jg(x, make(k)), x + k)
+    assert thunder.cache_misses(jg) == 2

@@ -216,7 +216,7 @@ def test_torch_function_override_is_respected():
 
 def test_symbolic_values_cache_recompiles_per_batch_size_correctly():
     # thunder 0.2.6 cache="symbolic values": thunder_subclass's fake runs have no ShapeEnv and the outer tensor's
-    # guard uses concrete sizes, so each batch size is its own trace (correct results, no reuse; see README)
+    # guard uses concrete sizes, so each batch size is its own trace (correct results, no reuse; see docs/limits.md)
     f = lambda t: (t * 2).sum(0)  # noqa: E731
     jf = thunder_subclass.jit(f, cache="symbolic values")
     for n in (3, 5, 3):

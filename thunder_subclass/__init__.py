@@ -3,7 +3,7 @@
 Import ``thunder_subclass`` before (or instead of) ``thunder``: under torch 2.13-2.15, thunder 0.2.6 only imports after
 the compatibility shims in ``thunder_subclass._thunder_internals`` has run.
 
-Pipeline (module per stage): ``plugin`` (entry) -> ``guards`` (input proxies, prologue) -> ``interpretation``
+Pipeline (module per stage): ``plugin`` (entry, with ``cache``: the cache bound and miss reasons) -> ``guards`` (input proxies, prologue) -> ``interpretation``
 (unroll ``__torch_dispatch__`` on fakes, with ``recording``) -> ``aten_symbols`` -> ``autograd`` / ``rules`` ->
 ``flatten`` (before executors) -> ``tangents`` (incoming gradients); ``inductor_executor`` (optional fusion executor:
 regions compiled by inductor without dynamo). Below them: ``proxy``, ``fake``,
@@ -25,8 +25,10 @@ from thunder_subclass.errors import (  # noqa: E402
     ThunderVersionError,
     TorchFeatureUnavailableError,
     UnsupportedSubclassOperationError,
+    CacheLimitWarning,
 )
 from thunder_subclass.plugin import PLUGIN_NAME, TensorSubclassPlugin, jit  # noqa: E402
+from thunder_subclass.cache import config, explain_recompiles, last_miss_reasons  # noqa: E402
 from thunder_subclass.proxy import SubclassTensorProxy  # noqa: E402
 from thunder_subclass.rules import RuleHandle, make_subclass, register_grad_rule, register_implementation  # noqa: E402
 from thunder_subclass.aten_symbols import register_aten_symbol  # noqa: E402
@@ -46,6 +48,10 @@ __version__ = "0.1.0"
 
 __all__ = [
     "jit",
+    "config",
+    "explain_recompiles",
+    "last_miss_reasons",
+    "CacheLimitWarning",
     "inductor_ex",
     "TensorSubclassPlugin",
     "PLUGIN_NAME",

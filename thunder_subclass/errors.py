@@ -16,6 +16,7 @@ __all__ = [
     "SubclassRegistrationError",
     "ThunderVersionError",
     "TorchFeatureUnavailableError",
+    "CacheLimitWarning",
 ]
 
 
@@ -73,3 +74,9 @@ def format_location(filename: str | None, lineno: int | None) -> str:
     if filename is None:
         return "an unknown source line"
     return f"{filename}:{lineno}" if lineno is not None else filename
+
+
+class CacheLimitWarning(UserWarning):
+    """A function compiled by ``thunder_subclass.jit`` reached its cache size limit (``cache_size_limit``): calls
+    that none of its cache entries accepts run eagerly from then on. Warned once per compiled function; the message
+    names the check that failed."""

@@ -21,7 +21,10 @@ A failing check makes the prologue raise, which thunder treats as a cache miss: 
 
 from __future__ import annotations
 
+import enum
+import functools
 import itertools
+import types
 
 from typing import Any
 
@@ -52,7 +55,9 @@ from thunder_subclass.proxy import (
     subclass_proxy_from_tensor,
 )
 
-__all__ = ["SubclassSpec", "add_subclass_guards", "check_subclass", "proxify_input", "add_module_hooks_guard"]
+__all__ = ["SubclassSpec", "add_subclass_guards", "check_subclass", "proxify_input", "add_module_hooks_guard",
+           "ObjectSpec", "check_object", "guard_input_object", "guard_object_by_value", "guard_native_call_arguments",
+           "is_guardable_provenance"]
 
 
 def _tensor_meta(p) -> tuple:
@@ -269,7 +274,21 @@ def guard_python_attribute(p: SubclassTensorProxy, name: str) -> None:
 
 
 class SubclassGuardFailure(Exception):
-    """Raised by a prologue guard: thunder catches it and treats the call as a cache miss."""
+    """Raised by a prologue guard: thunder catches it and treats the call as a cache miss.
+
+    The message may be given as a function (``explain``), called the first time the message is read: a call that
+    misses every cache entry but one (or all) raises one of these per rejecting entry, and nothing reads them unless
+    the user asks why it missed (``thunder_subclass.explain_recompiles``), so a hit costs no message building."""
+
+    def __init__(self, message: str | None = None, *, explain=None):
+        super().__init__(message)
+        self._explain = explain
+
+    def __str__(self) -> str:
+        if self._explain is not None:
+            explain, self._explain = self._explain, None
+            self.args = (explain(),)
+        return super().__str__()
 
 
 def _check_subclass_impl(t, spec: SubclassSpec) -> None:
@@ -310,12 +329,15 @@ check_tensor_strides = subclass_executor.register_operator(
 
 class ModuleHooksSpec:
     """The forward hooks of a module called in traced code, as the trace ran them (``(pre, post)`` of
-    ``_thunder_internals.module_forward_hooks``); the prologue checks each call that they are still those."""
+    ``_thunder_internals.module_forward_hooks``), and the module's class (``module_type``; None for the compiled
+    module itself, which the prologue reaches as its ``ThunderModule``): the prologue checks each call that they are
+    still those (a submodule replaced by one of another class, ``m.act = nn.GELU()``, is a cache miss; one of the same
+    class is checked by the checks of what the trace read from it)."""
 
-    __slots__ = ("hooks",)
+    __slots__ = ("hooks", "module_type")
 
-    def __init__(self, hooks: tuple):
-        self.hooks = hooks
+    def __init__(self, hooks: tuple, module_type: type | None = None):
+        self.hooks, self.module_type = hooks, module_type
 
     def __repr__(self) -> str:
         pre, post = self.hooks
@@ -323,6 +345,9 @@ class ModuleHooksSpec:
 
 
 def _check_module_hooks_impl(module, spec: ModuleHooksSpec) -> None:
+    if spec.module_type is not None and type(module) is not spec.module_type:
+        raise SubclassGuardFailure(f"the submodule is a {type(module).__qualname__}, the trace was made for a "
+                                   f"{spec.module_type.__qualname__}")
     if _thunder_internals.module_forward_hooks(module) != spec.hooks:
         raise SubclassGuardFailure(f"the hooks of {type(module).__name__} changed")
 
@@ -346,7 +371,13 @@ def add_module_hooks_guard(jit_ctx, module, provenance, hooks: tuple) -> None:
     # a name of its own: the prologue unpacks constraint arguments by name, and an "anyN" made while interpreting can
     # equal the name of another value's proxy there (Mistral's sliding_window: the check got an int)
     name = f"hooked_module{next(_hooked_module_names)}"
-    jit_ctx.add_constraint((check_module_hooks, AnyProxy(module, name=name, history=provenance), ModuleHooksSpec(hooks)))
+    module_type = None if _is_input_fn(provenance) else type(module)
+    jit_ctx.add_constraint((check_module_hooks, AnyProxy(module, name=name, history=provenance),
+                            ModuleHooksSpec(hooks, module_type)))
+
+
+def _is_input_fn(record) -> bool:
+    return getattr(record.inst, "name", None) == "INPUT_FN"
 
 
 _hooked_module_names = itertools.count()
@@ -589,3 +620,308 @@ def guard_buffer_flag(p: TensorProxy, flag: bool) -> None:
     if jit_ctx is not None and not p.__dict__.get("_thunder_subclass_buffer_guarded"):
         p.__dict__["_thunder_subclass_buffer_guarded"] = True
         jit_ctx.add_constraint((check_buffer_flag, p, flag))
+
+
+class ObjectSpec:
+    """What a Python object that traced code read from the inputs (an argument, or an attribute or item reached from
+    the arguments or the compiled module) was when traced, as far as the trace may depend on it; the prologue checks
+    it every call (``check_object``), as dynamo guards the objects it reads:
+
+    * ``"identity"``: the same object (a builtin function, a class, an enum member, ``None``, a dtype; an object passed
+      to a native call that has no value equality): the trace may have inlined what it does or is;
+    * ``"function"``: a Python function: the same one, or one with the same code, defaults and closure values (the
+      interpreter inlined its body);
+    * ``"equal"``: an object of the same type equal (``==``) to a copy taken when traced (an object passed to a native
+      call, which may read any of its state, when its type defines value equality);
+    * ``"type"``: an object of the same exact type (any other object): methods and class attributes come from the type,
+      and every attribute or item the trace read from it has its own check (numbers, strings, tensors) or guard.
+    """
+
+    __slots__ = ("kind", "typ", "value", "where")
+
+    def __init__(self, kind: str, typ: type, value: Any = None, where: str = ""):
+        self.kind, self.typ, self.value, self.where = kind, typ, value, where
+
+    def __repr__(self) -> str:
+        return f"ObjectSpec({self.kind}, {self.typ.__qualname__})"
+
+    def matches(self, obj) -> bool:
+        if self.kind == "identity":
+            return obj is self.value
+        if self.kind == "function":
+            return _same_function(obj, self.value)
+        if type(obj) is not self.typ:
+            return False
+        return self.kind == "type" or _equal_to_snapshot(obj, self.value)
+
+    def expression(self, v: str, const) -> str:
+        """An inline Python expression true exactly when :meth:`matches` is (for the fused prologue checks)."""
+        if self.kind == "identity":
+            return f"({v} is {const(self.value)})"
+        if self.kind == "function":
+            return f"({v} is {const(self.value[0])} or {const(_same_function)}({v}, {const(self.value)}))"
+        if self.kind == "type":
+            return f"(type({v}) is {const(self.typ)})"
+        return f"(type({v}) is {const(self.typ)} and {const(_equal_to_snapshot)}({v}, {const(self.value)}))"
+
+    def explain(self, obj) -> str:
+        what = f"the {self.where}" if self.where else "an object"
+        if self.kind == "identity":
+            return f"{what} is {obj!r}, not {self.value!r} (the object the trace was made for)"
+        if self.kind == "function":
+            return (f"{what} is {obj!r}, not {self.value[0]!r} or a function with its code, defaults and closure "
+                    "values (the function the trace was made for)")
+        if type(obj) is not self.typ:
+            return f"{what} is a {type(obj).__qualname__}, the trace was made for a {self.typ.__qualname__}"
+        return f"{what} is {obj!r}, not equal to {self.value!r} as when traced"
+
+
+def _function_snapshot(fn: types.FunctionType) -> tuple:
+    """``(fn, code, defaults, keyword defaults, closure values)``: what a Python function passed to traced code is, for
+    the trace (the interpreter inlines its body): another function object with all of these the same behaves alike
+    (a lambda made anew for each call)."""
+    cells = tuple(c.cell_contents for c in fn.__closure__ or ())
+    return fn, fn.__code__, fn.__defaults__, fn.__kwdefaults__, cells
+
+
+def _same_function(obj, snapshot: tuple) -> bool:
+    fn, code, defaults, kwdefaults, cells = snapshot
+    if obj is fn:
+        return True
+    if type(obj) is not types.FunctionType or obj.__code__ is not code:
+        return False
+    if not _same_values(obj.__defaults__ or (), defaults or ()) or obj.__kwdefaults__ != kwdefaults:
+        return False
+    closure = obj.__closure__ or ()
+    try:
+        return len(closure) == len(cells) and _same_values(tuple(c.cell_contents for c in closure), cells)
+    except ValueError:  # an empty cell
+        return False
+
+
+def _same_values(a: tuple, b: tuple) -> bool:
+    return len(a) == len(b) and all(x is y or (type(x) in _SCALARS and is_same_value(x, y)) for x, y in zip(a, b))
+
+
+_SCALARS = frozenset({int, float, bool, complex, str, bytes, type(None)})
+
+
+def _equal_to_snapshot(obj, snapshot) -> bool:
+    try:
+        return bool(obj == snapshot)
+    except Exception:  # noqa: BLE001 - a value that cannot be compared is not the one traced
+        return False
+
+
+def _check_object_impl(obj, spec: ObjectSpec) -> None:
+    if not spec.matches(obj):
+        raise SubclassGuardFailure(explain=lambda: spec.explain(obj))
+
+
+check_object = subclass_executor.register_operator(
+    "check_object", meta=lambda obj, spec: None, fn=_check_object_impl, tags=[prims.OpTags.DONT_DCE]
+)
+
+_IDENTITY_TYPES = (
+    type, types.FunctionType, types.BuiltinFunctionType, functools.partial, enum.Enum, torch.dtype, torch.layout,
+    torch.memory_format, torch._ops.OpOverload, torch._ops.OpOverloadPacket, type(None),
+)
+# reached from the inputs and checked by thunder itself (numbers, strings, slices, devices: by value; tensors), or
+# containers whose items are read (and checked) one by one, or handled by their own guards (modules, proxies)
+_CHECKED_ELSEWHERE = (torch.Tensor, int, float, complex, str, slice, torch.device, tuple, list, dict,
+                      types.ModuleType, types.CellType, torch.nn.Module)
+
+
+def _is_bound_method(obj) -> bool:
+    # made anew by each attribute read; what it runs is the type's (guarded through its __self__ object)
+    if isinstance(obj, (types.MethodType, types.MethodWrapperType)):
+        return True
+    if isinstance(obj, types.BuiltinMethodType):
+        owner = obj.__self__
+        return owner is not None and not isinstance(owner, (type, types.ModuleType))
+    return False
+
+
+def object_guard_kind(obj) -> str | None:
+    """The kind of :class:`ObjectSpec` an object read from the inputs gets when traced code reaches it, or None when
+    something else checks it (see ``_CHECKED_ELSEWHERE``) or it needs no check of its own (a bound method)."""
+    from thunder.core.proxies import Proxy
+
+    if isinstance(obj, (_CHECKED_ELSEWHERE, Proxy)) or _is_bound_method(obj):
+        return None
+    if isinstance(obj, _IDENTITY_TYPES):
+        return "identity"
+    return "type"
+
+
+@functools.cache
+def _module_machinery_names() -> frozenset:
+    """The attributes ``nn.Module`` itself has (class and instance: ``_parameters``, ``_compiled_call_impl``,
+    ``training``, ...): read by torch's module machinery on every module call, not by the model's code."""
+    return frozenset(dir(torch.nn.Module)) | frozenset(vars(torch.nn.Module()))
+
+
+def is_guardable_provenance(record) -> bool:
+    """Whether an object with provenance ``record`` (one the prologue can unpack) is one traced code read from the
+    arguments or the compiled module's attributes, as opposed to what the interpreter read on its way: dunder
+    attributes (``__func__``, ``__dict__``, ``__globals__``: how methods, globals and closures are resolved; the
+    object they come from is guarded, or they are not inputs) and ``nn.Module``'s own machinery attributes. An
+    object reached as a bound method's ``__self__`` is guarded (a method passed as an argument)."""
+    import dis
+
+    for inp in record.inputs:
+        if not is_guardable_provenance(inp):
+            return False
+    inst = record.inst.opname if isinstance(record.inst, dis.Instruction) else getattr(record.inst, "name", None)
+    if inst == "LOAD_ATTR" and len(record.inputs) == 2:
+        name = getattr(record.inputs[1], "value", None)
+        if not isinstance(name, str) or name in _module_machinery_names():
+            return False
+        if name.startswith("__") and name.endswith("__") and name != "__self__":
+            return False
+    return True
+
+
+def _describe_provenance(record) -> str:
+    """``args[1].cfg``-like text for a provenance record (for guard failure messages)."""
+    import dis
+
+    inst = record.inst.opname if isinstance(record.inst, dis.Instruction) else getattr(record.inst, "name", "")
+    if inst == "INPUT_ARGS":
+        return "args"
+    if inst == "INPUT_KWARGS":
+        return "kwargs"
+    if inst == "INPUT_FN":
+        return "the compiled callable"
+    if inst in ("LOAD_ATTR", "BINARY_SUBSCR") and len(record.inputs) == 2:
+        base, key = record.inputs
+        k = getattr(key, "value", "?")
+        base_text = _describe_provenance(base)
+        if inst == "LOAD_ATTR":
+            return f"{base_text}.{k}" if base_text != "the compiled callable" else f"module attribute {k}"
+        return f"{base_text}[{k!r}]"
+    return "input"
+
+
+_guarded_object_names = itertools.count()
+
+
+def guard_input_object(obj, provenance) -> None:
+    """Traced code reached ``obj`` from the inputs (its ``provenance`` is one the prologue can unpack): a call where it
+    is another object, one of another type, or (after :func:`guard_object_by_value`) another value is a cache miss.
+    One guard per object and trace; objects reached only on the interpreter's way (see
+    :func:`is_guardable_provenance`) and values thunder checks itself get none."""
+    from thunder.core.proxies import AnyProxy
+
+    state = _thunder_internals.jit_state()
+    jit_ctx = _thunder_internals.jit_context()
+    if state is None or jit_ctx is None:
+        return
+    # every value read from the inputs, by its provenance record: the holders of later attribute reads
+    seen = state.setdefault("input_values", {})
+    seen[id(provenance)] = (provenance, obj)
+    kind = object_guard_kind(obj)
+    if kind is None or not is_guardable_provenance(provenance):
+        return
+    guarded = state.setdefault("object_guards", {})
+    if id(obj) in guarded:
+        return
+    stable = _is_stored(obj, provenance, seen)
+    if kind == "identity" and not stable and not isinstance(obj, _SINGLETON_TYPES):
+        kind = "type"  # made anew by each read (a property): the same object will not come again
+    value = obj if kind == "identity" else None
+    if kind == "identity" and type(obj) is types.FunctionType:
+        try:
+            kind, value = "function", _function_snapshot(obj)
+        except ValueError:  # an empty closure cell: the object itself
+            pass
+    spec = ObjectSpec(kind, type(obj), value, _describe_provenance(provenance))
+    guarded[id(obj)] = (obj, spec, stable)  # the object is kept for the trace's lifetime, so its id stays its own
+    name = f"guarded_object{next(_guarded_object_names)}"
+    jit_ctx.add_constraint((check_object, AnyProxy(obj, name=name, history=provenance), spec))
+
+
+# descriptors' __get__ that only bind a function to the object (the interpreter's method lookup runs them natively)
+_BINDING_GETS = frozenset({
+    types.FunctionType.__get__, types.MethodDescriptorType.__get__, types.WrapperDescriptorType.__get__,
+    types.ClassMethodDescriptorType.__get__, staticmethod.__get__, classmethod.__get__,
+})
+
+
+def guard_native_call_arguments(fn, wrapped_args: tuple) -> None:
+    """The interpreter runs ``fn`` natively with ``wrapped_args``: each guarded input object among them is guarded
+    by value from now on (:func:`guard_object_by_value`), except for the descriptors that bind methods."""
+    try:
+        if fn in _BINDING_GETS:
+            return
+    except TypeError:  # unhashable callable
+        pass
+    state = _thunder_internals.jit_state()
+    guarded = state.get("object_guards") if state is not None else None
+    if not guarded:
+        return
+    for a in wrapped_args:
+        value = getattr(a, "value", a)
+        if id(value) in guarded:
+            guard_object_by_value(value)
+
+
+def guard_object_by_value(obj) -> None:
+    """``obj``, guarded by :func:`guard_input_object`, was passed to a native function (one thunder runs, not
+    interprets), whose result may depend on any of its state: from now on it must equal a copy taken now (when its
+    type has value equality), else be the same object."""
+    state = _thunder_internals.jit_state()
+    entry = state.get("object_guards", {}).get(id(obj)) if state is not None else None
+    if entry is None or entry[1].kind != "type":
+        return
+    _, spec, stable = entry
+    snapshot = _value_snapshot(obj)
+    if snapshot is not None:
+        spec.kind, spec.value = "equal", snapshot
+    elif stable:
+        spec.kind, spec.value = "identity", obj
+    # else: made anew by each read and without value equality: its type stays what is guarded
+
+
+# members of these types are the same object whenever they are equal (None, enum members, dtypes, ...)
+_SINGLETON_TYPES = (type(None), enum.Enum, torch.dtype, torch.layout, torch.memory_format)
+
+
+def _is_stored(obj, provenance, seen: dict) -> bool:
+    """Whether ``obj`` is stored where ``provenance`` reads it (an argument, an item, an instance attribute or slot,
+    a bound method's ``__self__``), so that the same object is read again next call if nothing replaced it; False for
+    a value a property or ``__getattr__`` makes at each read."""
+    import inspect
+
+    name = getattr(provenance.inst, "name", None)
+    if name in ("INPUT_ARGS", "INPUT_KWARGS", "BINARY_SUBSCR"):
+        return True
+    if name != "LOAD_ATTR" or len(provenance.inputs) != 2:
+        return False
+    base, attr = provenance.inputs[0], getattr(provenance.inputs[1], "value", None)
+    if attr == "__self__":
+        return True
+    if getattr(base.inst, "name", None) == "INPUT_FN":
+        holder = getattr(_thunder_internals.current_compile_data()[0], "fn", None)
+    else:
+        holder = seen.get(id(base), (None, None))[1]
+    if holder is None or not isinstance(attr, str):
+        return False
+    if getattr(holder, "__dict__", {}).get(attr, _MISSING) is obj:
+        return True
+    return isinstance(inspect.getattr_static(type(holder), attr, None), types.MemberDescriptorType) and \
+        getattr(holder, attr, _MISSING) is obj
+
+
+def _value_snapshot(obj):
+    """A copy of ``obj`` equal to it, or None when its type has no value equality (``object.__eq__``) or no such copy
+    can be made."""
+    import copy
+
+    if type(obj).__eq__ is object.__eq__:
+        return None
+    try:
+        snapshot = copy.deepcopy(obj)
+        return snapshot if snapshot is not obj and _equal_to_snapshot(obj, snapshot) else None
+    except Exception:  # noqa: BLE001 - not copyable: guarded by identity instead
+        return None

@@ -21,7 +21,10 @@ above the stages, hands it one :class:`~thunder_subclass._thunder_internals.Hand
 * a thunder forward call connected to autograd -> ``tangents.differentiable_outputs`` (``requires_grad`` of the
   outputs as in eager) and ``tangents.mutated_inputs`` (inputs changed in place, marked dirty);
 * a thunder backward call -> ``tangents.replace_grads`` / ``tangents.run_backward`` (``.backward(grad)`` with
-  gradients of another kind).
+  gradients of another kind);
+* a Python object read from the inputs while tracing -> ``guards.guard_input_object`` (its type, identity or value
+  checked by the prologue), and the arguments of a function the interpreter runs natively ->
+  ``guards.guard_native_call_arguments`` (such objects then guarded by value).
 """
 
 from __future__ import annotations
@@ -121,6 +124,8 @@ HANDLERS = _thunder_internals.Handlers(
     run_backward=tangents.run_backward,
     mutated_inputs=tangents.mutated_inputs,
     gradless_inputs=tangents.gradless_inputs,
+    input_object=guards.guard_input_object,
+    native_call=guards.guard_native_call_arguments,
 )
 
 
@@ -134,9 +139,10 @@ def uninstall() -> None:
     _thunder_internals.uninstall()
 
 
-def with_fast_cache_hits(jfn, *, automatic_dynamic: bool = False):
-    """``thunder_subclass.jit``'s result with the shorter path to cache hits (``_thunder_internals``)."""
-    return _thunder_internals.with_fast_cache_hits(jfn, automatic_dynamic=automatic_dynamic)
+def with_fast_cache_hits(jfn, policy=None, *, automatic_dynamic: bool = False):
+    """``thunder_subclass.jit``'s result with the shorter path to cache hits, the cache ``policy``
+    (``thunder_subclass.cache.CachePolicy``) and automatic dynamic shapes (``_thunder_internals``)."""
+    return _thunder_internals.with_fast_cache_hits(jfn, policy, automatic_dynamic=automatic_dynamic)
 
 
 def is_installed() -> bool:

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 
 from thunder.core.recipe import Plugin, PluginPolicy
 
-from thunder_subclass import fsdp, hooks
+from thunder_subclass import cache, fsdp, hooks
 from thunder_subclass.executor import subclass_executor
 from thunder_subclass.prologue import FusedPrologueChecks
 from thunder_subclass.tangents import SavedTensorNames
@@ -19,6 +19,8 @@ from thunder_subclass.torch_function import TypedTensorEdges
 __all__ = ["jit", "TensorSubclassPlugin", "PLUGIN_NAME"]
 
 PLUGIN_NAME = "tensor-subclass"
+
+_DEFAULT = object()  # cache_size_limit not given: thunder_subclass.config.cache_size_limit
 
 
 class TensorSubclassPlugin(Plugin):
@@ -42,7 +44,7 @@ class TensorSubclassPlugin(Plugin):
         return [TypedTensorEdges(), SavedTensorNames()]
 
 
-def jit(fn: Callable, /, **kwargs) -> Callable:
+def jit(fn: Callable, /, *, cache_size_limit: int | None | object = _DEFAULT, **kwargs) -> Callable:
     """``thunder.jit(fn, **kwargs)`` that can compile functions and modules holding tensor wrapper subclasses.
 
     A module holding FSDP2 units (``fully_shard``) is compiled between FSDP2's hooks: the result is a
@@ -63,6 +65,12 @@ def jit(fn: Callable, /, **kwargs) -> Callable:
     guarded), so new sizes stop retracing: ``_thunder_internals.AutomaticDynamicShapes``. ``dynamic=False`` traces once
     per size (``cache="constant values"``), ``dynamic=True`` makes sizes symbolic from the first trace. An explicit
     ``cache`` option is used as given.
+
+    ``cache_size_limit`` (default ``thunder_subclass.config.cache_size_limit``, 8 like ``torch.compile``'s
+    ``recompile_limit``; ``None``: unbounded) bounds the number of traces kept: once reached, a call that no trace
+    accepts runs ``fn`` eagerly, after a one-time :class:`~thunder_subclass.errors.CacheLimitWarning` naming the check
+    that failed; ``thunder_subclass.explain_recompiles(compiled)`` says why each miss missed (see
+    ``thunder_subclass.cache``).
 
     Example::
 
@@ -86,7 +94,10 @@ def jit(fn: Callable, /, **kwargs) -> Callable:
         kwargs["cache"] = "symbolic values" if dynamic else "constant values"
     automatic_dynamic = dynamic is None and "cache" not in kwargs
     if fsdp.holds_fsdp_units(fn):
-        return fsdp.compile_between_fsdp_hooks(fn, lambda region_fn: jit(region_fn, **kwargs))
+        return fsdp.compile_between_fsdp_hooks(
+            fn, lambda region_fn: jit(region_fn, cache_size_limit=cache_size_limit, **kwargs))
+    limit = cache.config.cache_size_limit if cache_size_limit is _DEFAULT else cache_size_limit
+    policy = cache.CachePolicy(limit, fn, getattr(fn, "__qualname__", None) or type(fn).__qualname__)
     hooks.install()
     executors: Sequence = resolve_executors(kwargs.pop("executors", None))
     executors = [subclass_executor, *(ex for ex in executors if ex is not subclass_executor)]
@@ -96,5 +107,5 @@ def jit(fn: Callable, /, **kwargs) -> Callable:
     # 2-core CPU, a fifth of a small model's training step); without it thunder connects its autograd.Function the
     # classic way. Pass thunderfx_disable_split_autograd=False to get thunder's default back.
     kwargs.setdefault("thunderfx_disable_split_autograd", True)
-    return hooks.with_fast_cache_hits(thunder.jit(fn, executors=executors, transforms=transforms, **kwargs),
+    return hooks.with_fast_cache_hits(thunder.jit(fn, executors=executors, transforms=transforms, **kwargs), policy,
                                       automatic_dynamic=automatic_dynamic)

@@ -10,7 +10,8 @@ trace from the checks it replaces, each one an inline expression with the same m
   (``==``), ``check_len``, ``check_none``, ``check_type`` and ``check_instance``;
 * the plugin's ``check_subclass`` (:meth:`thunder_subclass.guards.SubclassSpec.matches`, inlined by
   :meth:`~thunder_subclass.guards.SubclassSpec.expression`), ``check_plain_tensor``, ``check_tensor_strides``,
-  ``check_no_dispatch_mode`` and ``check_module_hooks`` (a module without hooks: its four hook dictionaries inline,
+  ``check_no_dispatch_mode``, ``check_object`` (:meth:`thunder_subclass.guards.ObjectSpec.expression`) and
+  ``check_module_hooks`` (a module without hooks: its four hook dictionaries inline,
   and the global module hooks once per call: ``_thunder_internals.module_has_no_own_hooks_expression``).
 
 Tensor metadata (thunder's ``check_tensor_metadata``, the outer and plain inner tensors of ``check_subclass``, and
@@ -53,6 +54,7 @@ from thunder_subclass.guards import (
     check_module_hooks,
     check_tensor_strides,
     check_subclass,
+    check_object,
     inline_tensor_check,
 )
 from thunder_subclass._thunder_internals import (
@@ -72,25 +74,49 @@ class FusedChecks:
     """The checks of one prologue as one function of the checked values (``fn``), with the text of each check for
     error messages. Not printable as a literal: thunder passes it to the prologue as a global."""
 
-    __slots__ = ("fn", "conditions", "source")
+    __slots__ = ("fn", "conditions", "source", "names", "_compiled")
 
-    def __init__(self, fn, conditions: list[str], source: str):
+    def __init__(self, fn, conditions: list[str], source: str, names: tuple[str, ...] = ()):
         self.fn, self.conditions, self.source = fn, conditions, source
+        self.names = names  # the prologue's name of each checked value (v0, v1, ... in the conditions)
+        self._compiled = None
 
     def __repr__(self) -> str:
         return f"FusedChecks({len(self.conditions)} checks)"
 
     def failure(self, values: tuple) -> str:
-        namespace = dict(self.fn.__globals__)
-        namespace.update({f"v{i}": v for i, v in enumerate(values)})
-        for cond in self.conditions:  # in order, in one namespace: names bound by `:=` reach later conditions
+        """The first check that ``values`` fail, in words (only built when a miss is explained: see
+        :class:`~thunder_subclass.guards.SubclassGuardFailure`)."""
+        if self._compiled is None:
+            self._compiled = [compile(c, "<thunder_subclass prologue check>", "eval") for c in self.conditions]
+        # the generated function's constants are its globals; the values and the names bound by `:=` are locals, so
+        # that a later condition reads what an earlier one bound
+        namespace = {f"v{i}": v for i, v in enumerate(values)}
+        for cond, code in zip(self.conditions, self._compiled):
             try:
-                ok = eval(cond, namespace)
+                ok = eval(code, self.fn.__globals__, namespace)
             except Exception as e:  # noqa: BLE001 - reported as the failing check
-                return f"prologue check `{cond}` raised {type(e).__name__}: {e}"
+                return f"prologue check `{cond}`{self._readable(cond)} raised {type(e).__name__}: {e}"
             if not ok:
-                return f"prologue check `{cond}` failed"
+                return f"prologue check `{cond}`{self._readable(cond)} failed"
         return "prologue check failed"
+
+    def _readable(self, cond: str) -> str:
+        """The condition with the prologue's names for the values and the constants' values, for people."""
+        import re
+
+        constants = self.fn.__globals__
+
+        def name(m: re.Match) -> str:
+            kind, i = m.group(1), int(m.group(2))
+            if kind == "v":
+                return self.names[i] if i < len(self.names) else m.group(0)
+            value = constants.get(m.group(0), m.group(0))
+            text = getattr(value, "__qualname__", None) if isinstance(value, type) else repr(value)
+            return text if text is not None and len(text) <= 80 else m.group(0)
+
+        readable = re.sub(r"\b([vc])(\d+)\b", name, cond)
+        return "" if readable == cond else f" (that is, `{readable}`)"
 
 
 class _TensorChecks:
@@ -146,8 +172,8 @@ def _no_guard(*tensors) -> bool:
 
 
 def _check_prologue_impl(values: tuple, checks: FusedChecks) -> None:
-    if not checks.fn(*values):
-        raise SubclassGuardFailure(checks.failure(values))
+    if not checks.fn(*values):  # the message (which check failed) is found only when it is read
+        raise SubclassGuardFailure(explain=lambda: checks.failure(values))
 
 
 # DONT_DCE: no output, and dead-code elimination must keep it in the prologue
@@ -234,7 +260,9 @@ class _Builder:
             return False
         cond = None
         if sid == check_module_hooks.id:  # guards.check_module_hooks
-            v, hooks = self.value(args[0]), args[1].hooks
+            v, hooks, module_type = self.value(args[0]), args[1].hooks, args[1].module_type
+            if module_type is not None:
+                self.conditions.append(f"(type({v}) is {self.const(module_type)})")
             if hooks == ((), ()):
                 if not self.global_hooks_checked:
                     self.conditions.append("_no_global_hooks()")
@@ -244,6 +272,8 @@ class _Builder:
                 cond = f"(_hooks({v}) == {self.const(hooks)})"
         elif sid == check_subclass.id:
             cond = args[1].expression(self.value(args[0]), self.const, self.fresh, self.tensor)
+        elif sid == check_object.id:
+            cond = args[1].expression(self.value(args[0]), self.const)
         elif sid == check_plain_tensor.id:
             cond = f"type({self.value(args[0])}) in _plain"
         elif sid == check_tensor_strides.id:
@@ -301,7 +331,7 @@ class _Builder:
         if self.slots:
             namespace["_tensor_checks"] = _TensorChecks(namespace["tensor_checks"],
                                                         [slot.strides for slot in self.slots], namespace)
-        return FusedChecks(namespace["fused_prologue_checks"], shown, source)
+        return FusedChecks(namespace["fused_prologue_checks"], shown, source, tuple(p.name for p in self.values))
 
 
 def fuse_prologue_checks(trace):

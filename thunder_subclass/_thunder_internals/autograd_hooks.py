@@ -184,7 +184,7 @@ def _hook_thunder_function_forward(original):
             is_differentiable_outputs = plugin_state.handlers.differentiable_outputs(compiled_backward)
         mutated = plugin_state.handlers.mutated_inputs(compiled_backward) if plugin_state.handlers is not None and side_channel is None else ()
         # torch refuses a Function that changes an input that is a view of another tensor and has more than one
-        # output: such an input keeps its history from before the call (README "Limits")
+        # output: such an input keeps its history from before the call (docs/limits.md)
         if mutated and not any(flat_args[i]._base is not None for i, _ in mutated):
             # the outputs that are new values of inputs changed in place (grads_for_mutated_inputs): the caller's
             # objects themselves, marked dirty (autograd gives them this function's history)

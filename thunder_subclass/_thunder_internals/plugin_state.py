@@ -49,6 +49,10 @@ class Handlers:
       ``()``.
     * ``gradless_inputs(compiled_backward, grads)``: of those, the ones whose gradient is undefined for these
       incoming gradients (``None`` where nothing used a new value), or ``()``.
+    * ``input_object(value, provenance)``: the interpreter met ``value``, read from the inputs by ``provenance`` (one
+      the prologue can unpack), while a plugin jit traces (to guard Python objects thunder does not check).
+    * ``native_call(fn, wrapped_args)``: the interpreter is about to run ``fn`` natively (not interpreted) with these
+      wrapped arguments.
     """
 
     executor: Any
@@ -64,6 +68,8 @@ class Handlers:
     run_backward: Callable
     mutated_inputs: Callable
     gradless_inputs: Callable
+    input_object: Callable
+    native_call: Callable
 
 
 # the Handlers given to the last install(); read by every hook (as plugin_state.handlers)

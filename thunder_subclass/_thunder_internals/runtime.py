@@ -11,8 +11,18 @@
   prologues under the compile data, computation, connection to autograd, epilogue, grad mode, statistics) without
   its wrapper layers; everything else (autocast, tracing, misses) calls thunder's ``fn_``.
 
+* ``thunder/__init__.py`` ``acquire_initial_trace`` (the closure cell of that name in ``get_computation_and_inputs``,
+  replaced in the same hook: :func:`_use_bounded_tracing`) — at a cache miss of a ``thunder_subclass.jit`` function,
+  the reasons the entries rejected the call go to its cache policy, and past the policy's bound the call is not
+  traced but run eagerly (:class:`CacheLimitReached`, caught by the per-call wrapper).
+* ``core/module.py`` ``ThunderModule`` tables of parameters, buffers and submodules (private state, filled once by
+  thunder) — kept bound to the module as it is now (:class:`ModuleBindings`): a parameter or submodule replaced after
+  compiling is what the next call reads.
+
 Owner of state: the fast path keeps the jit's compile data and stats weakly (no cycle through the compiled function)
-and a per-function table of undecorated computation/epilogue functions, freed with the compiled function.
+and a per-function table of undecorated computation/epilogue functions and an index of the cache entries
+(:class:`_EntryIndex`), freed with the compiled function; the cache policy lives on the compile data and the compiled
+function.
 """
 
 from __future__ import annotations
@@ -69,6 +79,7 @@ def _hook_with_cache_info_ctx(original):
         if plugin_state.handlers is None or cd is None or plugin_state.handlers.executor not in getattr(cd, "executors_list", ()):
             return original(fn)
         _use_fast_populate_cache_info(fn, jit_locals)
+        _use_bounded_tracing(fn)
 
         def cache_info_wrapper(*args, **kwargs):
             token = thunder._cache_info_ctx.set(_ViewAwareCacheInfo(args, kwargs))
@@ -161,6 +172,172 @@ def _use_fast_populate_cache_info(get_computation_and_inputs, jit_locals: dict) 
     cell.cell_contents = populate_cache_info
 
 
+class CacheLimitReached(Exception):
+    """Raised inside thunder's ``get_computation_and_inputs`` at a cache miss of a ``thunder_subclass.jit`` function
+    whose cache policy forbids a new entry; the function's per-call wrapper catches it and runs the call eagerly."""
+
+
+POLICY_ATTR = "_thunder_subclass_cache_policy"  # on thunder's CompileData and on the compiled function
+
+
+def _use_bounded_tracing(get_computation_and_inputs) -> None:
+    """For a plugin jit, thunder's ``acquire_initial_trace`` (a local function of ``thunder.jit`` that
+    ``get_computation_and_inputs`` calls through its closure cell of that name at each cache miss, after every entry's
+    prologue rejected the call) is replaced by one that first asks the jit's cache policy (``POLICY_ATTR`` on its
+    compile data, set by :func:`with_fast_cache_hits`; none for ``thunder.compile(..., plugins=...)``): it hands the
+    policy the reason each entry rejected the call (the prologues run again, their messages built now: a miss traces,
+    which costs far more), and raises :class:`CacheLimitReached` instead of tracing when the policy says the cache is
+    full. Left as is when the closure is not as expected."""
+    code = get_computation_and_inputs.__code__
+    if "acquire_initial_trace" not in code.co_freevars or get_computation_and_inputs.__closure__ is None:
+        return
+    cell = get_computation_and_inputs.__closure__[code.co_freevars.index("acquire_initial_trace")]
+    original = cell.cell_contents
+    if not callable(original):
+        return
+
+    def acquire_initial_trace(fn, args, kwargs, cd, cs, *rest, **kwrest):
+        policy = getattr(cd, POLICY_ATTR, None)
+        if policy is not None and not policy.on_miss(cs.calls, len(cs.interpreter_cache),
+                                                     _rejections(cd, cs, args, kwargs)):
+            raise CacheLimitReached()
+        return original(fn, args, kwargs, cd, cs, *rest, **kwrest)
+
+    acquire_initial_trace.__wrapped__ = original
+    cell.cell_contents = acquire_initial_trace
+
+
+def _rejections(cd, cs, args, kwargs) -> list[str]:
+    """Why each cache entry (newest first) rejects the call: the first message of its prologue's exception."""
+    from thunder.core.compile_data import compile_data_and_stats
+
+    reasons = []
+    with compile_data_and_stats(cd, cs):
+        for entry in reversed(cs.interpreter_cache):
+            try:
+                entry.prologue_fn(*args, **kwargs)
+            except Exception as e:  # noqa: BLE001 - the reason, whatever the prologue raised
+                reasons.append(str(e) or type(e).__name__)
+            else:
+                reasons.append("accepted (the state it checks changed since)")
+    return reasons
+
+
+def _call_key(args: tuple, kwargs: dict, grad: bool) -> tuple:
+    """A key of a call that the prologues of the constant-values cache check exactly: grad mode, and per argument its
+    type, with shape and dtype for a plain tensor (reading them from a subclass may run Python)."""
+    key = [grad]
+    for a in args:
+        key.append((a.shape, a.dtype) if type(a) is torch.Tensor else type(a))
+    if kwargs:
+        for k, a in kwargs.items():
+            key.append(k)
+            key.append((a.shape, a.dtype) if type(a) is torch.Tensor else type(a))
+    return tuple(key)
+
+
+class _EntryIndex:
+    """The cache entries of one compiled function by the :func:`_call_key` of the calls they accepted, so that a call
+    tries first the entries that accepted calls like it, the one that accepted the last such call first (a repeated
+    call costs one prologue with 1 or 100 entries; subclass arguments are keyed by type only, as reading their shape
+    may run Python, so calls alternating between k shapes cost at most k), then, if none accepts, every other entry
+    newest first as thunder does (an entry found so is added to the key's list). The keys only order the search:
+    every hit is still an entry whose prologue accepted the call. Owned by the fast call; forgotten when thunder's
+    entry list shrinks or is replaced, and when it holds more than ``MAX_KEYS`` keys."""
+
+    __slots__ = ("buckets", "entries", "n")
+
+    MAX_KEYS = 1024
+
+    def __init__(self):
+        self.buckets: dict = {}
+        self.entries = None
+        self.n = 0
+
+    def bucket(self, cache: list, key) -> list:
+        if cache is not self.entries or len(cache) < self.n or len(self.buckets) > self.MAX_KEYS:
+            self.buckets.clear()
+            self.entries = cache
+        self.n = len(cache)
+        return self.buckets.get(key, ())
+
+    def add(self, key, entry) -> None:
+        self.buckets.setdefault(key, []).append(entry)
+
+
+class ModuleBindings:
+    """The parameter, buffer and submodule tables of a plugin jit's ``ThunderModule`` (``_overrides_parameters``,
+    ``_overrides_buffers``, ``_module_cache``: thunder 0.2.6 fills them once, in ``ThunderModule.__init__``,
+    ``core/module.py``, and the prologue reads parameters, buffers and submodules from them every call), kept bound
+    to the compiled module as it is now. :meth:`refresh`, called before each call, checks that every entry of each
+    submodule's ``_parameters``, ``_buffers`` and ``_modules`` is the object it was when the tables were last filled
+    (one generated expression, an identity test per entry), and fills them again when one was replaced, added or
+    removed (``m.bias = nn.Parameter(...)``, ``m.weight = <another subclass>``, ``m.block = Block()``): the
+    prologue then reads the new objects, whose checks make the call a hit (same kind of tensor: the new values are
+    used) or a miss (a new trace of the module as it is). Entries a transform put in the tables (objects the module
+    does not hold) are kept. Owned by the compiled module's per-call wrapper; holds the module weakly."""
+
+    __slots__ = ("_module", "_check", "_own")
+
+    def __init__(self, tm):
+        import weakref
+
+        self._module = weakref.ref(tm)
+        self._own: set = set()
+        self._check = None
+        self._fill(tm, initial=True)
+
+    def refresh(self) -> None:
+        if not self._check():
+            tm = self._module()
+            if tm is not None:
+                self._fill(tm, initial=False)
+
+    def _fill(self, tm, initial: bool) -> None:
+        model = tm._model
+        modules = dict(model.named_modules(remove_duplicate=False))
+        params = dict(model.named_parameters(remove_duplicate=False))
+        buffers = dict(model.named_buffers(remove_duplicate=False))
+        tables = ((tm._overrides_parameters, "p", params), (tm._overrides_buffers, "b", buffers))
+        if initial:  # what thunder's tables hold of the module's own (not a transform's replacement)
+            self._own = {(kind, k) for table, kind, live in tables for k, v in table.items() if live.get(k) is v}
+        else:
+            for table, kind, live in tables:
+                for k in [k for k in table if (kind, k) in self._own and k not in live]:
+                    del table[k]
+                for k, v in live.items():
+                    if (kind, k) in self._own or k not in table:
+                        table[k] = v
+                        self._own.add((kind, k))
+            tm._module_cache.clear()
+            tm._module_cache.update(modules)
+        self._check = _identity_check(modules.values())
+
+
+def _identity_check(modules) -> Callable[[], bool]:
+    """A generated function, true while each module in ``modules`` has the same entries in its ``_parameters``,
+    ``_buffers`` and ``_modules`` as now (the same objects, and no more)."""
+    consts: dict = {}
+    conditions: list[str] = []
+    seen: set = set()
+    for m in modules:
+        if id(m) in seen:
+            continue
+        seen.add(id(m))
+        for d in (m._parameters, m._buffers, m._modules):
+            name = f"d{len(consts)}"
+            consts[name] = d
+            conditions.append(f"len({name}) == {len(d)}")
+            for k, v in d.items():
+                value = f"c{len(consts)}"
+                consts[value] = v
+                conditions.append(f"{name}.get({k!r}) is {value}")
+    source = "def is_current():\n    return " + (" and ".join(conditions) or "True") + "\n"
+    namespace = dict(consts)
+    exec(compile(source, "<thunder_subclass module bindings>", "exec"), namespace)
+    return namespace["is_current"]
+
+
 @functools.cache
 def _trace_decorator_codes() -> tuple:
     """The code objects of the two decorators thunder puts on generated computation and epilogue functions
@@ -181,7 +358,7 @@ def _undecorated(fn):
     return getattr(inner, "__wrapped__", fn)
 
 
-def with_fast_cache_hits(jfn, *, automatic_dynamic: bool = False):
+def with_fast_cache_hits(jfn, policy=None, *, automatic_dynamic: bool = False):
     """A ``thunder.jit`` result (function or ``ThunderModule``) of a plugin jit whose calls take a shorter path to a
     cache hit than thunder 0.2.6's ``fn_`` (``thunder/__init__.py``): the same steps for the same result — the per-call
     cache info (this jit's ``populate_cache_info``, in thunder's cache-info context), the cache entries' prologues
@@ -196,7 +373,13 @@ def with_fast_cache_hits(jfn, *, automatic_dynamic: bool = False):
     to hand to the user: the same ``ThunderModule`` with its ``_forward_fn`` wrapped, or, for a function, a wrapper
     carrying thunder's ``_lc_*``
     attributes (``thunder.compile_stats`` and friends read them). With ``automatic_dynamic``, the calls that trace go
-    through :class:`AutomaticDynamicShapes` (a size-driven miss traces with symbolic sizes)."""
+    through :class:`AutomaticDynamicShapes` (a size-driven miss traces with symbolic sizes).
+
+    The entries are tried in the order of an index by the kind of call they accepted (:class:`_EntryIndex`), so a
+    hit's cost does not grow with the number of entries. ``policy`` (``thunder_subclass.cache.CachePolicy``, kept on
+    the compile data and on the result as ``POLICY_ATTR``) bounds the cache: a miss past its bound runs
+    ``policy.eager`` instead of tracing (:func:`_use_bounded_tracing`), on every path, fast or not. A module's
+    parameter, buffer and submodule tables follow the module (:class:`ModuleBindings`)."""
     import thunder
     from thunder.core.compile_data import (
         reset_compile_data_and_stats,
@@ -209,11 +392,15 @@ def with_fast_cache_hits(jfn, *, automatic_dynamic: bool = False):
     cd, cs = getattr(jfn, "_lc_cd", None), getattr(jfn, "_lc_cs", None)
     module = isinstance(jfn, ThunderModule)
     original = jfn._forward_fn if module else jfn
-    if cd is None or cs is None or cd.cache_option is not CACHE_OPTIONS.CONSTANT_VALUES:
+    if cd is None or cs is None:
         return jfn
+    bindings = ModuleBindings(jfn) if module else None
+    if policy is not None:
+        setattr(cd, POLICY_ATTR, policy)
+        original = _bounded(original, policy, bindings)
     populate = getattr(cd, "populate_cache_info", None)
-    if populate is None:
-        return jfn
+    if cd.cache_option is not CACHE_OPTIONS.CONSTANT_VALUES or populate is None:
+        return _hand_out(jfn, original, module, policy)
     import weakref
 
     from thunder.executors.torch_autograd import connect_to_autograd
@@ -226,6 +413,8 @@ def with_fast_cache_hits(jfn, *, automatic_dynamic: bool = False):
     autocast = torch.is_autocast_enabled
     cache_info_ctx = thunder._cache_info_ctx
 
+    is_grad_enabled = torch.is_grad_enabled
+    index = _EntryIndex()
     dynamic = AutomaticDynamicShapes(cd, cs, original) if automatic_dynamic else None
     trace = dynamic.trace if dynamic is not None else (lambda args, kwargs: original(*args, **kwargs))
 
@@ -234,6 +423,8 @@ def with_fast_cache_hits(jfn, *, automatic_dynamic: bool = False):
         cs = weak_cs()
         if autocast("cpu") or autocast() or cs is None or is_tracing():
             return original(*args, **kwargs)
+        if bindings is not None:
+            bindings.refresh()
         if not cs.interpreter_cache:
             return trace(args, kwargs)
         cd = weak_cd()
@@ -241,15 +432,35 @@ def with_fast_cache_hits(jfn, *, automatic_dynamic: bool = False):
         try:
             populate(cache_info_ctx.get(), *args, **kwargs)
             hit = None
+            cache = cs.interpreter_cache
+            key = _call_key(args, kwargs, is_grad_enabled())
+            bucket = index.bucket(cache, key)
             data_token = set_compile_data_and_stats(cd, cs)  # thunder's compile_data_and_stats, without a generator
             try:
-                for entry in reversed(cs.interpreter_cache):
+                for i in range(len(bucket) - 1, -1, -1):  # the entries that accepted calls like this one, last hit first
+                    entry = bucket[i]
                     try:
                         inps, pro_to_epi = entry.prologue_fn(*args, **kwargs)
                     except Exception:
                         continue
                     hit = entry
+                    if i != len(bucket) - 1:
+                        try:  # another thread may have moved entries since: any permutation is a valid order
+                            bucket.append(bucket.pop(i))
+                        except IndexError:
+                            pass
                     break
+                else:  # then the others, newest first (as thunder's get_computation_and_inputs)
+                    for entry in reversed(cache):
+                        if any(entry is e for e in bucket):
+                            continue
+                        try:
+                            inps, pro_to_epi = entry.prologue_fn(*args, **kwargs)
+                        except Exception:
+                            continue
+                        hit = entry
+                        index.add(key, entry)
+                        break
             finally:
                 reset_compile_data_and_stats(data_token)
         finally:
@@ -287,13 +498,39 @@ def with_fast_cache_hits(jfn, *, automatic_dynamic: bool = False):
     fast_call._thunder_subclass_fast_call = True
     fast_call._thunder_subclass_dynamic_shapes = dynamic
     plain_fns: dict = {}  # id(entry) -> (entry, computation, epilogue) without their no-grad/no-autocast decorators
+    return _hand_out(jfn, fast_call, module, policy)
+
+
+def _bounded(original: Callable, policy, bindings) -> Callable:
+    """``original`` (thunder's per-call function) where a miss past the cache bound (:class:`CacheLimitReached`)
+    runs ``policy.eager`` instead; a module's tables refreshed first (:class:`ModuleBindings`)."""
+
+    @functools.wraps(original)
+    def bounded_call(*args, **kwargs):
+        if bindings is not None:
+            bindings.refresh()
+        try:
+            return original(*args, **kwargs)
+        except CacheLimitReached:
+            return policy.eager(*args, **kwargs)
+
+    return bounded_call
+
+
+def _hand_out(jfn, call: Callable, module: bool, policy):
+    """What the user gets: the ``ThunderModule`` with ``call`` as its ``_forward_fn``, or ``call`` carrying thunder's
+    ``_lc_*`` attributes (``thunder.compile_stats`` and friends read them); either with the cache policy."""
     if module:
-        jfn._forward_fn = fast_call
-        return jfn
-    for name in ("_lc_cd", "_lc_cs", "_lc_transforms"):
-        if hasattr(jfn, name):
-            setattr(fast_call, name, getattr(jfn, name))
-    return fast_call
+        jfn._forward_fn = call
+        target = jfn
+    else:
+        for name in ("_lc_cd", "_lc_cs", "_lc_transforms"):
+            if hasattr(jfn, name):
+                setattr(call, name, getattr(jfn, name))
+        target = call
+    if policy is not None:
+        setattr(target, POLICY_ATTR, policy)
+    return target
 
 
 def hook_targets() -> list[tuple[Any, str, Callable]]:

@@ -16,7 +16,13 @@ Hooks (thunder 0.2.6 paths, relative to the installed ``thunder/``):
   for plugin jits: classes with a pybind11 base (DTensor placements under torch 2.13) are called as Python, not
   interpreted (:func:`is_pybind11_class`: interpreting their ``__init__`` aborts the process), and a keyword argument
   named ``fn`` no longer collides with the lookaside's own parameter. Plugin functions handed to user code as values
-  run as Python (:func:`runs_natively`).
+  run as Python (:func:`runs_natively`). A call that no lookaside takes and that the interpreter runs natively (a C
+  function or method) hands its arguments to ``Handlers.native_call``: what it reads of them is invisible to the trace.
+* ``core/jit_ext.py`` ``general_jit_callbacks`` (the interpreter callbacks of ``thunder_general_jit``, replaced by a
+  copy) — its ``WRAP_CALLBACK`` sees every value the interpreter wraps; a value read from the inputs (arguments,
+  attributes and items of them, attributes of the compiled module: a provenance the prologue can unpack) goes to
+  ``Handlers.input_object`` too, which guards the Python objects thunder leaves unchecked (their type, identity or
+  value: ``thunder_subclass.guards.guard_input_object``).
 * ``core/update_aliases.py`` ``_get_new_alias`` and ``prims.update_aliases`` (through the ``Symbol.__call__`` hook) —
   thunder's bookkeeping for in-place ops makes plain ``TensorProxy(like=x)`` versions of mutated values; a subclass
   value's new version stays a subclass proxy (``Handlers.new_alias``).
@@ -53,7 +59,7 @@ from thunder_subclass._thunder_internals.plugin_state import (
 from thunder_subclass._thunder_internals.symbolic_values import (
     symbolic_values_lookaside,
 )
-from thunder_subclass._thunder_internals.thunder_state import is_torch_level_symbol
+from thunder_subclass._thunder_internals.thunder_state import is_torch_level_symbol, is_unpackable_provenance
 
 
 def _hook_proxify(original):
@@ -162,9 +168,47 @@ def _hook_general_jit_lookaside(original):
                 # thunder 0.2.6 takes `fn` by name too: f(x, fn=g) in traced code raised "got multiple values for
                 # argument 'fn'" (plain thunder.jit as well)
                 kwargs[_FN_KEYWORD] = kwargs.pop("fn")
+            lookaside = original(fn, *args, **kwargs)
+            if lookaside is None and _is_opaque(fn):
+                # the interpreter will run fn natively: what it reads of its arguments is unknown to the trace
+                plugin_state.handlers.native_call(fn, (*args, *kwargs.values()))
+            return lookaside
         return original(fn, *args, **kwargs)
 
     return general_jit_lookaside
+
+
+def _is_opaque(fn) -> bool:
+    from thunder.core.interpreter import is_opaque
+
+    try:
+        return is_opaque(fn)
+    except Exception:  # noqa: BLE001 - not a function the interpreter would call natively
+        return False
+
+
+def _hook_general_jit_callbacks(original: dict) -> dict:
+    # replaces thunder.core.jit_ext.general_jit_callbacks (the interpreter callbacks thunder_general_jit passes, looked
+    # up at each jit): its WRAP_CALLBACK, which sees every value when the interpreter first wraps it, also hands a
+    # value read from the inputs (its provenance one the prologue can unpack) to Handlers.input_object
+    from thunder.core.interpreter import INTERPRETER_CALLBACKS
+
+    key = INTERPRETER_CALLBACKS.WRAP_CALLBACK
+    wrap_callback = original[key]
+
+    def wrap_callback_with_object_guards(value):
+        result = wrap_callback(value)
+        if is_plugin_active() and value.provenance.inputs and is_unpackable_provenance(value.provenance):
+            plugin_state.handlers.input_object(value.value, value.provenance)
+        return result
+
+    hooked = _HookedCallbacks(original)
+    hooked[key] = wrap_callback_with_object_guards
+    return hooked
+
+
+class _HookedCallbacks(dict):
+    """thunder's interpreter callbacks with the plugin's wrap callback (a dict that can carry the hook marker)."""
 
 
 def _hook_get_new_alias(original):
@@ -288,6 +332,7 @@ def hook_targets() -> list[tuple[Any, str, Callable]]:
         (jit_ext.JitCtx, "proxify", _hook_proxify),
         (symbol.Symbol, "__call__", _hook_symbol_call),
         (jit_ext, "general_jit_lookaside", _hook_general_jit_lookaside),
+        (jit_ext, "general_jit_callbacks", _hook_general_jit_callbacks),
         (update_aliases, "_get_new_alias", _hook_get_new_alias),
         (interpreter, "wrap_args_from_list", _hook_wrap_args_from_list),
         (interpreter.InterpreterFrame, "get_or_make_python_frame", _hook_python_frame),
