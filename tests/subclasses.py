@@ -9,7 +9,8 @@ from torch.utils._pytree import tree_map
 aten = torch.ops.aten
 
 __all__ = [
-    "TwoTensor", "QuantizedWeight", "ScaledTensor", "NoFlattenTensor", "ElemTensor", "nested_two_tensor", "quantize"
+    "TwoTensor", "QuantizedWeight", "ScaledTensor", "NoFlattenTensor", "ElemTensor", "nested_two_tensor", "quantize",
+    "ViewKeepingWeight", "InnerOnlyLinearWeight",
 ]
 
 
@@ -155,3 +156,84 @@ class ElemTensor(torch.Tensor):
 def nested_two_tensor(*tensors: torch.Tensor) -> TwoTensor:
     a, b, c, d = tensors
     return TwoTensor(TwoTensor(a, b), TwoTensor(c, d))
+
+
+class ViewKeepingWeight(torch.Tensor):
+    """A training weight of the shape of torchao's int8 mixed-precision parameters: dispatch unwraps to ``data`` and
+    returns the subclass only for ``t`` / ``detach`` (so ``F.linear``'s autograd saves a ``ViewKeepingWeight``
+    transpose), plain tensors for every other op."""
+
+    @staticmethod
+    def __new__(cls, data: torch.Tensor):
+        return torch.Tensor._make_wrapper_subclass(cls, data.shape, dtype=data.dtype, device=data.device,
+                                                   requires_grad=data.requires_grad)
+
+    def __init__(self, data):
+        self.data_ = data
+
+    def __repr__(self):
+        return f"ViewKeepingWeight({self.data_})"
+
+    def __tensor_flatten__(self):
+        return ["data_"], None
+
+    @staticmethod
+    def __tensor_unflatten__(inner, ctx, outer_size, outer_stride):
+        return ViewKeepingWeight(inner["data_"])
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        args, kwargs = tree_map(lambda a: a.data_ if isinstance(a, ViewKeepingWeight) else a, (args, kwargs or {}))
+        out = func(*args, **kwargs)
+        if func in (aten.t.default, aten.detach.default):
+            return tree_map(lambda o: ViewKeepingWeight(o) if isinstance(o, torch.Tensor) else o, out)
+        return out
+
+
+class InnerOnlyLinearWeight(torch.Tensor):
+    """int8 data + per-row scale whose ``F.linear`` (a ``__torch_function__`` override, as torchao's weights implement
+    it) computes on the inner tensors only: its result does not require grad because of the weight, as in eager, even
+    when the weight itself has ``requires_grad=True`` (what ``load_state_dict(..., assign=True)`` leaves)."""
+
+    @staticmethod
+    def __new__(cls, data: torch.Tensor, scale: torch.Tensor, requires_grad: bool = False):
+        return torch.Tensor._make_wrapper_subclass(cls, data.shape, dtype=torch.float32, device=data.device,
+                                                   requires_grad=requires_grad)
+
+    def __init__(self, data, scale, requires_grad=False):
+        self.qdata = data
+        self.scale = scale
+
+    def __repr__(self):
+        return f"InnerOnlyLinearWeight(shape={tuple(self.shape)})"
+
+    def __tensor_flatten__(self):
+        return ["qdata", "scale"], None
+
+    @staticmethod
+    def __tensor_unflatten__(inner, ctx, outer_size, outer_stride):
+        return InnerOnlyLinearWeight(inner["qdata"], inner["scale"])
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.nn.functional.linear:
+            x, w, *rest = args
+            bias = rest[0] if rest else kwargs.get("bias")
+            with torch._C.DisableTorchFunctionSubclass():
+                y = x @ (w.qdata.to(x.dtype) * w.scale[:, None]).t()
+                return y + bias if bias is not None else y
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **kwargs)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in (aten.detach.default, aten.alias.default):
+            w = args[0]
+            return InnerOnlyLinearWeight(func(w.qdata), func(w.scale))
+        args, kwargs = tree_map(
+            lambda a: a.qdata.to(torch.float32) * a.scale[:, None] if isinstance(a, InnerOnlyLinearWeight) else a,
+            (args, kwargs),
+        )
+        return func(*args, **kwargs)

@@ -80,3 +80,74 @@ def test_inputs_that_meet_no_subclass_have_no_layout_guard():
     for b in (torch.randn(4, 6), torch.randn(6, 4).t()):
         torch.testing.assert_close(jf(x, w, b), f(x, w, b))
     assert thunder.cache_misses(jf) == 1
+
+
+# --- inner tensors of subclass inputs keep eager's strides (issue 24) ---
+
+from torch.testing._internal.two_tensor import TwoTensor  # noqa: E402
+
+from subclasses import nested_two_tensor  # noqa: E402
+
+
+def _transposed_two_tensor():
+    return TwoTensor(torch.randn(3, 4).t(), torch.randn(3, 4).t())
+
+
+def test_view_that_eager_refuses_on_transposed_inner_tensors_is_refused():
+    f = lambda t: t.view(-1) * 2  # noqa: E731
+    t = _transposed_two_tensor()
+    with pytest.raises(RuntimeError, match="view size is not compatible"):
+        f(t)
+    with pytest.raises(thunder_subclass.errors.SubclassDispatchError,
+                       match=r"torch.Tensor.view on TwoTensor failed while tracing at .*test_strides.py:\d+.*Cannot view"):
+        thunder_subclass.jit(f)(t)
+
+
+@pytest.mark.parametrize("make", [
+    _transposed_two_tensor,
+    lambda: TwoTensor(*(torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last) for _ in range(2))),
+    lambda: nested_two_tensor(*(torch.randn(3, 4).t() for _ in range(4))),
+], ids=["transposed", "channels_last", "nested"])
+def test_outputs_keep_eagers_layout(make):
+    def f(t):
+        return (t * 2).relu() + 1
+
+    t = make()
+    expected, out = f(t), thunder_subclass.jit(f)(t)
+    torch.testing.assert_close(out, expected)
+    assert type(out) is type(expected) and out.stride() == expected.stride()
+    for attr in ("a", "b"):
+        o, e = getattr(out, attr), getattr(expected, attr)
+        assert o.stride() == e.stride()
+        if isinstance(e, TwoTensor):
+            assert o.a.stride() == e.a.stride() and o.b.stride() == e.b.stride()
+
+
+def test_new_inner_layout_is_a_cache_miss():
+    def f(t):
+        return (t * 2).t()
+
+    jf = thunder_subclass.jit(f)
+    contiguous = TwoTensor(torch.randn(4, 3), torch.randn(4, 3))
+    transposed = _transposed_two_tensor()
+    for t in (contiguous, transposed, contiguous, transposed):
+        out, expected = jf(t), f(t)
+        torch.testing.assert_close(out, expected)
+        assert out.stride() == expected.stride() and out.a.stride() == expected.a.stride()
+    assert thunder.cache_misses(jf) == 2 and thunder.cache_hits(jf) == 2
+    # a third layout (every other column): another trace
+    strided = TwoTensor(torch.randn(4, 6)[:, ::2], torch.randn(4, 6)[:, ::2])
+    out, expected = jf(strided), f(strided)
+    torch.testing.assert_close(out, expected)
+    assert (out.stride(), out.a.stride(), out.b.stride()) == (expected.stride(), expected.a.stride(), expected.b.stride())
+    assert thunder.cache_misses(jf) == 3
+
+
+def test_trace_for_contiguous_inner_tensors_is_not_reused_where_eager_raises():
+    f = lambda t: t.view(-1) * 2  # noqa: E731
+    jf = thunder_subclass.jit(f)
+    contiguous = TwoTensor(torch.randn(4, 3), torch.randn(4, 3))
+    torch.testing.assert_close(jf(contiguous), f(contiguous))
+    with pytest.raises(thunder_subclass.errors.SubclassDispatchError, match="Cannot view"):
+        jf(_transposed_two_tensor())
+    assert thunder.cache_hits(jf) == 0

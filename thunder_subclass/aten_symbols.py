@@ -17,6 +17,8 @@ Out: bound symbols in the current trace scope.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 from collections.abc import Callable
 from typing import Any
 
@@ -37,7 +39,7 @@ from thunder_subclass.errors import SubclassRegistrationError
 from thunder_subclass.executor import register_constant_symbol, subclass_executor, unique_operator_name
 from thunder_subclass.fake import FakeEnv, fake_execution, remember_stride, torch_device, torch_dtype
 
-__all__ = ["aten_symbol", "record_aten_call", "register_aten_symbol", "THUNDER_EQUIVALENTS"]
+__all__ = ["aten_symbol", "record_aten_call", "recording_backward", "register_aten_symbol", "THUNDER_EQUIVALENTS"]
 
 aten = torch.ops.aten
 
@@ -305,12 +307,27 @@ def _same_metadata(p: Any, fake: Any) -> bool:
     return not isinstance(p, TensorProxy)
 
 
+_recording_backward: contextvars.ContextVar[bool] = contextvars.ContextVar("recording_backward", default=False)
+
+
+@contextlib.contextmanager
+def recording_backward():
+    """Aten calls recorded in this context belong to a backward: an in-place call gets no ``copy_`` marker (thunder's
+    forward/backward split moves a ``copy_`` into a forward value to the forward, and a Function's ``backward`` that
+    changes a tensor it kept on ``ctx`` must change it when the backward runs; the op itself is never dead code)."""
+    token = _recording_backward.set(True)
+    try:
+        yield
+    finally:
+        _recording_backward.reset(token)
+
+
 def record_aten_call(op: OpOverload, args: tuple, kwargs: dict, fake_out: Any, env: FakeEnv) -> None:
     """Record ``op(*args, **kwargs)`` (proxies in, fake results known) in the current scope; bind results in env."""
     from thunder.core.trace import get_tracectx
 
     equivalent = THUNDER_EQUIVALENTS.get(op)
-    if equivalent is not None:
+    if equivalent is not None and not (op._schema.is_mutable and _recording_backward.get()):
         scope = get_tracectx().peek_scope()
         mark = len(scope)
         try:
@@ -332,7 +349,8 @@ def record_aten_call(op: OpOverload, args: tuple, kwargs: dict, fake_out: Any, e
     bsym = _registered.get(op, None) or aten_symbol(op)
     bsym = bsym.bind(*args, **kwargs, output=out)
     get_tracectx().peek_scope().append(bsym)
-    if _writes_and_returns_first_argument(op) and isinstance(args[0], TensorProxy) and isinstance(out, TensorProxy):
+    if _writes_and_returns_first_argument(op) and isinstance(args[0], TensorProxy) and isinstance(out, TensorProxy) \
+            and not _recording_backward.get():
         # the new version of the argument: thunder's copy_ into it, a no-op at run time (copy_ of a tensor into itself
         # returns at once) that tells thunder the op writes to args[0], so its forward/backward split keeps the op in
         # the forward (an op whose result the forward does not use would otherwise run with the backward)

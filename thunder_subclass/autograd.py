@@ -37,20 +37,23 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 import thunder.core.dtypes as dtypes
 import thunder.core.prims as prims
 from thunder.core.interpreter import interpreter_needs_wrap, unwrap
-from thunder.core.proxies import TensorProxy
+from thunder.core.proxies import Proxy, TensorProxy
 from thunder.core.pytree import tree_flatten, tree_map
 from thunder.core.symbol import Symbol
 from thunder.core.trace import get_tracectx
 
+from thunder_subclass.aten_symbols import recording_backward
 from thunder_subclass.executor import register_symbol, subclass_executor, unique_operator_name
-from thunder_subclass.fake import FakeEnv, fake_execution
+from thunder_subclass.fake import FakeEnv, autocast_context, autocast_in_effect, fake_execution
 from thunder_subclass.proxy import SubclassTensorProxy, has_subclass_proxy, proxy_kind
 from thunder_subclass.recording import (
     RecordingMode,
     bind_unrolled,
+    call_location,
     denormalize,
     dispatch_error,
     emit_calls,
+    is_traced_grad_enabled,
     op_name,
     record_call,
     subclass_names,
@@ -63,7 +66,7 @@ from thunder_subclass.rules import call_rule, find_grad_rule
 from thunder_subclass._thunder_internals import (
     runs_natively, source_location, thunder_resolves_method, torch_to_thunder_symbols,
 )
-from thunder_subclass.errors import UnsupportedSubclassOperationError, format_location
+from thunder_subclass.errors import SubclassDispatchError, UnsupportedSubclassOperationError, format_location
 
 __all__ = [
     "GradRecipe", "ensure_grad_rule", "is_grad_bsym", "is_container_bsym", "record_backward", "differentiate_call",
@@ -95,6 +98,7 @@ class GradRecipe:
         self.grad_kinds: tuple = ()
         self.saved: tuple = ()
         self.outputs: tuple = ()
+        self.location: tuple | None = None  # the user's source line of the call (file, line)
         # (args, kwargs) -> (outputs, GradRecipe): the forward recorded again (with grad) for other arguments, in the
         # current scope; the flatten pass uses it where the arguments' kinds changed after recording
         self.forward_again: Callable | None = None
@@ -163,13 +167,16 @@ def ensure_grad_rule(sym: Symbol) -> None:
 
 
 def _wants_grad(trace) -> Callable[[TensorProxy], bool]:
-    # differentiable: inexact dtype (thunder's own criterion), except inputs of the trace that do not require grad
-    constant_inputs = {
-        p.name for p in tree_flatten((trace.args, trace.kwargs))[0] if isinstance(p, TensorProxy) and not p.requires_grad
-    }
+    # differentiable: inexact dtype (thunder's own criterion), except inputs of the trace that do not require grad and
+    # intermediate values that do not require grad in eager (interpretation records it on their proxies: a result
+    # computed by a subclass's __torch_function__ on inner tensors only, then anything computed from it alone)
+    inputs = {p.name: p for p in tree_flatten((trace.args, trace.kwargs))[0] if isinstance(p, TensorProxy)}
 
     def wants_grad(p: TensorProxy) -> bool:
-        return dtypes.is_inexact_dtype(p.dtype) and p.name not in constant_inputs
+        if not dtypes.is_inexact_dtype(p.dtype):
+            return False
+        q = inputs.get(p.name)
+        return bool(q.requires_grad) if q is not None else bool(p.requires_grad)
 
     return wants_grad
 
@@ -203,12 +210,22 @@ def record_forward(sym: Symbol, call_for: Callable, args: tuple, kwargs: dict, w
     trace = get_tracectx()
     forward: list = []
     fn, cargs, ckwargs = call_for(args, kwargs)
-    env, fake_out, result = record_call(fn, cargs, ckwargs, forward, what, subclasses, wants_grad=_wants_grad(trace))
+    location = call_location(sym, args, kwargs)  # the user's line (thunder knows none while differentiating)
+    env, fake_out, result = record_call(fn, cargs, ckwargs, forward, what, subclasses, wants_grad=_wants_grad(trace),
+                                        location=location)
+    # a call of a Python callable (a Function's apply) that changed arguments in place: what its backward reads of them
+    # is the argument (see below), whose changes the forward must keep
+    in_place_call = bool(env.mutated) and sym.id in _container_ids
+    if in_place_call:
+        _keep_inner_updates_in_forward(env, tree_flatten((args, kwargs))[0], forward)
     result = bind_unrolled(sym, args, kwargs, result, forward)
     if isinstance(result, TensorProxy) and any(result is a for a in tree_flatten((args, kwargs))[0]):
         return result, None  # the op returned its input: the gradient passes through unchanged
+    if in_place_call:
+        env.read_inputs_in_place(tree_flatten((args, kwargs))[0])
     recipe = _grad_recipe(env, args, kwargs, fake_out, result, what, subclasses)
     if recipe is not None:
+        recipe.location = location
         recipe.forward_again = lambda a, k: record_forward(sym, call_for, a, k, what, subclasses)
         # on the output, keyed by the symbol (an output may also be one of a subsymbol's, see grad_recipe_of)
         recipe.outputs[0].__dict__.setdefault(_RECIPE, {})[sym.id] = recipe
@@ -216,6 +233,32 @@ def record_forward(sym: Symbol, call_for: Callable, args: tuple, kwargs: dict, w
 
 
 _RECIPE = "_thunder_subclass_grad_recipes"
+
+
+def _inner_updates_meta(versions: tuple, x, **kwargs) -> None:
+    return None
+
+
+def _inner_updates_impl(versions: tuple, x, **kwargs) -> None:
+    return None
+
+
+# thunder's forward/backward split (``transforms/autodiff.py`` ``split_into_forward_and_backward``) keeps in the forward
+# what the forward's outputs and arguments need, and a symbol named ``copy_`` whose destination is one of those; the
+# copies a recorded call makes into the inner tensors of a subclass argument write to values the split does not know
+# as the argument's. This no-op (named ``copy_``, destination: the argument, sources: the new inner versions) ties
+# them to it, so they run with the forward, as in eager, not with the backward.
+_inner_updates = subclass_executor.register_operator(
+    "copy_" if "copy_" not in subclass_executor.opmap else unique_operator_name("copy_"),
+    meta=_inner_updates_meta, fn=_inner_updates_impl, tags=[prims.OpTags.DONT_DCE],
+)
+
+
+def _keep_inner_updates_in_forward(env: FakeEnv, inputs: list, scope: list) -> None:
+    for p in inputs:
+        versions = env.new_inner_versions([p]) if isinstance(p, SubclassTensorProxy) else ()
+        if versions:
+            scope.append(_inner_updates.bind(tuple(versions), p, output=None))
 
 
 def grad_recipe_of(bsym) -> GradRecipe | None:
@@ -253,7 +296,16 @@ def record_gradient(recipe: GradRecipe, result, op_name: str):
     """Record get_grad of the outputs / ``grad_<op_name>`` / put_grad of the inputs for a forward recorded on fakes
     (``recipe``); returns ``result``."""
     grads = [prims.get_grad(p) for p in recipe.outputs]
-    input_grads, subsymbols = record_backward(recipe, grads)
+    try:
+        input_grads, subsymbols = record_backward(recipe, grads)
+    except SubclassDispatchError as e:
+        # PyTorch's backward of this call fails (an inner op without a derivative: torchao's int4 matmul): in eager
+        # the forward runs and its result requires grad, and .backward() raises. So here: the forward compiles and
+        # the backward raises this error (naming the user's line) when it runs
+        return _raise_in_backward(recipe, grads, e, result)
+    # values the backward reads besides the gradients and the recorded inputs/outputs (a Function's backward changing
+    # a tensor it kept on ctx reads the version its forward left): saved for backward too
+    recipe.saved = (*recipe.saved, *_read_but_not_given(subsymbols, (*grads, *recipe.saved)))
     recipe.grad_kinds = tuple(proxy_kind(g) for g in grads)  # what the subsymbols below are recorded for
     recipe.positions = tuple(
         i for i, g in enumerate(input_grads) if g is not None and not any(g is x for x in grads)
@@ -264,6 +316,42 @@ def record_gradient(recipe: GradRecipe, result, op_name: str):
     for p, g in zip(recipe.input_proxies, input_grads):
         if g is not None:
             prims.put_grad(p, g)
+    return result
+
+
+def _read_but_not_given(bsyms: list, given: tuple) -> list:
+    known = {p.name for p in given if isinstance(p, Proxy)}
+    read: list = []
+    for b in bsyms:
+        for p in b.flat_proxy_args:
+            if p.name not in known:
+                known.add(p.name)
+                read.append(p)
+        known.update(p.name for p in b.flat_proxy_outs)
+    return [p for p in read if isinstance(p, TensorProxy)]
+
+
+def _backward_error_meta(grads: tuple, message: str, like: tuple) -> tuple:
+    return tuple(TensorProxy(like=p, requires_grad=False) for p in like)
+
+
+def _backward_error_impl(grads: tuple, message: str, like: tuple) -> tuple:
+    raise SubclassDispatchError(message)
+
+
+# in the backward (it reads the incoming gradients); never dead code: it stands for a failing backward
+_backward_error = subclass_executor.register_operator(
+    unique_operator_name("backward_error"), meta=_backward_error_meta, fn=_backward_error_impl,
+    tags=[prims.OpTags.DONT_DCE],
+)
+
+
+def _raise_in_backward(recipe: GradRecipe, grads: list, error: Exception, result):
+    like = tuple(p for p in recipe.input_proxies if not isinstance(p, SubclassTensorProxy))
+    outs = _backward_error_meta(tuple(grads), str(error), like)
+    get_tracectx().peek_scope().append(_backward_error.bind(tuple(grads), str(error), like, output=outs))
+    for p, g in zip(like, outs):
+        prims.put_grad(p, g)
     return result
 
 
@@ -283,10 +371,11 @@ def record_backward(recipe: GradRecipe, grads, saved=None) -> tuple[list, list]:
                 recipe.fake_outputs, recipe.fake_inputs, fake_grads, retain_graph=True, allow_unused=True
             )
     except Exception as e:
-        raise dispatch_error(f"the backward of {recipe.what}", recipe.subclasses, e) from e
+        raise dispatch_error(f"the backward of {recipe.what}", recipe.subclasses, e, recipe.location) from e
     scope: list = []
-    input_grads = emit_calls(env, recorder.calls, list(fake_input_grads), scope,
-                             f"the backward of {recipe.what}", recipe.subclasses, flatten_from=mark)
+    with recording_backward():
+        input_grads = emit_calls(env, recorder.calls, list(fake_input_grads), scope,
+                                 f"the backward of {recipe.what}", recipe.subclasses, flatten_from=mark)
     return input_grads, scope
 
 
@@ -350,11 +439,48 @@ def record_container_again(bsym):
 
 def record_function_call(fn: Callable, name: str, what: str, /, *args, **kwargs):
     """``fn(*args, **kwargs)`` in traced code, recorded as one bound symbol of :func:`container_symbol` (``fn``, ``name``)
-    with the aten calls ``fn`` made on fakes as subsymbols; returns its outputs as proxies."""
+    with the aten calls ``fn`` made on fakes as subsymbols; returns its outputs as proxies. Under autocast (entered
+    around the call or in the traced code), the symbol is that of ``fn`` under this autocast state
+    (:func:`under_autocast`)."""
+    states = autocast_in_effect()
+    if states:
+        fn, name = under_autocast(fn, states), f"{name}_{_autocast_suffix(states)}"
     sym = container_symbol(fn, name, what)
     scope: list = []
     _, _, result = record_call(fn, args, kwargs, scope, what, subclass_names(args, kwargs))
     return bind_unrolled(sym, args, kwargs, result, scope)
+
+
+_autocast_callables: dict = {}  # (callable, autocast states) -> the callable run under them
+
+
+def under_autocast(fn: Callable, states: tuple) -> Callable:
+    """``fn`` run under exactly the autocast state ``states`` (one callable per pair, so one container symbol). A
+    call made under autocast is recorded as a call of this: what autocast casts is then part of the call wherever it
+    is recorded again (its backward, recorded by the grad transform after tracing, when thunder's autocast stack is
+    empty; eager's backward does not run under the forward's autocast, and neither does this one's)."""
+    key = (fn, states)
+    wrapped = _autocast_callables.get(key)
+    if wrapped is None:
+        @functools.wraps(fn)
+        def wrapped(*args, **kwargs):
+            with autocast_context(states):
+                return fn(*args, **kwargs)
+
+        _autocast_callables[key] = wrapped
+    return wrapped
+
+
+def _autocast_suffix(states: tuple) -> str:
+    return "autocast_" + "_".join(f"{d}_{str(t).removeprefix('torch.')}" if on else f"{d}_off" for d, t, on in states)
+
+
+def record_symbol_call_under_autocast(sym: Symbol, args: tuple, kwargs: dict):
+    """``sym(*args, **kwargs)`` (some args are subclass proxies) at a point of the traced code where autocast is on:
+    recorded as the call of its torch callable under this autocast state (:func:`record_function_call`)."""
+    targs, tkwargs = denormalize(sym, args, kwargs)
+    fn = torch_callable_for(sym, targs)
+    return record_function_call(fn, sym.name, op_name(fn), *targs, **tkwargs)
 
 
 def autograd_function_symbol(cls: type) -> Symbol:
@@ -463,18 +589,30 @@ def _nested_api() -> dict:
 
 
 def involves_subclass(cls: type, args: tuple, kwargs: dict) -> bool:
-    """Whether ``cls.apply`` returns a tensor subclass, or runs a subclass's ``__torch_dispatch__`` inside (torchao's
-    float8 matmul casts its plain inputs to Float8TrainingTensor inside the Function), for arguments like these
-    (tried on fakes)."""
+    """Whether ``cls.apply`` must be recorded by thunder_subclass for arguments like these (tried on fakes): it returns
+    a tensor subclass, or runs a subclass's ``__torch_dispatch__`` inside (torchao's float8 matmul casts its plain
+    inputs to Float8TrainingTensor inside the Function), or it changes an input in place or keeps an input on ``ctx``
+    (``ctx.t = t``), which its ``backward`` may change: thunder 0.2.6's own handling of Functions traces ``forward``
+    into a trace of its own whose in-place updates of inputs never reach the caller, and its backward cannot read a
+    tensor kept on ``ctx`` (``UnboundLocalError`` in the generated backward)."""
     env = FakeEnv()
     recorder = RecordingMode()
     try:
         fargs, fkwargs = tree_map(env.to_fake, (args, kwargs))
-        with fake_execution(), recorder:
+        inputs = [a for a in tree_flatten((fargs, fkwargs))[0] if isinstance(a, torch.Tensor)]
+        versions = [a._version for a in inputs]
+        with fake_execution(autocast=True), torch.set_grad_enabled(is_traced_grad_enabled()), recorder:
             out = cls.apply(*fargs, **fkwargs)
     except Exception:
         return False  # thunder's own handling of autograd.Function applies (and reports errors)
-    return recorder.saw_subclass or any(is_traceable_wrapper_subclass(o) for o in torch.utils._pytree.tree_leaves(out))
+    outs = torch.utils._pytree.tree_leaves(out)
+    if recorder.saw_subclass or any(is_traceable_wrapper_subclass(o) for o in outs):
+        return True
+    if any(a._version != v for a, v in zip(inputs, versions)):
+        return True
+    ctx = next((o.grad_fn for o in outs if isinstance(o, torch.Tensor) and o.grad_fn is not None), None)
+    kept = getattr(ctx, "__dict__", {}).values()
+    return any(isinstance(v, torch.Tensor) and any(v is a for a in inputs) for v in kept)
 
 
 def apply_autograd_function(cls: type, *args, **kwargs):

@@ -26,6 +26,7 @@ from thunder_subclass._thunder_internals import (
     registered_nested_int,
     set_fake_nested_int,
     tensor_producer,
+    traced_autocast_states,
 )
 from thunder_subclass.errors import SubclassProtocolError
 from thunder_subclass.proxy import (
@@ -154,6 +155,11 @@ def remember_input_stride(p: TensorProxy, stride: tuple[int, ...], add_guard: Ca
     p.__dict__[_STRIDE_GUARD_ATTR] = add_guard
 
 
+def recorded_stride(p: TensorProxy) -> tuple[int, ...] | None:
+    """The strides recorded for ``p`` (:func:`remember_stride`, :func:`remember_input_stride`), or None."""
+    return p.__dict__.get(_STRIDE_ATTR)
+
+
 def remember_stride(p: TensorProxy, t: torch.Tensor) -> TensorProxy:
     if not isinstance(p, SubclassTensorProxy):
         p.__dict__[_STRIDE_ATTR] = tuple(t.stride())
@@ -226,6 +232,33 @@ class FakeEnv:
             for a, q in old.inner.items():
                 if a in new.inner:
                     self.rename(q, new.inner[a])
+
+    def new_inner_versions(self, inputs) -> list[TensorProxy]:
+        """The new versions (proxies) of the inner tensors of subclass values among ``inputs`` that a recorded call
+        changed in place."""
+        found = []
+        for p in inputs:
+            if isinstance(p, SubclassTensorProxy):
+                for q in p.inner.values():
+                    fake = self._fake_of.get(id(q)) if isinstance(q, TensorProxy) else None
+                    current = self._proxy_of.get(id(fake)) if fake is not None else None
+                    if current is not None and current is not q:
+                        found.append(current)
+                found += self.new_inner_versions(p.inner.values())
+        return found
+
+    def read_inputs_in_place(self, inputs) -> None:
+        """After a recorded call changed some of ``inputs`` in place: their fakes stand for the input proxies again,
+        not for the new versions the call made (names local to its subsymbols). What is recorded on this environment
+        afterwards (the call's backward) reads the input, whose storage holds the new value when it runs."""
+        for p in inputs:
+            fake = self._fake_of.get(id(p)) if isinstance(p, TensorProxy) else None
+            if fake is None:
+                continue
+            if self._proxy_of.get(id(fake)) is not p:
+                self._proxy_of[id(fake)] = p
+            if isinstance(p, SubclassTensorProxy):
+                self.read_inputs_in_place(p.inner.values())
 
     def grad_input(self, fake: torch.Tensor) -> torch.Tensor:
         """What to differentiate with respect to for ``fake``: the leaf a non-leaf fake was made from. It stands for
@@ -361,7 +394,49 @@ def check_unflattened(cls: type, t: Any, shape: tuple) -> None:
 
 
 @contextlib.contextmanager
-def fake_execution():
-    """Run torch code on fakes: the shared fake mode, with real (non-fake) constants allowed."""
-    with fake_mode():
+def fake_execution(*, autocast: bool = False):
+    """Run torch code on fakes: the shared fake mode, with real (non-fake) constants allowed.
+
+    Autocast: with ``autocast=True`` (running a user-level torch operation, as eager would run it at this point of
+    the traced code), torch's autocast state is the traced code's (:func:`traced_autocast`); otherwise none (aten
+    calls already recorded, backward graphs: what they compute is fixed, as when the trace runs them, which thunder
+    does with autocast off)."""
+    with fake_mode(), traced_autocast(enabled=autocast):
         yield
+
+
+_AUTOCAST_DEVICES = ("cpu", "cuda")
+
+
+def traced_autocast(*, enabled: bool = True) -> contextlib.AbstractContextManager:
+    """A context in which torch's autocast state is that of the traced code at this point: what ``torch.autocast``
+    entered and exited around the call and inside the traced function has (thunder records it in its autocast stack
+    instead of entering it, ``_thunder_internals.traced_autocast_states``), none where thunder applies an autocast
+    rule itself (its inputs are cast already) or with ``enabled=False``. The fake runs of a subclass operation then
+    cast as eager's dispatcher does (its Autocast keys run before the subclass's ``__torch_dispatch__``), and the
+    casts are recorded as aten calls."""
+    return autocast_context(traced_autocast_states() if enabled else ())
+
+
+def autocast_context(states: tuple) -> contextlib.AbstractContextManager:
+    """A context in which torch's autocast state is exactly ``states`` (``(device type, dtype, enabled)``,
+    outermost first; ``()``: none), whatever it is outside."""
+    active = [d for d in _AUTOCAST_DEVICES if torch.is_autocast_enabled(d)]
+    if not states and not active:
+        return contextlib.nullcontext()
+    stack = contextlib.ExitStack()
+    for device in active:  # the tracer's caller's state is not the traced code's
+        stack.enter_context(torch.autocast(device, enabled=False))
+    for device, dtype, on in states:
+        stack.enter_context(torch.autocast(device, dtype=dtype, enabled=on))
+    return stack
+
+
+def autocast_in_effect() -> tuple:
+    """The traced code's autocast states (:func:`traced_autocast`) when autocast is on for some device at this point,
+    else ``()``."""
+    states = traced_autocast_states()
+    final = {}
+    for device, dtype, on in states:
+        final[device] = on
+    return states if any(final.values()) else ()

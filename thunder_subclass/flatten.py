@@ -89,9 +89,14 @@ class Flattener:
     def swapped(self, bsym):
         return bsym.from_bsym_swap_proxies(self.swap) if self.swap else bsym
 
-    def visit(self, bsym) -> None:
+    def visit(self, bsym, parent=None) -> None:
         nb = self.swapped(bsym)
-        recorded = recorded_argument_kinds(bsym)
+        # what was recorded for a symbol is kept on its output, by symbol: a subsymbol that is the same symbol with the
+        # same output as its parent (the thunder equivalent of the parent's last aten call: F.linear on a subclass
+        # weight that dispatch unwraps ends in ltorch.linear on the inner tensor) has its parent's record, not its own
+        outs, parent_outs = bsym.flat_proxy_outs, parent.flat_proxy_outs if parent is not None else ()
+        inherits = bool(outs) and bool(parent_outs) and bsym.sym.id == parent.sym.id and outs[0] is parent_outs[0]
+        recorded = None if inherits else recorded_argument_kinds(bsym)
         changed = (recorded if recorded is not None else _kinds(bsym.flat_proxy_args)) != _kinds(nb.flat_proxy_args)
 
         if is_grad_bsym(bsym):
@@ -101,7 +106,7 @@ class Flattener:
                 if self._claimed(nb):
                     return
                 for sub in bsym.subsymbols:
-                    self.visit(sub)
+                    self.visit(sub, parent=bsym)
                 return
             return self._retrace(bsym, nb)
         if is_torch_level_symbol(bsym.sym) and changed:

@@ -35,7 +35,15 @@ from thunder.core.proxies import TensorProxy
 from thunder_subclass import _thunder_internals
 from thunder_subclass.errors import SubclassProtocolError, UnsupportedSubclassOperationError, format_location
 from thunder_subclass.executor import subclass_executor
-from thunder_subclass.fake import FakeEnv, remember_input_stride, torch_device, torch_dtype, unflatten_fake
+from thunder_subclass.fake import (
+    FakeEnv,
+    recorded_stride,
+    remember_input_stride,
+    remember_stride,
+    torch_device,
+    torch_dtype,
+    unflatten_fake,
+)
 from thunder_subclass.proxy import (
     PLAIN_TENSOR_TYPES,
     OpaqueObjectProxy,
@@ -62,6 +70,10 @@ def _tensor_meta(p) -> tuple:
     return (shape, torch_dtype(p), torch_device(p), bool(p.requires_grad))
 
 
+def _is_int_strides(strides) -> bool:
+    return strides is not None and all(type(s) is int for s in strides)
+
+
 def _same_sizes(size, expected: tuple) -> bool:
     """``size`` equals ``expected`` at every dim but the ragged ones (None in ``expected``)."""
     return len(size) == len(expected) and all(e is None or s == e for s, e in zip(size, expected))
@@ -73,10 +85,11 @@ class SubclassSpec:
     context object cannot be printed.)"""
 
     __slots__ = ("subclass_type", "attr_names", "flatten_ctx", "opaque", "meta", "inner", "python_attrs",
-                 "_inner_items", "_metadata_guard")
+                 "strides", "_inner_items", "_metadata_guard")
 
     def __init__(self, subclass_type: type, attr_names: tuple[str, ...], flatten_ctx: Any, opaque=None,
-                 meta: tuple | None = None, inner: dict | None = None, python_attrs: dict | None = None):
+                 meta: tuple | None = None, inner: dict | None = None, python_attrs: dict | None = None,
+                 strides: dict | None = None):
         self.subclass_type = subclass_type
         self.attr_names = tuple(attr_names)
         self.flatten_ctx = flatten_ctx
@@ -89,15 +102,21 @@ class SubclassSpec:
         # instance attributes the trace depends on (name -> value): those __tensor_unflatten__ does not restore
         # from the flatten context (set on the fakes), and those the traced code read (added while tracing)
         self.python_attrs: dict[str, Any] = dict(python_attrs or {})
+        # strides of the outer tensor (key None) and of each plain inner tensor, as traced: fakes had them, so the
+        # trace's views, errors and output layouts depend on them (absent where sizes are ragged or symbolic)
+        self.strides: dict[str | None, tuple] = dict(strides or {})
         # checked every call: precomputed
-        self._inner_items = tuple((a, e, isinstance(e, SubclassSpec)) for a, e in self.inner.items())
+        self._inner_items = tuple((a, e, isinstance(e, SubclassSpec), self.strides.get(a))
+                                  for a, e in self.inner.items())
         self._metadata_guard = getattr(subclass_type, "__metadata_guard__", None)
 
     @classmethod
     def of(cls, p: SubclassTensorProxy) -> SubclassSpec:
         """The spec of input proxy ``p`` (linked to it, and its nested subclass proxies to their specs, so reads of
         instance attributes while tracing add guards: :func:`guard_python_attribute`)."""
-        inner, opaque = {}, {}
+        inner, opaque, strides = {}, {}, {}
+        if _is_int_strides(p.outer_stride) and all(type(d) is int for d in p._shape):
+            strides[None] = tuple(p.outer_stride)
         for a, q in p.inner.items():
             if isinstance(q, OpaqueObjectProxy):
                 opaque[a] = (type(q.value), opaque_guard_values(q.value))
@@ -105,8 +124,11 @@ class SubclassSpec:
                 inner[a] = SubclassSpec.of(q)
             else:
                 inner[a] = _tensor_meta(q)
+                stride = recorded_stride(q)
+                if stride is not None:
+                    strides[a] = stride
         spec = cls(p.subclass_type, p.attr_names, p.flatten_ctx, opaque, _tensor_meta(p), inner,
-                   _not_restored_by_unflatten(p))
+                   _not_restored_by_unflatten(p), strides)
         p.__dict__[_SPEC_ATTR] = spec
         return spec
 
@@ -123,15 +145,20 @@ class SubclassSpec:
                     return False
             elif (t.shape, t.dtype, t.device, t.requires_grad) != self.meta:
                 return False
+            outer_stride = self.strides.get(None)
+            if outer_stride is not None and t.stride() != outer_stride:
+                return False
         attrs, ctx = t.__tensor_flatten__()
         if tuple(attrs) != self.attr_names:
             return False
-        for attr, expected, nested in self._inner_items:
+        for attr, expected, nested, stride in self._inner_items:
             x = getattr(t, attr)
             if nested:
                 if not expected.matches(x):
                     return False
             elif type(x) not in PLAIN_TENSOR_TYPES or (x.shape, x.dtype, x.device, x.requires_grad) != expected:
+                return False
+            elif stride is not None and x.stride() != stride:
                 return False
         if self.opaque and not self._opaque_match(t):
             return False
@@ -155,9 +182,9 @@ class SubclassSpec:
         same order, inline: ``thunder_subclass.prologue`` puts it in a generated function). ``const(obj)`` names a
         constant, ``fresh()`` a new local name. Uses ``_plain``, ``_same`` (:func:`is_same_value`) and ``_MISSING``.
 
-        ``tensor(x, shape, dtype, device, requires_grad, plain)``, when given, stands for each check of a tensor's
-        metadata (the outer tensor's, and each plain inner tensor's with ``plain=True``: its type is then one of
-        ``_plain``): it returns the expression to put in its place, or ``""`` when the caller checks that tensor
+        ``tensor(x, shape, dtype, device, requires_grad, plain, strides)``, when given, stands for each check of a
+        tensor's metadata (the outer tensor's, and each plain inner tensor's with ``plain=True``: its type is then one
+        of ``_plain``; ``strides``: None or the strides it must have): it returns the expression to put in its place, or ``""`` when the caller checks that tensor
         itself after this expression (the prologue's C++ tensor checks)."""
         if tensor is None:
             tensor = inline_tensor_check(const)
@@ -174,16 +201,16 @@ class SubclassSpec:
                 parts.append(f"{shape_check} and {v}.dtype is {const(dtype)} and "
                              f"{v}.device == {const(device)} and {v}.requires_grad is {const(requires_grad)}")
             else:
-                parts.append(tensor(v, shape, dtype, device, requires_grad, False))
+                parts.append(tensor(v, shape, dtype, device, requires_grad, False, self.strides.get(None)))
         parts.append(f"len({flat} := {v}.__tensor_flatten__()) == 2 and tuple({flat}[0]) == {const(self.attr_names)}")
-        for attr, expected, nested in self._inner_items:
+        for attr, expected, nested, stride in self._inner_items:
             x = fresh()
             bind = f"({x} := getattr({v}, {const(attr)})) is {x}"
             if nested:
                 parts.append(f"{bind} and {expected.expression(x, const, fresh, tensor)}")
             else:
                 parts.append(bind)
-                parts.append(tensor(x, *expected, True))
+                parts.append(tensor(x, *expected, True, stride))
         if self.opaque:
             parts.append(f"{const(self)}._opaque_match({v})")
         for name, value in self.python_attrs.items():
@@ -199,10 +226,11 @@ class SubclassSpec:
 def inline_tensor_check(const):
     """The ``tensor`` argument of :meth:`SubclassSpec.expression` that checks a tensor's metadata inline, in Python."""
 
-    def tensor(x: str, shape, dtype, device, requires_grad, plain: bool) -> str:
+    def tensor(x: str, shape, dtype, device, requires_grad, plain: bool, strides=None) -> str:
         return (f"{'type(' + x + ') in _plain and ' if plain else ''}{x}.shape == {const(shape)} and "
                 f"{x}.dtype is {const(dtype)} and {x}.device == {const(device)} and "
-                f"{x}.requires_grad is {const(requires_grad)}")
+                f"{x}.requires_grad is {const(requires_grad)}"
+                + (f" and {x}.stride() == {const(tuple(strides))}" if strides is not None else ""))
 
     return tensor
 
@@ -510,11 +538,23 @@ def _proxify_subclass(jit_ctx, value) -> SubclassTensorProxy:
     )
     _thunder_internals.register_input_proxy(value, p)
     mark_leaf(p, t)
+    _remember_inner_strides(p, t)
     _trace_flags(jit_ctx, first_input=p).involves_subclasses = True  # its first operation raises under a mode
     add_subclass_guards(jit_ctx, p)
     if p.nested_sizes:
         add_nested_sizes_guard(jit_ctx, p)
     return p
+
+
+def _remember_inner_strides(p: SubclassTensorProxy, t: torch.Tensor) -> None:
+    """Fakes of the inner tensors of input ``t`` get their strides, as eager has them (a view that eager refuses is
+    refused while tracing, outputs keep eager's layouts); ``check_subclass`` checks them (``SubclassSpec.strides``)."""
+    for a, q in p.inner.items():
+        x = getattr(t, a)
+        if isinstance(q, SubclassTensorProxy):
+            _remember_inner_strides(q, x)
+        elif isinstance(q, TensorProxy) and x.layout is torch.strided and all(type(d) is int for d in q._shape):
+            remember_stride(q, x)
 
 
 class NestedSizesSpec:

@@ -45,6 +45,7 @@ from thunder_subclass import (
 )
 from thunder_subclass.errors import SubclassProtocolError, format_location
 from thunder_subclass.executor import subclass_executor
+from thunder_subclass.fake import autocast_in_effect
 from thunder_subclass.proxy import SubclassTensorProxy, has_subclass_proxy
 from thunder_subclass.recording import denormalize, subclass_names, torch_callable_for
 
@@ -75,6 +76,8 @@ def _symbol_call(sym, args: tuple, kwargs: dict):
         located.__dict__.update(e.__dict__)
         raise located from e
     guards.require_no_dispatch_mode(f"{sym.name} on {subclass_names(args, kwargs)}")
+    if autocast_in_effect():  # what autocast casts is recorded with the call, also for its backward
+        return autograd.record_symbol_call_under_autocast(sym, args, kwargs)
     autograd.ensure_grad_rule(sym)
     return interpretation.unroll_symbol_call(sym, args, kwargs)
 

@@ -242,10 +242,13 @@ class _Builder:
         self.constants[name] = c
         return name
 
-    def tensor(self, x: str, shape, dtype, device, requires_grad, plain: bool, instance: bool = False) -> str:
+    def tensor(self, x: str, shape, dtype, device, requires_grad, plain: bool, strides=None,
+               instance: bool = False) -> str:
         """A tensor metadata check, checked after the other conditions (see :class:`_TensorChecks`): no inline
         expression."""
         slot = _TensorSlot(x, shape, dtype, device, requires_grad, plain, instance)
+        if strides is not None:
+            slot.strides = tuple(strides)
         self.slots.append(slot)
         self.slot_of.setdefault(x, slot)
         return ""
@@ -286,7 +289,8 @@ class _Builder:
             t, shape, device, dtype, requires_grad = args
             if not all(type(s) is int for s in shape) or not isinstance(device, str) or not isinstance(dtype, torch.dtype):
                 return False
-            self.tensor(self.value(t), torch.Size(shape), dtype, torch.device(device), requires_grad, False, True)
+            self.tensor(self.value(t), torch.Size(shape), dtype, torch.device(device), requires_grad, False,
+                        instance=True)
         elif sid == _P.CHECK_NUMBER_TYPE_AND_VALUE:
             if not isinstance(args[1], Number):
                 return False

@@ -61,7 +61,7 @@ from thunder_subclass.subclass_symbols import record_unflatten
 __all__ = [
     "RecordingMode", "torch_callable_for", "denormalize", "op_name", "subclass_names", "run_on_fakes", "record_call",
     "emit_calls", "bind_unrolled", "dispatch_error", "traced_grad_mode", "is_traced_grad_enabled",
-    "recorded_argument_kinds",
+    "recorded_argument_kinds", "call_location",
 ]
 
 
@@ -215,7 +215,7 @@ def subclass_names(args, kwargs) -> str:
 
 
 def run_on_fakes(fn: Callable, args, kwargs, what: str, subclasses: str, *, env: FakeEnv | None = None,
-                  wants_grad: Callable[[TensorProxy], bool] | None = None):
+                  wants_grad: Callable[[TensorProxy], bool] | None = None, location: tuple | None = None):
     """Run ``fn`` on fakes of ``args``/``kwargs`` under the recorder. With ``wants_grad``, the top-level tensor
     arguments it selects require grad and ``fn`` runs with grad enabled (for differentiating it afterwards)."""
     env = env if env is not None else FakeEnv()
@@ -231,12 +231,12 @@ def run_on_fakes(fn: Callable, args, kwargs, what: str, subclasses: str, *, env:
     recorder = RecordingMode()
     grad_mode = torch.enable_grad() if wants_grad is not None else torch.set_grad_enabled(is_traced_grad_enabled())
     try:
-        with fake_execution(), grad_mode, recorder:
+        with fake_execution(autocast=True), grad_mode, recorder:
             out = fn(*fargs, **fkwargs)
     except TensorSubclassError:
         raise
     except Exception as e:
-        raise dispatch_error(what, subclasses, e) from e
+        raise dispatch_error(what, subclasses, e, location) from e
     env.remember_nested_ints()
     return env, recorder.calls, out
 
@@ -285,8 +285,10 @@ def _missing_fake_impl(e: Exception) -> str | None:
     return None
 
 
-def dispatch_error(what: str, subclasses: str, e: Exception) -> TensorSubclassError:
-    filename, lineno = source_location()
+def dispatch_error(what: str, subclasses: str, e: Exception, location: tuple | None = None) -> TensorSubclassError:
+    """The typed error for exception ``e`` raised while running ``what`` on fakes, at ``location`` (file, line) or,
+    by default, the source line being traced."""
+    filename, lineno = location if location is not None else source_location()
     from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 
     if isinstance(e, (DataDependentOutputException, DynamicOutputShapeException)):
@@ -452,7 +454,35 @@ def bind_unrolled(sym: Symbol, args: tuple, kwargs: dict, result: Any, subsymbol
     bsym = sym.bind(*args, **kwargs, output=result, subsymbols=subsymbols)
     get_tracectx().peek_scope().append(bsym)
     remember_argument_kinds(bsym)
+    remember_call_location(sym, args, kwargs)
     return result
+
+
+_LOCATIONS = "_thunder_subclass_call_locations"
+
+
+def remember_call_location(sym: Symbol, args: tuple, kwargs: dict) -> None:
+    """Remember the user's source line of the call ``sym(*args, **kwargs)`` recorded while interpreting user code: the
+    grad transform records its backward later, when thunder knows no source line, and an error there names this one
+    (:func:`call_location`). Kept on each tensor argument, by symbol and argument position (thunder renames the
+    trace's inputs before differentiating, so names do not identify the call)."""
+    filename, lineno = source_location()
+    if filename is None:
+        return
+    flat = tree_flatten((args, kwargs))[0]
+    for i, p in enumerate(flat):
+        if isinstance(p, TensorProxy):
+            p.__dict__.setdefault(_LOCATIONS, {})[(sym.id, i, len(flat))] = (filename, lineno)
+
+
+def call_location(sym: Symbol, args: tuple, kwargs: dict) -> tuple | None:
+    """The source line :func:`remember_call_location` remembered for this call (the one most of its tensor arguments
+    remember for this symbol and position), or None."""
+    flat = tree_flatten((args, kwargs))[0]
+    found = [p.__dict__.get(_LOCATIONS, {}).get((sym.id, i, len(flat))) for i, p in enumerate(flat)
+             if isinstance(p, TensorProxy)]
+    found = [f for f in found if f is not None]
+    return max(set(found), key=found.count) if found else None
 
 
 def _without_trailing_copy(sym: Symbol, subsymbols: list) -> list:

@@ -97,6 +97,7 @@ from thunder_subclass._thunder_internals.thunder_state import (  # noqa: F401
     thunder_resolves_method,
     torch_to_thunder_symbols,
     trace_producers,
+    traced_autocast_states,
 )
 from thunder_subclass._thunder_internals.torch_state import (  # noqa: F401
     active_dispatch_modes,

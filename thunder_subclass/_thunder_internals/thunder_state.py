@@ -1,7 +1,9 @@
 """Accessors for thunder 0.2.6's private state, for the stages above (no hook is installed here).
 
 * compile data: the jit being compiled (``thunder.core.compile_data._compile_data``: :func:`current_compile_data`,
-  :func:`compile_data_context`);
+  :func:`compile_data_context`), and the autocast state of the traced code at the point being traced
+  (``CompileData.autocast_stack`` with ``thunder.transforms.autocast.is_autocast_enabled``:
+  :func:`traced_autocast_states`, replayed by the fake runs of subclass operations);
 * thunder's torch-callable -> symbol table (``thunder.torch._torch_to_thunder_function_map``:
   :func:`torch_to_thunder_symbols`) and whether thunder resolves a tensor method (``core/langctxs.py``);
 * traces: an empty trace with a signature (``TraceCtx._siginfo``: :func:`new_trace`); the table of proxy producers of
@@ -33,6 +35,23 @@ def current_compile_data() -> tuple[Any, Any]:
     from thunder.core.compile_data import _compile_data
 
     return _compile_data.get()
+
+
+def traced_autocast_states() -> tuple[tuple[str, Any, bool], ...]:
+    """``(device type, torch dtype, enabled)`` for each ``torch.autocast`` active at this point of the traced code,
+    outermost first: thunder's jit pushes the autocast active around the call and its ``torch.autocast.__enter__`` /
+    ``__exit__`` lookasides push and pop the ones the traced code enters (``CompileData.autocast_stack``;
+    ``thunder/torch/__init__.py`` ``autocast_enter`` / ``autocast_exit``). Empty outside a jit, and while thunder
+    applies an autocast rule itself (``thunder.transforms.autocast.disable_autocast``: its inputs are cast already)."""
+    from thunder.core.compile_data import get_compile_data
+    import thunder.core.dtypes as dtypes
+    from thunder.transforms.autocast import is_autocast_enabled
+
+    stack = getattr(getattr(get_compile_data(), "autocast_stack", None), "stack", None)
+    if not stack or not is_autocast_enabled():
+        return ()
+    return tuple((device, dtypes.to_torch_dtype(dtype) if isinstance(dtype, dtypes.dtype) else dtype, bool(enabled))
+                 for device, dtype, enabled in stack)
 
 
 def compile_data_context(cd, cs):

@@ -1,0 +1,318 @@
+"""Trust under real use (issue 24): programs that gave silent wrong results or crashed give eager's results.
+
+* autocast entered inside the compiled function (or around the call) reaches subclass operations: their fake runs
+  cast as eager's dispatcher does, and the casts are recorded with the call, forward and backward;
+* a ``torch.autograd.Function`` that changes an input through a tensor kept on ``ctx`` leaves the caller's tensor as
+  eager does;
+* training bugs found by torchao's tests: a parameter subclass that stays a subclass only for ``t``/``detach``, and
+  ``requires_grad`` of results computed on inner tensors only.
+"""
+
+import pytest
+import thunder
+import torch
+import torch.nn.functional as F
+
+import thunder_subclass
+from subclasses import TwoTensor
+
+
+def _leaf(x):
+    return x.detach().clone().requires_grad_() if isinstance(x, torch.Tensor) else x
+
+
+def _run_both(f, args, *, around_autocast=False):
+    """(outputs, input gradients) of eager ``f`` and of the compiled ``f``, each on fresh leaves of ``args``."""
+    results = []
+    for fn in (f, thunder_subclass.jit(f)):
+        inputs = [_leaf(a) for a in args]
+        if around_autocast:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                out = fn(*inputs)
+        else:
+            out = fn(*inputs)
+        outs = out if isinstance(out, tuple) else (out,)
+        sum(o.float().sum() for o in outs).backward()
+        results.append((outs, [i.grad for i in inputs if isinstance(i, torch.Tensor)]))
+    return results
+
+
+def _assert_same(actual, expected):
+    for a, e in zip(actual, expected, strict=True):
+        assert type(a) is type(e) and a.dtype == e.dtype, (type(a), a.dtype, type(e), e.dtype)
+        torch.testing.assert_close(a, e)
+        if isinstance(e, TwoTensor):
+            assert (a.a.dtype, a.b.dtype) == (e.a.dtype, e.b.dtype)
+
+
+# --- autocast -------------------------------------------------------------------------------------------------
+
+
+def _autocast_inside(t, w):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = t @ w
+    return y, y * 2
+
+
+def _autocast_exited(t, w):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = t @ w
+    return y.float() @ w  # after the block: float32 again
+
+
+def _autocast_nested_disabled(t, w):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = t @ w
+        with torch.autocast("cpu", enabled=False):
+            z = t @ w
+        u = t @ w
+    return y, z, u
+
+
+def _autocast_linear(t, w, b):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        return F.linear(t, w, b).relu()
+
+
+def _two(*shape):
+    return TwoTensor(torch.randn(*shape), torch.randn(*shape))
+
+
+@pytest.mark.parametrize("f, make_args", [
+    (_autocast_inside, lambda: (_two(3, 4), torch.randn(4, 5))),
+    (_autocast_inside, lambda: (_two(3, 4), _two(4, 5))),
+    (_autocast_exited, lambda: (_two(3, 4), torch.randn(4, 4))),
+    (_autocast_nested_disabled, lambda: (_two(3, 4), torch.randn(4, 5))),
+    (_autocast_linear, lambda: (_two(3, 4), torch.randn(5, 4), torch.randn(5))),
+], ids=["enter", "both-subclass", "exit", "nested-enabled-false", "linear-bias"])
+def test_autocast_inside_the_compiled_function_reaches_subclass_ops(f, make_args):
+    (eager_out, eager_grads), (out, grads) = _run_both(f, make_args())
+    _assert_same(out, eager_out)
+    _assert_same(grads, eager_grads)
+
+
+def test_autocast_around_the_call_reaches_subclass_ops():
+    def f(t, w):
+        return (t @ w).relu()
+
+    (eager_out, eager_grads), (out, grads) = _run_both(f, (_two(3, 4), torch.randn(4, 5)), around_autocast=True)
+    assert eager_out[0].dtype == torch.bfloat16
+    _assert_same(out, eager_out)
+    _assert_same(grads, eager_grads)
+
+
+def test_autocast_state_is_part_of_the_cache_key_and_recorded_in_the_trace():
+    def f(t, w):
+        return t @ w
+
+    jf = thunder_subclass.jit(f)
+    t, w = _two(3, 4), torch.randn(4, 5)
+    for around in (False, True, False, True):
+        if around:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                out, expected = jf(t, w), f(t, w)
+        else:
+            out, expected = jf(t, w), f(t, w)
+        _assert_same((out,), (expected,))
+    assert thunder.cache_misses(jf) == 2 and thunder.cache_hits(jf) == 2
+    # the call under autocast is one symbol whose subsymbols hold the casts
+    (bsym,) = [b for b in thunder.last_traces(jf)[0].bound_symbols if "matmul" in b.sym.name]
+    assert bsym.sym.name == "matmul_autocast_cpu_bfloat16"
+    assert any(s.sym.name == "to" for s in bsym.subsymbols)
+
+
+# --- a torch.autograd.Function that changes an input through a tensor kept on ctx ------------------------------
+
+
+class _ChangesKeptInput(torch.autograd.Function):
+    """Adds 1 to ``t`` in ``forward`` and again in ``backward``, through the tensor kept on ``ctx``."""
+
+    @staticmethod
+    def forward(ctx, x, t):
+        ctx.t = t
+        t.add_(1)
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.t.add_(1)
+        return grad * 2, None
+
+
+class _ReadsKeptInput(torch.autograd.Function):
+    """Keeps ``t`` on ``ctx`` (not through ``save_for_backward``) and reads it in ``backward``."""
+
+    @staticmethod
+    def forward(ctx, x, t):
+        ctx.t = t
+        return x * t
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * ctx.t, None
+
+
+def _make_plain():
+    return torch.zeros(3)
+
+
+def _make_two():
+    return TwoTensor(torch.zeros(3), torch.zeros(3))
+
+
+@pytest.mark.parametrize("make_t", [_make_plain, _make_two], ids=["plain", "TwoTensor"])
+@pytest.mark.parametrize("x_requires_grad", [True, False], ids=["train", "no-grad-input"])
+def test_function_changing_an_input_through_ctx_leaves_eagers_values(make_t, x_requires_grad):
+    def f(x, t):
+        return _ChangesKeptInput.apply(x, t)
+
+    x0 = torch.randn(3)
+    states = []
+    for fn in (f, thunder_subclass.jit(f)):
+        x, t = x0.clone().requires_grad_(x_requires_grad), make_t()
+        out = fn(x, t)
+        after_forward = t.clone()
+        if x_requires_grad:
+            out.sum().backward()
+        states.append((out.detach(), after_forward, t.clone(), x.grad))
+    (eager_out, eager_fwd, eager_bwd, eager_grad), (out, fwd, bwd, grad) = states
+    torch.testing.assert_close(out, eager_out)
+    for actual, expected in ((fwd, eager_fwd), (bwd, eager_bwd)):
+        assert type(actual) is type(expected)
+        torch.testing.assert_close(actual, expected)
+    torch.testing.assert_close(grad, eager_grad)
+    assert float(eager_bwd.sum()) == (6.0 if x_requires_grad else 3.0)  # the test sees both changes
+
+
+@pytest.mark.parametrize("make_t", [lambda: torch.randn(3), lambda: TwoTensor(torch.randn(3), torch.randn(3))],
+                         ids=["plain", "TwoTensor"])
+def test_function_reading_a_tensor_kept_on_ctx_in_backward(make_t):
+    def f(x, t):
+        return _ReadsKeptInput.apply(x, t)
+
+    t = make_t()
+    (eager_out, eager_grads), (out, grads) = _run_both(f, (torch.randn(3), t))
+    _assert_same(out, eager_out)
+    torch.testing.assert_close(grads[0], eager_grads[0])
+
+
+# --- training bugs found by torchao's tests ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+@pytest.mark.parametrize("x_requires_grad", [True, False], ids=["x-grad", "x-no-grad"])
+def test_linear_with_a_parameter_that_stays_a_subclass_only_for_t_and_detach(bias, x_requires_grad):
+    from subclasses import ViewKeepingWeight
+
+    w0, b0, x0 = torch.randn(3, 4), torch.randn(3), torch.randn(2, 4)
+    results = []
+    for compiled in (False, True):
+        w = torch.nn.Parameter(ViewKeepingWeight(w0.clone()))
+        b = torch.nn.Parameter(b0.clone()) if bias else None
+        x = x0.clone().requires_grad_(x_requires_grad)
+        fn = thunder_subclass.jit(F.linear) if compiled else F.linear
+        out = fn(x, w, b)
+        out.sum().backward()
+        results.append((out.detach(), w.grad, x.grad, b.grad if bias else None))
+    for actual, expected in zip(*results):
+        assert type(actual) is type(expected)
+        if expected is not None:
+            torch.testing.assert_close(actual, expected)
+
+
+def test_torchao_int8_mixed_precision_training_parameters():
+    pytest.importorskip("torchao")
+    import copy
+
+    from torchao.prototype.quantized_training import Int8MixedPrecisionTrainingConfig
+    from torchao.quantization import quantize_
+
+    model = torch.nn.Sequential(torch.nn.Linear(32, 16), torch.nn.ReLU(), torch.nn.Linear(16, 8))
+    quantize_(model, Int8MixedPrecisionTrainingConfig(module_swap=False))
+    assert type(model[0].weight).__name__ == "Int8MixedPrecisionTrainingLinearWeight"
+    compiled_model = copy.deepcopy(model)
+    x = torch.randn(4, 32, requires_grad=True)
+    cx = x.detach().clone().requires_grad_()
+    expected, out = model(x), thunder_subclass.jit(compiled_model)(cx)
+    expected.sum().backward()
+    out.sum().backward()
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(cx.grad, x.grad)
+    for (name, p), (_, q) in zip(model.named_parameters(), compiled_model.named_parameters()):
+        assert type(q.grad) is type(p.grad), name
+        torch.testing.assert_close(q.grad, p.grad)
+
+
+def _inner_only_weight(requires_grad=True):
+    from subclasses import InnerOnlyLinearWeight
+
+    return InnerOnlyLinearWeight(torch.randint(-127, 127, (4, 4), dtype=torch.int8), torch.rand(4),
+                                 requires_grad=requires_grad)
+
+
+@pytest.mark.parametrize("x_requires_grad", [False, True], ids=["x-no-grad", "x-grad"])
+def test_results_computed_on_inner_tensors_only_require_grad_as_in_eager(x_requires_grad):
+    # the weights require grad (as load_state_dict(..., assign=True) leaves them), but F.linear computes on their inner
+    # tensors: the results require grad only through x
+    w1, w2 = _inner_only_weight(), _inner_only_weight()
+
+    def f(x, w1, w2):
+        return F.linear(F.linear(x, w1).relu(), w2)
+
+    x0 = torch.randn(2, 4)
+    x, cx = x0.clone().requires_grad_(x_requires_grad), x0.clone().requires_grad_(x_requires_grad)
+    expected, out = f(x, w1, w2), thunder_subclass.jit(f)(cx, w1, w2)
+    torch.testing.assert_close(out, expected)
+    assert out.requires_grad == expected.requires_grad == x_requires_grad
+    if x_requires_grad:
+        expected.sum().backward()
+        out.sum().backward()
+        torch.testing.assert_close(cx.grad, x.grad)
+        assert w1.grad is None and w2.grad is None
+
+
+def _int4_model_as_loaded(bias: bool):
+    pytest.importorskip("torchao")
+    from torchao.prototype.quantization.int4 import PrototypeInt4WeightOnlyConfig
+    from torchao.quantization import quantize_
+
+    def make():
+        return torch.nn.Sequential(torch.nn.Linear(64, 32, bias=bias), torch.nn.ReLU(),
+                                   torch.nn.Linear(32, 32, bias=bias)).to(torch.bfloat16)
+
+    quantized = make()
+    quantize_(quantized, PrototypeInt4WeightOnlyConfig(group_size=32))
+    model = make()
+    model.load_state_dict(quantized.state_dict(), assign=True)  # the int4 weights now require grad
+    assert type(model[0].weight).__name__ == "Int4OpaqueTensor" and model[0].weight.requires_grad
+    return model
+
+
+def test_int4_weights_that_require_grad_give_results_that_do_not():
+    # torchao's Int4OpaqueTensor computes F.linear on its inner tensors: eager's result does not require grad, and
+    # nothing is differentiated (the second layer's input does not require grad either)
+    model = _int4_model_as_loaded(bias=False)
+    x = torch.randn(2, 64, dtype=torch.bfloat16)
+    expected, out = model(x), thunder_subclass.jit(model)(x)
+    torch.testing.assert_close(out, expected)
+    assert not expected.requires_grad and not out.requires_grad
+
+
+def test_backward_without_a_derivative_raises_at_backward_naming_the_line():
+    # torchao's Int4OpaqueTensor: F.linear calls aten._weight_int4pack_mm_for_cpu, which has no derivative. Eager runs
+    # the forward (the result requires grad through the bias) and .backward() raises; so does the compiled function
+    model = _int4_model_as_loaded(bias=True)
+
+    def f(x):
+        return model(x) * 2
+
+    x = torch.randn(2, 64, dtype=torch.bfloat16)
+    expected, out = f(x), thunder_subclass.jit(f)(x)
+    torch.testing.assert_close(out, expected)
+    assert out.requires_grad == expected.requires_grad
+    with pytest.raises(RuntimeError, match="derivative for aten::_weight_int4pack_mm_for_cpu is not implemented"):
+        expected.sum().backward()
+    with pytest.raises(thunder_subclass.errors.SubclassDispatchError,
+                       match=r"backward of torch.linear on Int4OpaqueTensor .* at .*linear.py:\d+: RuntimeError: "
+                             r"derivative for aten::_weight_int4pack_mm_for_cpu is not implemented"):
+        out.sum().backward()
