@@ -49,7 +49,7 @@ from typing import Any
 
 import torch
 
-from thunder_subclass._thunder_internals import data_dependent_exception_types
+from thunder_subclass._thunder_internals import data_dependent_exception_types, with_call
 
 __all__ = [
     "GraphBreak",
@@ -369,14 +369,7 @@ def with_graph_breaks(jfn: Callable, fn: Callable, jit: Callable[[Callable], Cal
 
     call_with_breaks.__wrapped__ = getattr(compiled_call, "__wrapped__", compiled_call)  # thunder's own fn_
 
-    if isinstance(jfn, ThunderModule):
-        jfn._forward_fn = call_with_breaks
-        target = jfn
-    else:
-        for name in ("_lc_cd", "_lc_cs", "_lc_transforms"):
-            if hasattr(jfn, name):
-                setattr(call_with_breaks, name, getattr(jfn, name))
-        target = call_with_breaks
+    target = with_call(jfn, call_with_breaks)
     object.__setattr__(target, "graph_breaks", program.report)  # a plain attribute, also on nn.Module
     object.__setattr__(target, "_thunder_subclass_graph_breaks", program)
     return target

@@ -65,6 +65,7 @@ from thunder_subclass._thunder_internals.plugin_state import (  # noqa: F401
 )
 from thunder_subclass._thunder_internals.runtime import (  # noqa: F401
     TRACING_LOCK,
+    with_call,
     with_fast_cache_hits,
 )
 from thunder_subclass._thunder_internals.symbolic_values import (  # noqa: F401

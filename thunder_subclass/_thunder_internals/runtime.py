@@ -628,17 +628,24 @@ def _bounded(original: Callable, policy, bindings) -> Callable:
     return bounded_call
 
 
-def _hand_out(jfn, call: Callable, module: bool, policy):
-    """What the user gets: the ``ThunderModule`` with ``call`` as its ``_forward_fn``, or ``call`` carrying thunder's
-    ``_lc_*`` attributes (``thunder.compile_stats`` and friends read them); either with the cache policy."""
-    if module:
+def with_call(jfn, call: Callable):
+    """``jfn`` (a ``thunder.jit`` result) calling ``call`` instead: the ``ThunderModule`` with ``call`` as its
+    ``_forward_fn``, or ``call`` carrying thunder's ``_lc_*`` attributes (``thunder.compile_stats`` and friends read
+    them)."""
+    from thunder.core.module import ThunderModule
+
+    if isinstance(jfn, ThunderModule):
         jfn._forward_fn = call
-        target = jfn
-    else:
-        for name in ("_lc_cd", "_lc_cs", "_lc_transforms"):
-            if hasattr(jfn, name):
-                setattr(call, name, getattr(jfn, name))
-        target = call
+        return jfn
+    for name in ("_lc_cd", "_lc_cs", "_lc_transforms"):
+        if hasattr(jfn, name):
+            setattr(call, name, getattr(jfn, name))
+    return call
+
+
+def _hand_out(jfn, call: Callable, module: bool, policy):
+    """What the user gets: :func:`with_call`, with the cache policy."""
+    target = with_call(jfn, call)
     if policy is not None:
         setattr(target, POLICY_ATTR, policy)
     return target
