@@ -313,3 +313,29 @@ def test_router_normalisation_gradient_equal_to_eager():
     route(ew, h).backward(grad)
     thunder_subclass.jit(route)(jw, h).backward(grad)
     torch.testing.assert_close(jw.grad, ew.grad)
+
+
+def test_a_branch_on_item_of_a_plain_tensor_is_a_break_not_a_baked_branch():
+    # thunder 0.2.6 gives x.sum().item() no value while tracing, and `n > 0` a made-up one (False): the trace took
+    # the else branch for every input, silently (plain thunder.jit too)
+    def f(x):
+        n = x.sum().item()
+        if n * 2 > 1:
+            return x * 2
+        return x - 1
+
+    jf = thunder_subclass.jit(f)
+    with pytest.warns(thunder_subclass.GraphBreakWarning, match="data dependency"):
+        torch.testing.assert_close(jf(torch.ones(3)), f(torch.ones(3)))
+    torch.testing.assert_close(jf(-torch.ones(3)), f(-torch.ones(3)))
+    with pytest.raises(NotImplementedError, match=r"computed from tensor data .* Python bool is not supported"):
+        thunder_subclass.jit(f, fullgraph=True)(torch.ones(3))
+
+
+def test_an_item_used_as_a_number_in_tensor_code_still_compiles():
+    def f(x):
+        return x * x.max().item()
+
+    jf = thunder_subclass.jit(f, fullgraph=True)
+    for x in (torch.arange(3.0), -torch.arange(3.0)):
+        torch.testing.assert_close(jf(x), f(x))

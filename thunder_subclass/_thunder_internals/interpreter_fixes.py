@@ -36,6 +36,7 @@ around:
 from __future__ import annotations
 
 import functools
+import operator
 import inspect
 import types
 from collections.abc import Callable
@@ -310,6 +311,14 @@ def interpreter_fix_lookaside(fn, wrapped_args: tuple = ()):
         return None
     if fn is object.__getattribute__:
         return _object_getattribute_lookaside
+    if (fn is bool or fn is int or fn is float or fn is operator.index) and len(wrapped_args) == 1:
+        from thunder.core.interpreter import interpreter_needs_wrap, unwrap
+        from thunder.core.proxies import NumberProxy
+
+        v = unwrap(wrapped_args[0])
+        if isinstance(v, NumberProxy) and v.value is None:
+            return interpreter_needs_wrap(functools.partial(_data_dependent_number, fn))
+        return None
     if fn is type.__call__:
         return _type_call_lookaside
     if fn is object.__setattr__:
@@ -319,6 +328,19 @@ def interpreter_fix_lookaside(fn, wrapped_args: tuple = ()):
     if is_hashable(fn):
         return _fixed_torch_functions().get(fn)
     return None
+
+
+def _data_dependent_number(fn, v):
+    """``bool(n)`` (an ``if`` on it), ``int(n)``, ``float(n)`` of a number thunder does not know while tracing: one
+    computed from tensor data (``x.sum().item() > 0``; thunder 0.2.6's ``prims.item`` gives a number proxy without
+    value). thunder's bool lookaside took such a number as false and baked that branch into the trace: a silently
+    wrong result for inputs that take the other branch (plain ``thunder.jit`` too). Raised as thunder's own error for a
+    tensor in a branch, so that ``thunder_subclass.jit`` runs the code eagerly (a graph break) and
+    ``fullgraph=True`` reports it."""
+    raise NotImplementedError(
+        f"converting {v.name}, a number computed from tensor data (e.g. by .item()), to a Python "
+        f"{fn.__name__} is not supported (data dependency)"
+    )
 
 
 # torch's Python argument parser takes Python types where it takes a dtype (torch/csrc/utils/python_arg_parser.cpp)

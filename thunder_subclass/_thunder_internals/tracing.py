@@ -94,8 +94,10 @@ def sum_to_scalar_grad(target, grad):
 def _hook_symbol_call(original):
     # wraps thunder.core.symbol.Symbol.__call__
     from thunder.core.prims import PrimIDs
+    from thunder.core.proxies import ComplexProxy, FloatProxy, IntegerProxy
 
     put_grad_id = PrimIDs.PUT_GRAD
+    number_proxy_types = (IntegerProxy, FloatProxy, ComplexProxy)
 
     @functools.wraps(original)
     def __call__(self, *args, **kwargs):
@@ -112,9 +114,26 @@ def _hook_symbol_call(original):
             if torch_level:
                 plugin_state.handlers.plain_symbol_result(self, args, kwargs, result)
             return result
-        return original(self, *args, **kwargs)
+        result = original(self, *args, **kwargs)
+        if type(result) in number_proxy_types and result.value is not None and is_plugin_active():
+            unknown_stays_unknown(args, kwargs, result)
+        return result
 
     return __call__
+
+
+def unknown_stays_unknown(args: tuple, kwargs: dict, result) -> None:
+    """A number computed by a torch-level operation from a number thunder does not know while tracing (``n > 0`` with
+    ``n = x.sum().item()``: thunder 0.2.6's ``prims.item`` gives a number proxy without value) has no value either.
+    thunder's number operations give it one computed as if the unknown were a placeholder (``n > 0`` had the value
+    False), which a branch then read: the trace silently took that branch for every input (plain ``thunder.jit``
+    too). Without a value, a branch on it is a data-dependence error (``interpreter_fixes``): a graph break."""
+    from thunder.core.proxies import NumberProxy
+
+    if not isinstance(result, NumberProxy) or result.value is None:
+        return
+    if any(isinstance(a, NumberProxy) and a.value is None for a in (*args, *kwargs.values())):
+        result.value = None
 
 
 _native_functions: set = set()
