@@ -197,9 +197,18 @@ def test_dispatch_returning_wrong_number_of_outputs():
 def test_data_dependent_op_inside_dispatch(mode):
     x = Wrap(torch.randn(3), mode)
     line = _line_of("# JIT-" + "LINE-DATA")
+    # fullgraph=True: the typed error, naming the op, the subclass and the line
     with pytest.raises(UnsupportedSubclassOperationError, match=rf"torch.Tensor.mul on Wrap at "
                        rf".*test_reliability.py:{line} makes a data-dependent computation inside dispatch"):
-        thunder_subclass.jit(lambda t: t * 2)(x)  # JIT-LINE-DATA
+        thunder_subclass.jit(lambda t: t * 2, fullgraph=True)(x)  # JIT-LINE-DATA
+    # by default a graph break: the call runs eagerly, with eager's result, and the warning names the same error
+    jf = thunder_subclass.jit(lambda t: t * 2)
+    with pytest.warns(thunder_subclass.GraphBreakWarning, match="makes a data-dependent computation inside dispatch"):
+        out = jf(x)
+    expected = x * 2
+    assert type(out) is type(expected)
+    torch.testing.assert_close(out.elem, expected.elem)
+    assert len(jf.graph_breaks.breaks) == 1
 
 
 def test_aten_op_without_thunder_mapping_runs_through_fallback():
