@@ -543,7 +543,7 @@ def with_fast_cache_hits(jfn, policy=None, *, automatic_dynamic: bool = False):
             populate(cache_info_ctx.get(), *args, **kwargs)
             hit = None
             cache = cs.interpreter_cache
-            key = _call_key(args, kwargs, is_grad_enabled())
+            key = _call_key(args, kwargs, grad)
             bucket = index.bucket(cache, key)
             data_token = set_compile_data_and_stats(cd, cs)  # thunder's compile_data_and_stats, without a generator
             try:
