@@ -15,6 +15,7 @@ from typing import Any
 from thunder_subclass._thunder_internals import (
     autograd_hooks,
     interpreter_fixes,
+    interpreter_speed,
     plugin_state,
     runtime,
     symbolic_values,
@@ -36,6 +37,7 @@ def _targets() -> list[tuple[Any, str, Callable]]:
         *runtime.hook_targets(),
         *autograd_hooks.hook_targets(),
         *interpreter_fixes.hook_targets(),
+        *interpreter_speed.hook_targets(),
         *symbolic_values.hook_targets(),
     ]
 
@@ -58,6 +60,13 @@ def install(handlers: Handlers) -> None:
     if _originals:
         return
     for owner, name, make_hook in _targets():
+        if type(owner) is dict:  # an entry of one of the interpreter's tables (opcode handlers, lookasides)
+            original = owner[name]
+            _originals[(id(owner), name)] = (owner, name, original)
+            hook = make_hook(original)
+            hook._thunder_subclass_hook = True
+            owner[name] = hook
+            continue
         # an inherited attribute (StringProxy's comparisons come from Proxy) is shadowed, and deleted by uninstall
         original = owner.__dict__.get(name, _INHERITED)
         _originals[(id(owner), name)] = (owner, name, original)
@@ -72,7 +81,9 @@ def uninstall() -> None:
     """Remove every hook, restoring thunder's own functions. Compiled functions keep working; new
     subclass compilations need :func:`install` again (``thunder_subclass.jit`` does it)."""
     for owner, name, original in _originals.values():
-        if original is _INHERITED:
+        if type(owner) is dict:
+            owner[name] = original
+        elif original is _INHERITED:
             delattr(owner, name)
         else:
             setattr(owner, name, original)

@@ -36,15 +36,6 @@ Hooks (thunder 0.2.6 paths, relative to the installed ``thunder/``):
 * ``core/interpreter.py`` module global ``dis`` — the interpreter decodes the bytecode of every frame it runs
   (``_run_frame``); ``dis.get_instructions(code)`` is answered from a cache per code object
   (:class:`_CachedInstructionsDis`), the rest of ``dis`` is the module itself.
-* ``core/interpreter.py`` ``globals_lookup`` — every ``LOAD_GLOBAL`` of an interpreted function (the interpreter's
-  own helpers too: its binary operators, ``getattr``, ``next``, ... run as interpreted Python and read builtins as
-  globals) interprets ``lambda d, k: d[k]`` once for the name and, for a builtin, once more for ``__builtins__``: four
-  interpreted frames and a dozen lookaside calls for each name. When the globals are a plain dict holding the name
-  (or a plain ``__builtins__`` dict holding it) :func:`_hook_globals_lookup`'s makes the same call the interpreted
-  subscript ends in (the provenance-tracking ``dict.__getitem__`` of the interpreter), so the value, its wrapper and
-  its provenance are the ones the interpreted lookup gives; anything else (a missing name, a ``__builtins__``
-  module, a dict subclass, no provenance tracking) goes to thunder's. This removed about 80% of the interpreted
-  frames of a tiny Llama's first call.
 """
 
 from __future__ import annotations
@@ -58,6 +49,7 @@ from typing import Any
 import torch
 
 from thunder_subclass._thunder_internals import plugin_state
+from thunder_subclass._thunder_internals.interpreter_speed import fast_getitem
 from thunder_subclass._thunder_internals.interpreter_fixes import (
     interpreter_fix_lookaside,
     torch_arguments,
@@ -269,12 +261,19 @@ def _hook_wrap_args_from_list(original):
             _interpret_call,
             get_interpreterruntimectx,
             unwrap,
+            wrap_const,
         )
 
-        if not isinstance(unwrap(lst), (list, tuple)) and is_plugin_active():
+        if not is_plugin_active():
+            return original(lst)
+        if not isinstance(unwrap(lst), (list, tuple)):
             lst = _interpret_call(tuple, lst)
             if lst is INTERPRETER_SIGNALS.EXCEPTION_RAISED:
                 raise get_interpreterruntimectx().curexc
+        # each item as thunder's interpreted ``lambda seq, i: seq[i]`` gives it (see interpreter_speed)
+        items = [fast_getitem(lst, wrap_const(i)) for i in range(len(unwrap(lst)))]
+        if all(item is not None for item in items):
+            return items
         return original(lst)
 
     return wrap_args_from_list
@@ -354,37 +353,6 @@ def _hook_interpreter_dis(original):
     return _CachedInstructionsDis(original)
 
 
-def _hook_globals_lookup(original):
-    from thunder.core.interpreter import (
-        MutMappingWrapperMethods,
-        WrappedValue,
-        get_interpretercompilectx,
-        wrap_const,
-    )
-
-    getitem = MutMappingWrapperMethods.__getitem__
-
-    @functools.wraps(original)
-    def globals_lookup(globals_dict, name):
-        if (
-            type(globals_dict) is WrappedValue
-            and type(name) is WrappedValue
-            and type(globals_dict.value) is dict
-            and is_plugin_active()
-        ):
-            if get_interpretercompilectx()._with_provenance_tracking:
-                d = globals_dict.value
-                key = name.value
-                if key in d:
-                    return getitem(globals_dict, name)
-                builtins_dict = d.get("__builtins__")
-                if type(builtins_dict) is dict and key in builtins_dict:
-                    return getitem(getitem(globals_dict, wrap_const("__builtins__")), name)
-        return original(globals_dict, name)
-
-    return globals_lookup
-
-
 def hook_targets() -> list[tuple[Any, str, Callable]]:
     import thunder.core.interpreter as interpreter
     import thunder.core.jit_ext as jit_ext
@@ -400,5 +368,4 @@ def hook_targets() -> list[tuple[Any, str, Callable]]:
         (interpreter, "wrap_args_from_list", _hook_wrap_args_from_list),
         (interpreter.InterpreterFrame, "get_or_make_python_frame", _hook_python_frame),
         (interpreter, "dis", _hook_interpreter_dis),
-        (interpreter, "globals_lookup", _hook_globals_lookup),
     ]
