@@ -312,11 +312,86 @@ def _hook_next_lookaside(original):
     return next_lookaside
 
 
+def _nested_code(fn, pred) -> Any:
+    """The code object nested (at any depth) in ``fn``'s code for which ``pred`` holds, or None."""
+    todo = [fn.__code__]
+    while todo:
+        code = todo.pop()
+        for const in code.co_consts:
+            if isinstance(const, type(fn.__code__)):
+                if pred(const):
+                    return const
+                todo.append(const)
+    return None
+
+
+def _helper_table() -> dict:
+    """thunder's interpreted helper functions whose one call is made here directly: code object -> fast call (which
+    returns ``_NOT_HANDLED`` where thunder's interpreted helper must run)."""
+    interpreter = _interp()
+    handlers = interpreter._default_opcode_handler_map
+
+    def subscript(container, index):
+        return _fast_getitem(container, index)
+
+    def dict_update(a, b):  # ``lambda a, b: b.update(a)`` of DICT_MERGE
+        if type(b) is interpreter.WrappedValue and type(b.value) is dict and _is_known_wrapper(b):
+            return interpreter._interpret_call(dict.update, b, a)
+        return _NOT_HANDLED
+
+    def list_extend(l1, l2):  # ``lambda l1, l2: l1.extend(l2)`` of LIST_EXTEND
+        if type(l1) is interpreter.WrappedValue and type(l1.value) is list and _is_known_wrapper(l1):
+            return interpreter._interpret_call(list.extend, l1, l2)
+        return _NOT_HANDLED
+
+    def iter_of(obj):  # ``nosentinel_impl`` of ``iter()``: ``obj.__iter__()``
+        if type(obj) is interpreter.WrappedValue and type(obj.value) in (list, tuple, dict) and _is_known_wrapper(obj):
+            return interpreter._interpret_call(type(obj.value).__iter__, obj)
+        return _NOT_HANDLED
+
+    def next_of(it):  # ``_next_impl`` of FOR_ITER: ``next(tos)``
+        return interpreter._interpret_call(next, it)
+
+    found = {
+        _nested_code(interpreter._setup_frame_and_run_python_function,
+                     lambda c: c.co_varnames == ("x", "i") and c.co_names == ("__getitem__",)): subscript,
+        _nested_code(interpreter.wrap_kwargs_from_dict,
+                     lambda c: c.co_varnames == ("d", "k") and c.co_name == "<lambda>"): subscript,
+        _nested_code(handlers["DICT_MERGE"], lambda c: c.co_names == ("update",)): dict_update,
+        _nested_code(handlers["LIST_EXTEND"], lambda c: c.co_names == ("extend",)): list_extend,
+        _nested_code(interpreter._iter_lookaside, lambda c: c.co_name == "nosentinel_impl"): iter_of,
+        _nested_code(_unhooked(handlers["FOR_ITER"]), lambda c: c.co_name == "_next_impl"): next_of,
+    }
+    found.pop(None, None)
+    return found
+
+
+def _unhooked(fn):
+    return getattr(fn, "__wrapped__", fn) if getattr(fn, "_thunder_subclass_hook", False) else fn
+
+
+def _hook_interpret_call(original):
+    table = _helper_table()
+
+    @functools.wraps(original)
+    def _interpret_call(fn, /, *args, **kwargs):
+        fast = table.get(getattr(fn, "__code__", None)) if not kwargs else None
+        if fast is not None and _tracking():
+            res = fast(*args)
+            if res is not _NOT_HANDLED:
+                return res
+        return original(fn, *args, **kwargs)
+
+    _interpret_call.fast_helpers = len(table)
+    return _interpret_call
+
+
 def hook_targets() -> list[tuple[Any, str, Callable]]:
     interpreter = _interp()
     handlers = interpreter._default_opcode_handler_map
     tracking = interpreter._default_provenance_tracking_lookaside_map
     return [
+        (interpreter, "_interpret_call", _hook_interpret_call),
         (interpreter, "globals_lookup", _hook_globals_lookup),
         (handlers, "BINARY_SUBSCR", _hook_binary_subscr),
         (handlers, "FOR_ITER", _hook_for_iter),

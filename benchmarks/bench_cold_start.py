@@ -1,0 +1,112 @@
+"""Cold start: the first call of a compiled tiny Hugging Face Llama in a fresh process, against its depth.
+
+    python benchmarks/bench_cold_start.py [--layers 1 2 4 8] [--repeats 1] [--configs ts aot_eager ...]
+
+The model: a random-weight ``LlamaForCausalLM`` (hidden 64, 4 heads, 2 key/value heads, vocabulary 256) with torchao
+``Int8WeightOnlyConfig`` weights, called as users call it (``model(input_ids)``, input (2, 16), ``torch.no_grad()``,
+one intra-op thread). Every figure is the wall time of the first call (trace + compile + run) in a new Python
+process, after imports and model construction; two processes run one after the other per configuration:
+
+* ``ts``            ``thunder_subclass.jit(model)``, first process;
+* ``ts 2nd``        the same in a second process (what a restarted job pays);
+* ``aot_eager``     ``torch.compile(model, backend="aot_eager")``;
+* ``inductor``      ``torch.compile(model, backend="inductor")`` with an empty inductor/FX-graph disk cache;
+* ``inductor 2nd``  the same in a second process, the disk cache filled by the first.
+
+Each process gets its own empty temporary directory as ``TORCHINDUCTOR_CACHE_DIR`` (the second inductor process
+shares the first one's) and as ``THUNDER_SUBCLASS_CACHE_DIR``. The last column is each configuration's cost per
+added decoder layer (least-squares slope over the layer counts). Wall clock on a shared machine: compare the ratios
+of one run, not absolute numbers across runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), os.pardir))
+
+_CHILD = r"""
+import json, sys, time
+layers, config = int(sys.argv[1]), sys.argv[2]
+import thunder_subclass, torch, transformers
+from torchao.quantization import Int8WeightOnlyConfig, quantize_
+torch.set_num_threads(1)
+cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                               num_attention_heads=4, num_key_value_heads=2, vocab_size=256)
+torch.manual_seed(0)
+model = transformers.LlamaForCausalLM(cfg).eval()
+quantize_(model, Int8WeightOnlyConfig())
+ids = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(1))
+with torch.no_grad():
+    expected = model(ids).logits
+    fn = thunder_subclass.jit(model) if config == "ts" else torch.compile(model, backend=config)
+    start = time.perf_counter()
+    out = fn(ids)
+    first = time.perf_counter() - start
+    torch.testing.assert_close(out.logits, expected)
+print("RESULT " + json.dumps({"first": first}))
+"""
+
+CONFIGS = ("ts", "ts 2nd", "aot_eager", "inductor", "inductor 2nd")
+
+
+def _run(layers: int, backend: str, env: dict) -> float | str:
+    proc = subprocess.run([sys.executable, "-c", _CHILD, str(layers), backend], env=env, capture_output=True,
+                          text=True, timeout=1800, cwd=ROOT)
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])["first"]
+    tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+    return f"error: {tail[:60]}"
+
+
+def measure(layers: int, configs: tuple[str, ...]) -> dict[str, float | str]:
+    out = {}
+    base = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+    with tempfile.TemporaryDirectory() as ts_dir, tempfile.TemporaryDirectory() as ind_dir, \
+            tempfile.TemporaryDirectory() as other_dir:
+        for config in configs:
+            backend = config.split()[0]
+            cache = ind_dir if backend == "inductor" else other_dir
+            env = dict(base, TORCHINDUCTOR_CACHE_DIR=cache, THUNDER_SUBCLASS_CACHE_DIR=ts_dir)
+            out[config] = _run(layers, backend, env)
+    return out
+
+
+def _slope(xs, ys) -> float:
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    den = sum((x - mx) ** 2 for x in xs)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / den if den else float("nan")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=CONFIGS)
+    args = parser.parse_args()
+    configs = tuple(c for c in CONFIGS if c in args.configs)
+    rows = {layers: measure(layers, configs) for layers in args.layers}
+    width = 14
+    print("first call in a fresh process, seconds (tiny int8 Llama, input (2, 16), 1 thread)")
+    print("layers".ljust(8) + "".join(c.rjust(width) for c in configs) + "ts/aot_eager".rjust(width))
+    for layers, row in rows.items():
+        cells = [f"{row[c]:.2f}" if isinstance(row[c], float) else row[c][:width - 1] for c in configs]
+        ratio = (f"{row['ts'] / row['aot_eager']:.2f}" if isinstance(row.get("ts"), float)
+                 and isinstance(row.get("aot_eager"), float) else "-")
+        print(str(layers).ljust(8) + "".join(c.rjust(width) for c in cells) + ratio.rjust(width))
+    if len(rows) > 1:
+        slopes = []
+        for c in configs:
+            pts = [(n, row[c]) for n, row in rows.items() if isinstance(row[c], float)]
+            slopes.append(f"{_slope(*zip(*pts)):.2f}" if len(pts) > 1 else "-")
+        print("per layer".ljust(8) + "".join(s.rjust(width) for s in slopes))
+
+
+if __name__ == "__main__":
+    main()
