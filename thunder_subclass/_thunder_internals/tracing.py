@@ -49,7 +49,7 @@ from typing import Any
 import torch
 
 from thunder_subclass._thunder_internals import plugin_state
-from thunder_subclass._thunder_internals.interpreter_speed import fast_getitem
+from thunder_subclass._thunder_internals.interpreter_speed import PURE_NATIVE_FUNCTIONS, fast_getitem
 from thunder_subclass._thunder_internals.interpreter_fixes import (
     interpreter_fix_lookaside,
     torch_arguments,
@@ -163,7 +163,7 @@ def is_pybind11_class(fn: Any) -> bool:
 
 def _is_native_function(fn) -> bool:
     try:
-        return fn in _native_functions
+        return fn in _native_functions or fn in PURE_NATIVE_FUNCTIONS
     except TypeError:  # unhashable callables (pybind11's instancemethod)
         return False
 
