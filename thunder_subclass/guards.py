@@ -634,7 +634,11 @@ class ObjectSpec:
     * ``"equal"``: an object of the same type equal (``==``) to a copy taken when traced (an object passed to a native
       call, which may read any of its state, when its type defines value equality);
     * ``"type"``: an object of the same exact type (any other object): methods and class attributes come from the type,
-      and every attribute or item the trace read from it has its own check (numbers, strings, tensors) or guard.
+      and every attribute or item the trace read from it has its own check (numbers, strings, tensors) or guard;
+    * ``"length"``: a list or tuple of the same exact type and length, ``"keys"``: a dict of the same exact type with
+      the same keys in the same order: each item the trace read has its own check, but a loop over the container
+      ran as many times as it had items (without these a longer list ran the shorter list's trace: a silently
+      wrong result).
     """
 
     __slots__ = ("kind", "typ", "value", "where")
@@ -645,26 +649,44 @@ class ObjectSpec:
     def __repr__(self) -> str:
         return f"ObjectSpec({self.kind}, {self.typ.__qualname__})"
 
+    def _resolve(self) -> None:
+        # a length/keys guard records the container as it is when the prologue is made (after tracing), which is how
+        # the first call's prologue finds it: traced code may have changed it (d["y"] = ..., lst.append(...))
+        if type(self.value) is _Pending:
+            obj = self.value.obj
+            self.value = len(obj) if self.kind == "length" else tuple(obj)
+
     def matches(self, obj) -> bool:
+        self._resolve()
         if self.kind == "identity":
             return obj is self.value
         if self.kind == "function":
             return _same_function(obj, self.value)
         if type(obj) is not self.typ:
             return False
+        if self.kind == "length":
+            return len(obj) == self.value
+        if self.kind == "keys":
+            return tuple(obj) == self.value
         return self.kind == "type" or _equal_to_snapshot(obj, self.value)
 
     def expression(self, v: str, const) -> str:
         """An inline Python expression true exactly when :meth:`matches` is (for the fused prologue checks)."""
+        self._resolve()
         if self.kind == "identity":
             return f"({v} is {const(self.value)})"
         if self.kind == "function":
             return f"({v} is {const(self.value[0])} or {const(_same_function)}({v}, {const(self.value)}))"
         if self.kind == "type":
             return f"(type({v}) is {const(self.typ)})"
+        if self.kind == "length":
+            return f"(type({v}) is {const(self.typ)} and len({v}) == {self.value!r})"
+        if self.kind == "keys":
+            return f"(type({v}) is {const(self.typ)} and tuple({v}) == {const(self.value)})"
         return f"(type({v}) is {const(self.typ)} and {const(_equal_to_snapshot)}({v}, {const(self.value)}))"
 
     def explain(self, obj) -> str:
+        self._resolve()
         what = f"the {self.where}" if self.where else "an object"
         if self.kind == "identity":
             return f"{what} is {obj!r}, not {self.value!r} (the object the trace was made for)"
@@ -673,7 +695,20 @@ class ObjectSpec:
                     "values (the function the trace was made for)")
         if type(obj) is not self.typ:
             return f"{what} is a {type(obj).__qualname__}, the trace was made for a {self.typ.__qualname__}"
+        if self.kind == "length":
+            return f"{what} has {len(obj)} items, the trace was made for {self.value}"
+        if self.kind == "keys":
+            return f"{what} has the keys {tuple(obj)!r}, the trace was made for {self.value!r}"
         return f"{what} is {obj!r}, not equal to {self.value!r} as when traced"
+
+
+class _Pending:
+    """The container whose length or keys an ``ObjectSpec`` records once the prologue is made."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj):
+        self.obj = obj
 
 
 def _function_snapshot(fn: types.FunctionType) -> tuple:
@@ -820,6 +855,9 @@ def guard_input_object(obj, provenance) -> None:
     # every value read from the inputs, by its provenance record: the holders of later attribute reads
     seen = state.setdefault("input_values", {})
     seen[id(provenance)] = (provenance, obj)
+    if type(obj) in (list, tuple, dict):
+        _guard_container_size(obj, provenance, state, jit_ctx)
+        return
     kind = object_guard_kind(obj)
     if kind is None or not is_guardable_provenance(provenance):
         return
@@ -837,6 +875,27 @@ def guard_input_object(obj, provenance) -> None:
             pass
     spec = ObjectSpec(kind, type(obj), value, _describe_provenance(provenance))
     guarded[id(obj)] = (obj, spec, stable)  # the object is kept for the trace's lifetime, so its id stays its own
+    name = f"guarded_object{next(_guarded_object_names)}"
+    jit_ctx.add_constraint((check_object, AnyProxy(obj, name=name, history=provenance), spec))
+
+
+def _guard_container_size(obj, provenance, state, jit_ctx) -> None:
+    """A list, tuple or dict read from the inputs: its length (dict: keys in order) is guarded, once per object and
+    trace (see :class:`ObjectSpec` ``"length"``/``"keys"``). The call's own ``args``/``kwargs`` are bound by thunder."""
+    import dis
+
+    from thunder.core.proxies import AnyProxy
+
+    inst = provenance.inst.opname if isinstance(provenance.inst, dis.Instruction) else \
+        getattr(provenance.inst, "name", None)
+    if inst in ("INPUT_ARGS", "INPUT_KWARGS") or not is_guardable_provenance(provenance):
+        return
+    guarded = state.setdefault("object_guards", {})
+    if id(obj) in guarded:
+        return
+    spec = ObjectSpec("keys" if type(obj) is dict else "length", type(obj), _Pending(obj),
+                      _describe_provenance(provenance))
+    guarded[id(obj)] = (obj, spec, True)
     name = f"guarded_object{next(_guarded_object_names)}"
     jit_ctx.add_constraint((check_object, AnyProxy(obj, name=name, history=provenance), spec))
 
@@ -872,6 +931,12 @@ def guard_object_by_value(obj) -> None:
     type has value equality), else be the same object."""
     state = _thunder_internals.jit_state()
     entry = state.get("object_guards", {}).get(id(obj)) if state is not None else None
+    if entry is not None and entry[1].kind == "length":
+        # a list or tuple a native function reads whole: its items, not just its length
+        snapshot = _value_snapshot(obj)
+        if snapshot is not None:
+            entry[1].kind, entry[1].value = "equal", snapshot
+        return
     if entry is None or entry[1].kind != "type":
         return
     _, spec, stable = entry
