@@ -307,20 +307,37 @@ def _hook_python_frame(original):
     import _thread
     import sys
 
+    # one made-up frame per function and line, reused by every traceback through it (a frame of a finished call is
+    # never run again; the interpreter's loops raise StopIteration at the same few lines hundreds of times)
+    frames: dict = {}
+
     @functools.wraps(original)
     def get_or_make_python_frame(self):
         if self.positions is None or sys.version_info < (3, 11) or not is_plugin_active():
             return original(self)
         lineno = self.positions.lineno if self.positions.lineno is not None else self.code.co_firstlineno
         code = self.code
+        key = (code, lineno, self.qualname)
+        frame = frames.get(key)
+        if frame is not None:
+            return frame
+        if len(frames) > 4096:
+            frames.clear()
+        frame = _made_up_frame(original, code, lineno, self.qualname)
+        if frame is None:
+            return original(self)
+        frames[key] = frame
+        return frame
+
+    def _made_up_frame(original, code, lineno, qualname):
         out, done = [], _thread.allocate_lock()
         done.acquire()
         _thread.start_new_thread(_python_frame_in_new_thread, (
-            code.co_filename, code.co_firstlineno, lineno - code.co_firstlineno + 1, code.co_name, self.qualname,
+            code.co_filename, code.co_firstlineno, lineno - code.co_firstlineno + 1, code.co_name, qualname,
             original.__globals__, out, done,
         ))
         done.acquire()
-        return out[0] if out else original(self)
+        return out[0] if out else None
 
     return get_or_make_python_frame
 
