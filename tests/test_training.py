@@ -399,3 +399,23 @@ def test_regression_rerecorded_backward_uses_names_autodiff_gave():
 
     n = nested_two_tensor(*(torch.randn(4) for _ in range(4))).requires_grad_()
     check_training(f, _two(4), n, torch.randn(4, requires_grad=True))
+
+
+@pytest.mark.parametrize("update", ["div_", "mul_", "add_", "sub_"])
+def test_a_tensor_saved_for_backward_and_then_changed_in_place_gives_eagers_gradient(update):
+    # the backward of `v / v.sum()` reads v; `v /= v.sum()` overwrote it in the forward before the backward ran
+    def f(w, h):
+        values, _ = torch.topk(torch.softmax(h @ w.t(), -1), 2, dim=-1)
+        scale = values.sum(dim=-1, keepdim=True) + 0.5
+        getattr(values, update)(scale)
+        return values * values
+
+    torch.manual_seed(0)
+    w, h, grad = torch.randn(4, 8), torch.randn(5, 8), torch.randn(5, 2)
+    ew, jw = w.clone().requires_grad_(), w.clone().requires_grad_()
+    f(ew, h).backward(grad)
+    jf = thunder_subclass.jit(f)
+    out = jf(jw, h)
+    out.backward(grad)
+    torch.testing.assert_close(out, f(w, h))
+    torch.testing.assert_close(jw.grad, ew.grad)

@@ -10,7 +10,12 @@ Hooks (thunder 0.2.6 paths, relative to the installed ``thunder/``):
   ``split_into_forward_and_backward``.
 * ``transforms/autodiff.py`` ``grad_transform_on_trace`` — gradients reach inputs changed in place, whose new
   values become forward outputs (:func:`grads_for_mutated_inputs`); ``split_into_forward_and_backward`` — the
-  forward gives the epilogue the user's outputs only (the added new values stay in ``flat_output``).
+  forward gives the epilogue the user's outputs only (the added new values stay in ``flat_output``); a tensor saved
+  for the backward that the forward then overwrites in place (``copy_`` of an in-place op) is cloned just before it
+  is overwritten and the clone is saved (:func:`protect_overwritten_values`): thunder 0.2.6 saved the tensor itself,
+  and the backward read the new value
+  (``v, i = topk(p, k); v /= v.sum(-1, keepdim=True)``, Mixtral's and every top-k router's normalisation: a
+  silently wrong gradient, plain thunder.jit too).
 * ``executors/torch_autograd.py`` ``ThunderFunction.forward`` — outputs eager would not give ``requires_grad``
   (inner tensors of a computed subclass, detached values) are marked non-differentiable, per trace
   (``Handlers.differentiable_outputs``), through thunder's own ``is_differentiable_outputs`` argument; non-leaf
@@ -149,6 +154,39 @@ def grads_for_mutated_inputs(trace, transform: Callable):
     return new_trace
 
 
+def protect_overwritten_values(forward_trace):
+    """``forward_trace`` (an augmented forward: its return gives the outputs and the tensors saved for backward) with
+    each saved tensor that a later ``copy_`` overwrites cloned just before the ``copy_``, the clone saved in its place:
+    the value the derivative formulas were written for. Unchanged when there is no such tensor."""
+    from thunder.core import prims
+    from thunder.core.proxies import TensorProxy
+    from thunder.core.trace import from_trace, tracectx
+    from thunder.executors import torchex
+
+    ret = forward_trace.bound_symbols[-1]
+    if ret.sym.id != prims.PrimIDs.RETURN or len(ret.args) < 2 or not isinstance(ret.args[1], tuple) \
+            or len(ret.args[1]) != 2:
+        return forward_trace
+    saved_tensors, saved_other = ret.args[1]
+    saved_names = {p.name for p in saved_tensors if isinstance(p, TensorProxy)}
+    clones: dict = {}
+    bsyms = []
+    for b in forward_trace.bound_symbols[:-1]:
+        if b.sym.name == "copy_" and len(b.args) >= 2 and isinstance(b.args[1], TensorProxy) \
+                and b.args[1].name in saved_names and b.args[1].name not in clones:
+            dst = b.args[1]
+            with tracectx(forward_trace):
+                clones[dst.name] = TensorProxy(like=dst)
+            bsyms.append(torchex.clone.bind(dst, output=clones[dst.name]))
+        bsyms.append(b)
+    if not clones:
+        return forward_trace
+    saved = tuple(clones.get(getattr(p, "name", None), p) for p in saved_tensors)
+    new = from_trace(forward_trace)
+    new.bound_symbols = [*bsyms, ret.from_bsym(args=(ret.args[0], (saved, saved_other), *ret.args[2:]))]
+    return new
+
+
 def _hook_split_into_forward_and_backward(original):
     # wraps thunder.transforms.autodiff.split_into_forward_and_backward (imported by name when thunder compiles a
     # program that needs a backward): the forward returns, as "output" (what the epilogue gets), the user's outputs
@@ -158,6 +196,8 @@ def _hook_split_into_forward_and_backward(original):
     @functools.wraps(original)
     def split_into_forward_and_backward(joint_trace):
         forward, backward = original(joint_trace)
+        if is_plugin_active() and backward is not None:
+            forward = protect_overwritten_values(forward)
         ret = forward.bound_symbols[-1]
         if not ret.args or not isinstance(ret.args[0], dict) or MUTATED_INPUTS_KEY not in ret.args[0]:
             return forward, backward
