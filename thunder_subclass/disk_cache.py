@@ -30,7 +30,7 @@ attributes, globals read) are the prologue's own, run on every candidate entry.
 
 Safety: a file is written to a temporary name in its directory and renamed into place (``os.replace``), so readers
 see a whole file or none; a file carries the SHA-256 of its payload, and one that does not parse or match it is
-corrupted: it is removed, with a one-time :class:`~thunder_subclass.errors.DiskCacheWarning`, and the call compiles.
+corrupted: it is removed, with a :class:`~thunder_subclass.errors.DiskCacheWarning`, and the call compiles.
 An entry whose recorded files changed, or whose names no longer resolve to the same kind of object, is stale: it is
 removed silently. An entry's source runs only after these checks, and its prologue guards the call as any entry's.
 
@@ -150,7 +150,10 @@ def _file_hash(path: str) -> str | None:
             digest = hashlib.sha256(f.read()).hexdigest()
     except OSError:
         return None
-    _file_hashes[path] = (st.st_mtime_ns, st.st_size, digest)
+    import time
+
+    if time.time_ns() - st.st_mtime_ns > 2_000_000_000:  # a file changed within the last 2 s may change again
+        _file_hashes[path] = (st.st_mtime_ns, st.st_size, digest)  # unseen by its mtime (coarse clocks): not kept
     return digest
 
 
@@ -431,7 +434,6 @@ class LoadedTrace:
 
 _TRACES = ("prologue", "computation", "epilogue")
 _GLOBALS_SET_BY_THUNDER = ("__function_obj", "thunder", "__global_dicts")
-_warned_corrupted: set[str] = set()
 
 
 class DiskCache:
@@ -581,11 +583,9 @@ class DiskCache:
     def _corrupted(self, path: pathlib.Path, e: Exception) -> None:
         _count("corrupted")
         _remove(path)
-        if str(path) not in _warned_corrupted:
-            _warned_corrupted.add(str(path))
-            warnings.warn(DiskCacheWarning(
-                f"thunder_subclass: the disk cache entry {path} is unreadable ({type(e).__name__}: {e}); it was "
-                "removed and the function is compiled anew."), stacklevel=2)
+        warnings.warn(DiskCacheWarning(
+            f"thunder_subclass: the disk cache entry {path} is unreadable ({type(e).__name__}: {e}); it was "
+            "removed and the function is compiled anew."), stacklevel=2)
 
     # -- store ---------------------------------------------------------------------------------------------------
 
@@ -665,13 +665,16 @@ class DiskCache:
         try:
             with os.fdopen(fd, "w") as f:
                 f.write(text)
-            os.replace(tmp, directory / f"{digest[:32]}{_SUFFIX}")
+            path = directory / f"{digest[:32]}{_SUFFIX}"
+            os.replace(tmp, path)
         except BaseException:
             _remove(pathlib.Path(tmp))
             raise
-        self._evict()
+        self._evict(keep=path)
 
-    def _evict(self) -> None:
+    def _evict(self, keep: pathlib.Path) -> None:
+        """Past the size bound, remove the least recently used entries (never ``keep``, just written) until 90% of
+        the bound is left."""
         if self.size_limit is None:
             return
         files = []
@@ -688,6 +691,8 @@ class DiskCache:
         for _, size, path in sorted(files):  # least recently used first
             if total <= self.size_limit * 0.9:
                 break
+            if path == keep:
+                continue
             _remove(path)
             total -= size
 

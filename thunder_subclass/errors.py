@@ -103,4 +103,4 @@ class CacheLimitWarning(UserWarning):
 
 class DiskCacheWarning(UserWarning):
     """An entry of the on-disk cache (``thunder_subclass.config.disk_cache``) could not be read (a corrupted or
-    truncated file): it was removed and the function compiled anew. Warned once per file."""
+    truncated file): it was removed and the function compiled anew."""
