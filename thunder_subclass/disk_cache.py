@@ -399,6 +399,11 @@ def _decode(x: Any) -> Any:
         if fn is None:
             raise _Stale(f"{x[1]} made a symbol without a recorded implementation")
         return fn
+    if tag == "executor_op":
+        fn = _thunder_internals.operator_implementation(x[1], x[2])
+        if fn is None:
+            raise _Stale(f"executor {x[1]} has no operator {x[2]}")
+        return fn
     if tag == "thunder_dtype":
         import thunder.core.dtypes as dtypes
 
@@ -647,7 +652,7 @@ class DiskCache:
                 if k in _GLOBALS_SET_BY_THUNDER:
                     continue
                 try:
-                    described[k] = enc.encode(v)
+                    described[k] = _executor_operator(cd, k, v) or enc.encode(v)
                 except NotStorable as e:
                     raise NotStorable(f"{name} trace, name {k}: {e}") from None
             traces[name] = {"name": trc.siginfo().name, "source": source, "ctx": described, "function_obj": uses_fn}
@@ -695,6 +700,21 @@ class DiskCache:
                 continue
             _remove(path)
             total -= size
+
+
+def _executor_operator(cd, name: str, fn: Any) -> list | None:
+    """``["executor_op", executor, name]`` when ``fn`` is what operator ``name`` of one of the jit's executors runs
+    (thunder's executors register theirs when imported, often with a lambda: ``torchex``'s ``shallow_copy``), else
+    None. The plugin's own executor is not asked: its lazily made symbols get numbered names (``flatten_TwoTensor_2``)
+    that another process may give to another class; they are named by their factories."""
+    if not callable(fn) or isinstance(fn, type):
+        return None
+    for ex in cd.executors_list:
+        if ex.name == "thunder_subclass" or ex.name.startswith("__ad_hoc_executor"):
+            continue
+        if _thunder_internals.operator_implementation(ex.name, name) is fn:
+            return ["executor_op", ex.name, name]
+    return None
 
 
 def _files_of_generated_code(codes: list) -> dict[str, str]:

@@ -93,6 +93,7 @@ from thunder_subclass._thunder_internals.thunder_state import (  # noqa: F401
     jit_context,
     jit_state,
     new_trace,
+    operator_implementation,
     raise_in_interpreter,
     rebind_wrapped_value,
     register_input_proxy,
