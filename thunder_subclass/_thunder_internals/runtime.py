@@ -15,6 +15,10 @@
   replaced in the same hook: :func:`_use_bounded_tracing`) — at a cache miss of a ``thunder_subclass.jit`` function,
   the reasons the entries rejected the call go to its cache policy, and past the policy's bound the call is not
   traced but run eagerly (:class:`CacheLimitReached`, caught by the per-call wrapper).
+* ``thunder/__init__.py`` ``acquire_initial_trace`` and ``apply_transforms_and_build_cache_entry`` (the closure
+  cells of those names, replaced in the same hook: :func:`_use_disk_cache`) — a miss of a jit with an on-disk cache
+  (``DISK_CACHE_ATTR`` on its compile data, ``thunder_subclass.disk_cache``) loads a stored entry instead of tracing
+  when one accepts the call, and otherwise hands the entry built from the new trace to the cache to store.
 * ``core/module.py`` ``ThunderModule`` tables of parameters, buffers and submodules (private state, filled once by
   thunder) — kept bound to the module as it is now (:class:`ModuleBindings`): a parameter or submodule replaced after
   compiling is what the next call reads.

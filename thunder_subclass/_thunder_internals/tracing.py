@@ -35,7 +35,8 @@ Hooks (thunder 0.2.6 paths, relative to the installed ``thunder/``):
   GIL until the 5 ms switch interval (5 ms per exception; every interpreted ``for`` loop and ``next()`` ends in one).
 * ``core/interpreter.py`` module global ``dis`` — the interpreter decodes the bytecode of every frame it runs
   (``_run_frame``); ``dis.get_instructions(code)`` is answered from a cache per code object
-  (:class:`_CachedInstructionsDis`), the rest of ``dis`` is the module itself.
+  (:class:`_CachedInstructionsDis`), the rest of ``dis`` is the module itself. The same call records the code
+  objects run within :func:`recording_interpreted_code` (for the on-disk cache).
 """
 
 from __future__ import annotations
