@@ -249,6 +249,27 @@ def test_size_bound_evicts_least_recently_used(disk, model_module):
     assert len(entries) == 1 and entries[0] != first
 
 
+def test_functions_sharing_a_line_or_differing_in_closure_values_are_not_confused(disk):
+    x = torch.randn(3)
+    fs = [lambda t: t * 2, lambda t: t * 3]  # one file, one line, one name
+    for f, factor in zip(fs, (2, 3)):
+        with torch.no_grad():
+            torch.testing.assert_close(thunder_subclass.jit(f)(x), x * factor)
+    assert disk_cache.disk_cache_stats()["hits"] == 0
+
+    def make(k):
+        def g(t):
+            return t * k
+
+        return g
+
+    for k in (2, 3, 2):
+        with torch.no_grad():
+            torch.testing.assert_close(thunder_subclass.jit(make(k))(x), x * k)
+    stats = disk_cache.disk_cache_stats()
+    assert stats["hits"] == 1 and stats["rejected"] >= 1, stats  # the closure value is guarded by the prologue
+
+
 def test_what_cannot_be_named_is_not_storable():
     enc = disk_cache._Encoder()
 

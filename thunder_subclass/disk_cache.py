@@ -468,8 +468,9 @@ class DiskCache:
             digest = _file_hash(code.co_filename)
             if digest is None:
                 raise NotStorable(f"the file of {getattr(fn, '__qualname__', fn)} ({code.co_filename}) cannot be read")
+            # the code itself too: two lambdas on one line share file, line and name
             target = ["function", getattr(fn, "__module__", None), getattr(fn, "__qualname__", None),
-                      code.co_filename, code.co_firstlineno, digest]
+                      code.co_filename, code.co_firstlineno, digest, _code_digest(code)]
         cuda = []
         if torch.cuda.is_available():
             cuda = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
@@ -702,6 +703,17 @@ class DiskCache:
                 continue
             _remove(path)
             total -= size
+
+
+def _code_digest(code: types.CodeType) -> str:
+    """SHA-256 of what a code object does: its bytecode, names and constants (nested code objects likewise)."""
+    h = hashlib.sha256()
+    h.update(code.co_code)
+    h.update(repr((code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars, code.co_argcount,
+                   code.co_kwonlyargcount, code.co_flags)).encode())
+    for c in code.co_consts:
+        h.update(_code_digest(c).encode() if isinstance(c, types.CodeType) else repr(c).encode())
+    return h.hexdigest()
 
 
 def _executor_operator(cd, name: str, fn: Any) -> list | None:
