@@ -13,7 +13,7 @@ What an entry holds (JSON, one file): the Python source of the final prologue, c
 name; classes, functions and enums by module and qualified name (with the module's file); torch ops by name; torch
 dtypes, devices, sizes and literals; the plugin's per-class symbols (``flatten_<Cls>``, ``unflatten_<Cls>``, ...) by
 the factory that makes them and its arguments; the plugin's fused prologue checks by their generated source and
-constants. A value that cannot be named so (an object known only by its identity, a closure, a process group) makes
+constants. A value that cannot be named so (an object known only by its identity, a closure, a compiled fusion region) makes
 the entry not storable: the call compiles as without the disk cache (``disk_cache_stats()["not_storable"]``).
 Entries with a backward (a call that needs gradients) are not stored either (a backward's gradient variants need the
 joint trace, which is not kept), nor entries of a jit with symbolic values, nor while grad rules, executor
@@ -471,9 +471,10 @@ class DiskCache:
             # the code itself too: two lambdas on one line share file, line and name
             target = ["function", getattr(fn, "__module__", None), getattr(fn, "__qualname__", None),
                       code.co_filename, code.co_firstlineno, digest, _code_digest(code)]
-        cuda = []
-        if torch.cuda.is_available():
-            cuda = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        # devices: their number, and their names once CUDA is initialized (asking names would initialize it)
+        cuda = [torch.version.cuda, torch.cuda.device_count() if torch.cuda.is_available() else 0]
+        if torch.cuda.is_initialized():
+            cuda += [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
         parts = {
             "format": FORMAT,
             "versions": _library_versions(),
