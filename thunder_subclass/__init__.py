@@ -27,10 +27,12 @@ from thunder_subclass.errors import (  # noqa: E402
     TorchFeatureUnavailableError,
     UnsupportedSubclassOperationError,
     CacheLimitWarning,
+    DiskCacheWarning,
 )
 from thunder_subclass.plugin import PLUGIN_NAME, TensorSubclassPlugin, explain, jit  # noqa: E402
 from thunder_subclass.graph_breaks import GraphBreak, GraphBreakReport, GraphBreakWarning  # noqa: E402
 from thunder_subclass.cache import config, explain_recompiles, last_miss_reasons  # noqa: E402
+from thunder_subclass.disk_cache import disk_cache_stats, reset_disk_cache_stats  # noqa: E402
 from thunder_subclass.proxy import SubclassTensorProxy  # noqa: E402
 from thunder_subclass.rules import RuleHandle, make_subclass, register_grad_rule, register_implementation  # noqa: E402
 from thunder_subclass.aten_symbols import register_aten_symbol  # noqa: E402
@@ -58,6 +60,9 @@ __all__ = [
     "explain_recompiles",
     "last_miss_reasons",
     "CacheLimitWarning",
+    "DiskCacheWarning",
+    "disk_cache_stats",
+    "reset_disk_cache_stats",
     "inductor_ex",
     "TensorSubclassPlugin",
     "PLUGIN_NAME",

@@ -166,6 +166,11 @@ _symbols: dict[OpOverload, Symbol] = {}
 _registered: dict[OpOverload, Symbol] = {}
 
 
+def has_registered_aten_symbols() -> bool:
+    """Whether any :func:`register_aten_symbol` registration is in place (see ``thunder_subclass.disk_cache``)."""
+    return bool(_registered)
+
+
 def register_aten_symbol(op: OpOverload, symbol: Symbol) -> Callable[[], None]:
     """Record calls of ``op`` made inside ``__torch_dispatch__`` as ``symbol`` (an operator of your executor, taking
     the op's arguments) instead of the generic ``<ns>_<op>_<overload>`` symbol, so the execution trace shows your

@@ -42,15 +42,27 @@ class _Config:
     * ``cache_size_limit`` (default :data:`DEFAULT_CACHE_SIZE_LIMIT`, 8 like ``torch.compile``'s
       ``recompile_limit``): the most cache entries (traces) one compiled function keeps; a call that none of them
       accepts then runs eagerly (see :mod:`thunder_subclass.cache`). ``None``: no bound.
+    * ``disk_cache`` (default False, or True when the environment variable ``THUNDER_SUBCLASS_DISK_CACHE`` is ``1``
+      when ``thunder_subclass`` is imported): whether compiled functions keep their cache entries on disk too, so that
+      another process compiling the same code loads them instead of tracing (see :mod:`thunder_subclass.disk_cache`).
+    * ``disk_cache_dir`` (default None: ``$THUNDER_SUBCLASS_CACHE_DIR``, else ``~/.cache/thunder_subclass``): where.
+    * ``disk_cache_size_limit`` (default 256 MiB): the most bytes the disk cache keeps; past it the least recently
+      used entries are removed. ``None``: no bound.
     """
 
-    __slots__ = ("cache_size_limit",)
+    __slots__ = ("cache_size_limit", "disk_cache", "disk_cache_dir", "disk_cache_size_limit")
 
     def __init__(self):
+        import os
+
         self.cache_size_limit: int | None = DEFAULT_CACHE_SIZE_LIMIT
+        self.disk_cache: bool = os.environ.get("THUNDER_SUBCLASS_DISK_CACHE", "0") == "1"
+        self.disk_cache_dir: str | None = None
+        self.disk_cache_size_limit: int | None = 256 * 2**20
 
     def __repr__(self) -> str:
-        return f"thunder_subclass.config(cache_size_limit={self.cache_size_limit})"
+        return (f"thunder_subclass.config(cache_size_limit={self.cache_size_limit}, disk_cache={self.disk_cache}, "
+                f"disk_cache_dir={self.disk_cache_dir!r}, disk_cache_size_limit={self.disk_cache_size_limit})")
 
 
 config = _Config()

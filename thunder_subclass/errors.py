@@ -99,3 +99,8 @@ class CacheLimitWarning(UserWarning):
     """A function compiled by ``thunder_subclass.jit`` reached its cache size limit (``cache_size_limit``): calls
     that none of its cache entries accepts run eagerly from then on. Warned once per compiled function; the message
     names the check that failed."""
+
+
+class DiskCacheWarning(UserWarning):
+    """An entry of the on-disk cache (``thunder_subclass.config.disk_cache``) could not be read (a corrupted or
+    truncated file): it was removed and the function compiled anew."""

@@ -394,6 +394,15 @@ class TraceFlags:
     def __repr__(self) -> str:
         return f"TraceFlags(involves_subclasses={self.involves_subclasses})"
 
+    def disk_state(self) -> bool:  # thunder_subclass.disk_cache: how a stored prologue holds it
+        return self.involves_subclasses
+
+    @classmethod
+    def from_disk_state(cls, state: bool) -> "TraceFlags":
+        flags = cls()
+        flags.involves_subclasses = bool(state)
+        return flags
+
 
 def _check_no_dispatch_mode_impl(t, flags: TraceFlags) -> None:
     if flags.involves_subclasses and torch._C._len_torch_dispatch_stack():

@@ -14,6 +14,7 @@ from thunder.core.recipe import Plugin, PluginPolicy
 from thunder.core.transform_common import Transform
 
 from thunder_subclass import cache, fsdp, graph_breaks, hooks
+from thunder_subclass._thunder_internals import DISK_CACHE_ATTR
 from thunder_subclass.executor import subclass_executor
 from thunder_subclass.prologue import FusedPrologueChecks
 from thunder_subclass.tangents import SavedTensorNames
@@ -123,8 +124,14 @@ def jit(fn: Callable, /, *, fullgraph: bool = False, cache_size_limit: int | Non
     # 2-core CPU, a fifth of a small model's training step); without it thunder connects its autograd.Function the
     # classic way. Pass thunderfx_disable_split_autograd=False to get thunder's default back.
     kwargs.setdefault("thunderfx_disable_split_autograd", True)
-    return hooks.with_fast_cache_hits(thunder.jit(fn, executors=executors, transforms=transforms, **kwargs), policy,
-                                      automatic_dynamic=automatic_dynamic)
+    jfn = thunder.jit(fn, executors=executors, transforms=transforms, **kwargs)
+    if cache.config.disk_cache:  # entries also kept on disk, for other processes (thunder_subclass.disk_cache)
+        from thunder_subclass import disk_cache
+
+        root = cache.config.disk_cache_dir or disk_cache.default_cache_dir()
+        setattr(thunder.compile_data(jfn), DISK_CACHE_ATTR,
+                disk_cache.DiskCache(root, cache.config.disk_cache_size_limit))
+    return hooks.with_fast_cache_hits(jfn, policy, automatic_dynamic=automatic_dynamic)
 
 
 class RecompilingCopies(Transform):

@@ -84,6 +84,30 @@ class FusedChecks:
     def __repr__(self) -> str:
         return f"FusedChecks({len(self.conditions)} checks)"
 
+    def state(self) -> dict:
+        """What :meth:`from_state` needs to make these checks again (in another process: the on-disk cache,
+        ``thunder_subclass.disk_cache``): the generated source, the conditions, the names, the constants the source
+        names (``c0``, ``c1``, ...) and the strides of the tensor checks."""
+        namespace = self.fn.__globals__
+        fixed = _Builder().constants
+        tensor_checks = namespace.get("_tensor_checks")
+        return {
+            "source": self.source, "conditions": list(self.conditions), "names": list(self.names),
+            "constants": {k: v for k, v in namespace.items() if k.startswith("c") and k[1:].isdigit() and k not in fixed},
+            "strides": None if tensor_checks is None else list(tensor_checks.strides),
+        }
+
+    @classmethod
+    def from_state(cls, state: dict) -> "FusedChecks":
+        """The checks :meth:`state` describes, with a new C++ tensor guard (made at the first call they accept)."""
+        namespace = dict(_Builder().constants)
+        namespace.update(state["constants"])
+        exec(compile(state["source"], "<thunder_subclass fused prologue checks>", "exec"), namespace)
+        if state["strides"] is not None:
+            namespace["_tensor_checks"] = _TensorChecks(namespace["tensor_checks"], list(state["strides"]), namespace)
+        return cls(namespace["fused_prologue_checks"], list(state["conditions"]), state["source"],
+                   tuple(state["names"]))
+
     def failure(self, values: tuple) -> str:
         """The first check that ``values`` fail, in words (only built when a miss is explained: see
         :class:`~thunder_subclass.guards.SubclassGuardFailure`)."""

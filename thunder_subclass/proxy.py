@@ -41,6 +41,7 @@ from thunder_subclass._thunder_internals import (
     is_nested_int,
     is_opaque_reference_object,
     registered_nested_int,
+    remember_symbol_origin,
     opaque_attributes_supported,
     opaque_attributes_unavailable,
     opaque_guard_fn,
@@ -536,6 +537,7 @@ def flatten_symbol(cls: type) -> Symbol:
 
         sym = register_symbol(f"flatten_{cls.__name__}", meta=meta, fn=impl)
         _flatten[cls] = sym
+        remember_symbol_origin(sym, impl, flatten_symbol, (cls,))
         flatten_ids.add(sym.id)
     return sym
 

@@ -98,6 +98,12 @@ _grad_rules: dict[tuple[type, Any, Any], list[_Entry]] = {}
 _implementations: dict[tuple[type, Any, Any], list[_Entry]] = {}
 
 
+def has_registrations() -> bool:
+    """Whether any grad rule or executor implementation is registered now (the on-disk cache,
+    ``thunder_subclass.disk_cache``, neither stores nor loads while one is: what a trace holds depends on them)."""
+    return any(_grad_rules.values()) or any(_implementations.values())
+
+
 def resolve_symbol(op: Any) -> Symbol:
     """The thunder torch symbol that ``op`` (a torch callable or a thunder symbol) is traced as."""
     if isinstance(op, Symbol):

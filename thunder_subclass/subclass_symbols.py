@@ -16,6 +16,7 @@ from typing import Any
 
 from thunder.core.symbol import Symbol
 
+from thunder_subclass._thunder_internals import remember_symbol_origin
 from thunder_subclass.errors import SubclassGradientError
 from thunder_subclass.executor import register_symbol
 from thunder_subclass.fake import FakeEnv
@@ -85,6 +86,7 @@ def unflatten_symbol(cls: type) -> Symbol:
 
         sym = register_symbol(f"unflatten_{cls.__name__}", meta=meta, fn=impl)
         _unflatten[cls] = sym
+        remember_symbol_origin(sym, impl, unflatten_symbol, (cls,))
         _unflatten_ids.add(sym.id)
     return sym
 
@@ -129,6 +131,7 @@ def cotangent_flatten_symbol(cls: type) -> Symbol:
 
         sym = register_symbol(f"flatten_cotangent_{cls.__name__}", meta=meta, fn=impl)
         _cotangent_flatten[cls] = sym
+        remember_symbol_origin(sym, impl, cotangent_flatten_symbol, (cls,))
         flatten_ids.add(sym.id)
     return sym
 

@@ -62,8 +62,12 @@ from thunder_subclass._thunder_internals.plugin_state import (  # noqa: F401
     NOT_HANDLED,
     Handlers,
     is_plugin_active,
+    remember_symbol_origin,
+    symbol_implementation,
+    symbol_origin,
 )
 from thunder_subclass._thunder_internals.runtime import (  # noqa: F401
+    DISK_CACHE_ATTR,
     TRACING_LOCK,
     with_call,
     with_fast_cache_hits,
@@ -89,6 +93,7 @@ from thunder_subclass._thunder_internals.thunder_state import (  # noqa: F401
     jit_context,
     jit_state,
     new_trace,
+    operator_implementation,
     raise_in_interpreter,
     rebind_wrapped_value,
     register_input_proxy,
@@ -122,6 +127,7 @@ from thunder_subclass._thunder_internals.torch_state import (  # noqa: F401
 )
 from thunder_subclass._thunder_internals.tracing import (  # noqa: F401
     is_pybind11_class,
+    recording_interpreted_code,
     runs_natively,
     sum_to_scalar_grad,
 )

@@ -537,7 +537,9 @@ def _object_rebuild_symbol():
         obj.__dict__.update(state)
         return obj
 
-    return plugin_state.handlers.executor.register_operator("python_object_rebuild", meta=meta, fn=impl)
+    sym = plugin_state.handlers.executor.register_operator("python_object_rebuild", meta=meta, fn=impl)
+    plugin_state.remember_symbol_origin(sym, impl, _object_rebuild_symbol)
+    return sym
 
 
 def _is_plain_object(v) -> bool:

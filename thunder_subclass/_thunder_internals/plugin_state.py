@@ -116,3 +116,31 @@ def _plugin_activity() -> _PluginActivity:
 def is_plugin_active() -> bool:
     """True while a jit that uses thunder_subclass traces or transforms (reads thunder's current compile data)."""
     return handlers is not None and _plugin_activity()()
+
+
+# How each lazily made symbol of the plugin's executor can be made again in another process: the implementation
+# function a trace's Python context holds -> (the factory, its arguments), and each such symbol's implementation by
+# symbol id. Filled by the factories (``flatten_<Cls>``, ``unflatten_<Cls>``, aten-level symbols, ...) when they make
+# a symbol; read by the on-disk cache (``thunder_subclass.disk_cache``), which names such a function by its factory and
+# arguments. Process-wide, as the executor's symbol table it mirrors (symbols are never unregistered).
+_symbol_origins: dict[Any, tuple[Callable, tuple]] = {}
+_implementations: dict[str, Callable] = {}
+
+
+def remember_symbol_origin(sym: Any, fn: Callable, factory: Callable, args: tuple = ()) -> None:
+    """Record that ``factory(*args)`` returns ``sym``, a symbol run by ``fn`` (see :func:`symbol_origin`)."""
+    _symbol_origins[fn] = (factory, args)
+    _implementations[sym.id] = fn
+
+
+def symbol_origin(fn: Any) -> tuple[Callable, tuple] | None:
+    """``(factory, args)`` recorded for the symbol implementation ``fn``, else None."""
+    try:
+        return _symbol_origins.get(fn)
+    except TypeError:  # unhashable
+        return None
+
+
+def symbol_implementation(sym: Any) -> Callable | None:
+    """The implementation recorded for ``sym`` by :func:`remember_symbol_origin`, else None."""
+    return _implementations.get(sym.id)

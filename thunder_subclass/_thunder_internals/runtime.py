@@ -15,6 +15,10 @@
   replaced in the same hook: :func:`_use_bounded_tracing`) — at a cache miss of a ``thunder_subclass.jit`` function,
   the reasons the entries rejected the call go to its cache policy, and past the policy's bound the call is not
   traced but run eagerly (:class:`CacheLimitReached`, caught by the per-call wrapper).
+* ``thunder/__init__.py`` ``acquire_initial_trace`` and ``apply_transforms_and_build_cache_entry`` (the closure
+  cells of those names, replaced in the same hook: :func:`_use_disk_cache`) — a miss of a jit with an on-disk cache
+  (``DISK_CACHE_ATTR`` on its compile data, ``thunder_subclass.disk_cache``) loads a stored entry instead of tracing
+  when one accepts the call, and otherwise hands the entry built from the new trace to the cache to store.
 * ``core/module.py`` ``ThunderModule`` tables of parameters, buffers and submodules (private state, filled once by
   thunder) — kept bound to the module as it is now (:class:`ModuleBindings`): a parameter or submodule replaced after
   compiling is what the next call reads.
@@ -105,6 +109,7 @@ def _hook_with_cache_info_ctx(original):
             return original(fn)
         _per_thread_grad_mode(cd)
         _use_fast_populate_cache_info(fn, jit_locals)
+        _use_disk_cache(fn)  # before the bound: a miss past the bound neither loads nor traces
         _use_bounded_tracing(fn)
 
         def cache_info_wrapper(*args, **kwargs):
@@ -303,6 +308,76 @@ def _use_bounded_tracing(get_computation_and_inputs) -> None:
 
     acquire_initial_trace.__wrapped__ = original
     cell.cell_contents = acquire_initial_trace
+
+
+DISK_CACHE_ATTR = "_thunder_subclass_disk_cache"  # on thunder's CompileData: the jit's on-disk cache, if any
+
+
+class _LoadedEntry:
+    """What :func:`_use_disk_cache`'s ``acquire_initial_trace`` returns in place of the prologue trace when the
+    on-disk cache gave a cache entry: its ``apply_transforms_and_build_cache_entry`` hands the entry on as built."""
+
+    __slots__ = ("entry",)
+
+    def __init__(self, entry):
+        self.entry = entry
+
+
+def _use_disk_cache(get_computation_and_inputs) -> None:
+    """For a plugin jit with an on-disk cache (``DISK_CACHE_ATTR`` on its compile data: an object with ``load(cd, cs,
+    args, kwargs)`` -> a thunder ``CacheEntry`` whose prologue accepts the call, or None, and ``store(cd, cs, args,
+    kwargs, entry, codes)``; ``thunder_subclass.disk_cache``), thunder's ``acquire_initial_trace`` and
+    ``apply_transforms_and_build_cache_entry`` (local functions of ``thunder.jit`` that ``get_computation_and_inputs``
+    calls through closure cells of those names at each cache miss, one after the other) are replaced: at a miss under
+    the constant-values cache, an entry loaded from disk is used as if just built (thunder then appends it to the
+    jit's cache and runs its prologue, as for a new trace); otherwise the call traces as before, with the code objects
+    the interpreter ran recorded (:func:`.tracing.recording_interpreted_code`), and the entry built from the traces is
+    handed to ``store``. Left as is when the closure is not as expected."""
+    from thunder.core.options import CACHE_OPTIONS
+
+    from thunder_subclass._thunder_internals.tracing import recording_interpreted_code
+
+    code = get_computation_and_inputs.__code__
+    names = ("acquire_initial_trace", "apply_transforms_and_build_cache_entry")
+    if get_computation_and_inputs.__closure__ is None or not all(n in code.co_freevars for n in names):
+        return
+    acquire_cell, build_cell = (get_computation_and_inputs.__closure__[code.co_freevars.index(n)] for n in names)
+    acquire, build = acquire_cell.cell_contents, build_cell.cell_contents
+    if not callable(acquire) or not callable(build):
+        return
+    pending = threading.local()  # this thread's traced call, from acquire_initial_trace to the entry built
+
+    def acquire_initial_trace(fn, args, kwargs, cd, cs, *rest, **kwrest):
+        disk = getattr(cd, DISK_CACHE_ATTR, None)
+        if disk is None or cd.cache_option is not CACHE_OPTIONS.CONSTANT_VALUES:
+            pending.call = None
+            return acquire(fn, args, kwargs, cd, cs, *rest, **kwrest)
+        entry = disk.load(cd, cs, args, kwargs)
+        if entry is not None:
+            pending.call = None
+            return _LoadedEntry(entry), None, None
+        with recording_interpreted_code() as codes:
+            traces = acquire(fn, args, kwargs, cd, cs, *rest, **kwrest)
+        pending.call = (disk, args, kwargs, codes)
+        return traces
+
+    def apply_transforms_and_build_cache_entry(cd, cs, cache_info, prologue_trc, *rest, **kwrest):
+        if type(prologue_trc) is _LoadedEntry:
+            entry = prologue_trc.entry
+            cs.last_prologue_traces, cs.last_traces = entry.prologue_traces, entry.computation_traces
+            cs.last_epilogue_traces, cs.last_backward_traces = entry.epilogue_traces, entry.backward_traces
+            return entry
+        call, pending.call = getattr(pending, "call", None), None
+        entry = build(cd, cs, cache_info, prologue_trc, *rest, **kwrest)
+        if call is not None:
+            disk, args, kwargs, codes = call
+            disk.store(cd, cs, args, kwargs, entry, codes)
+        return entry
+
+    acquire_initial_trace.__wrapped__ = acquire
+    apply_transforms_and_build_cache_entry.__wrapped__ = build
+    acquire_cell.cell_contents = acquire_initial_trace
+    build_cell.cell_contents = apply_transforms_and_build_cache_entry
 
 
 def _rejections(cd, cs, args, kwargs) -> list[str]:

@@ -239,9 +239,11 @@ def _condition_check_symbol():
         if not condition(*values):
             raise RuntimeError(f"{condition} does not hold")
 
-    return plugin_state.handlers.executor.register_operator(
+    sym = plugin_state.handlers.executor.register_operator(
         "check_number_condition", meta=lambda condition, *values: None, fn=check_condition, tags=[OpTags.DONT_DCE]
     )
+    plugin_state.remember_symbol_origin(sym, check_condition, _condition_check_symbol)
+    return sym
 
 
 def _condition_program(v):

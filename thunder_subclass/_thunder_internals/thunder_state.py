@@ -16,7 +16,10 @@
 * the jit context (``jit_ext.get_jit_ctx``): a per-trace dict for the plugin (:func:`jit_state`), calls appended to
   the epilogue (:func:`call_in_epilogue`, run by :mod:`.interpreter_fixes`' ``process_recorded_modifications``
   hook), names and registration of input proxies, provenance records the prologue can unpack (the jitted module
-  itself through thunder's ``ThunderModule``: :func:`hooked_module_provenance`).
+  itself through thunder's ``ThunderModule``: :func:`hooked_module_provenance`);
+* executors' operators: the implementation an operator registered with ``fn=`` runs (``extend/__init__.py``
+  ``OperatorExecutor.register_operator`` keeps it only in the closure of the symbol's ``_bind_postprocess``, as
+  ``call_ctx``): :func:`operator_implementation`.
 
 Owner of state: what is kept lives on thunder's own objects (the jit context, the trace being built) and is freed with
 them.
@@ -405,3 +408,19 @@ def tensor_producer(p) -> tuple[tuple[Callable, ...], Any] | None:
         return None
     fns = _torch_callables_by_symbol_id().get(b.sym.id)
     return None if fns is None else (fns, b)
+
+
+def operator_implementation(executor_name: str, op_name: str) -> Callable | None:
+    """The function that operator ``op_name`` of the registered executor ``executor_name`` runs (what a trace's
+    Python context binds to its name), or None when there is no such operator or it was not registered with ``fn=``.
+    thunder 0.2.6 keeps it as the ``call_ctx`` dict in the closure of the symbol's ``_bind_postprocess``."""
+    from thunder.extend import get_executor
+
+    ex = get_executor(executor_name)
+    sym = getattr(ex, "opmap", {}).get(op_name) if ex is not None else None
+    post = getattr(sym, "_bind_postprocess", None)
+    code = getattr(post, "__code__", None)
+    if code is None or "call_ctx" not in code.co_freevars or post.__closure__ is None:
+        return None
+    call_ctx = post.__closure__[code.co_freevars.index("call_ctx")].cell_contents
+    return call_ctx.get(op_name) if isinstance(call_ctx, dict) else None

@@ -35,12 +35,15 @@ Hooks (thunder 0.2.6 paths, relative to the installed ``thunder/``):
   GIL until the 5 ms switch interval (5 ms per exception; every interpreted ``for`` loop and ``next()`` ends in one).
 * ``core/interpreter.py`` module global ``dis`` — the interpreter decodes the bytecode of every frame it runs
   (``_run_frame``); ``dis.get_instructions(code)`` is answered from a cache per code object
-  (:class:`_CachedInstructionsDis`), the rest of ``dis`` is the module itself.
+  (:class:`_CachedInstructionsDis`), the rest of ``dis`` is the module itself. The same call records the code
+  objects run within :func:`recording_interpreted_code` (for the on-disk cache).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import threading
 import types
 import weakref
 from collections.abc import Callable
@@ -359,10 +362,36 @@ class _CachedInstructionsDis(types.ModuleType):
     def _cached_instructions(self, x, *args, **kwargs):
         if args or kwargs or not isinstance(x, types.CodeType) or not is_plugin_active():
             return self._dis.get_instructions(x, *args, **kwargs)
+        recorder = _code_recorder.codes
+        if recorder is not None:
+            recorder.add(x)
         instructions = self._instructions.get(x)
         if instructions is None:
             instructions = self._instructions[x] = tuple(self._dis.get_instructions(x))
         return iter(instructions)
+
+
+class _CodeRecorder(threading.local):
+    codes: set | None = None
+
+
+_code_recorder = _CodeRecorder()
+
+
+@contextlib.contextmanager
+def recording_interpreted_code():
+    """Within this block (in this thread), every code object thunder's interpreter runs for a plugin jit is added to
+    the set it yields (the interpreter decodes each frame's bytecode through :class:`_CachedInstructionsDis`). The
+    on-disk cache (``thunder_subclass.disk_cache``) records the source files of what a trace interpreted so that a
+    later process can tell whether that code changed. Nested blocks each see their own set."""
+    saved, codes = _code_recorder.codes, set()
+    _code_recorder.codes = codes
+    try:
+        yield codes
+    finally:
+        _code_recorder.codes = saved
+        if saved is not None:
+            saved.update(codes)
 
 
 def _hook_interpreter_dis(original):

@@ -1,0 +1,300 @@
+"""The on-disk cache (``thunder_subclass.disk_cache``): a second process loads what the first stored, equal to eager;
+corrupted, stale and foreign entries are never trusted.
+
+The restart itself runs in subprocesses (``_disk_cache_runner.py``); the checks of what a load trusts run in this
+process with a second ``thunder_subclass.jit`` of the same code (an empty in-memory cache: its first call goes to disk,
+as a new process's would)."""
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+import thunder
+import torch
+from torch.testing._internal.two_tensor import TwoTensor
+
+import thunder_subclass
+from thunder_subclass import disk_cache
+
+_RUNNER = os.path.join(os.path.dirname(__file__), "_disk_cache_runner.py")
+
+
+def _run(cache_dir, *cases) -> dict:
+    env = {**os.environ, "THUNDER_SUBCLASS_DISK_CACHE": "1", "THUNDER_SUBCLASS_CACHE_DIR": str(cache_dir),
+           "CUDA_VISIBLE_DEVICES": ""}
+    out = subprocess.run([sys.executable, _RUNNER, *cases], capture_output=True, text=True, timeout=600, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    for name, r in report["results"].items():
+        assert r["error"] is None, f"{name}:\n{r['error']}"
+    return report
+
+
+def test_second_process_loads_the_first_ones_compilation(tmp_path):
+    cases = ("plain_function", "twotensor_mlp", "int8_mlp")
+    first = _run(tmp_path, *cases)
+    assert first["stats"]["stores"] == len(cases), first["stats"]
+    assert first["stats"]["hits"] == 0
+    assert not any(r["loaded"] for r in first["results"].values())
+    second = _run(tmp_path, *cases)  # values equal eager checked in the runner
+    assert second["stats"]["hits"] == len(cases), second["stats"]
+    assert second["stats"]["misses"] == 0 and second["stats"]["stores"] == 0
+    assert all(r["loaded"] for r in second["results"].values())
+
+
+def test_concurrent_first_processes_then_a_hit(tmp_path):
+    env = {**os.environ, "THUNDER_SUBCLASS_DISK_CACHE": "1", "THUNDER_SUBCLASS_CACHE_DIR": str(tmp_path),
+           "CUDA_VISIBLE_DEVICES": ""}
+    procs = [subprocess.Popen([sys.executable, _RUNNER, "twotensor_mlp"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env) for _ in range(2)]
+    for p in procs:
+        out, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err[-3000:]
+        assert json.loads(out.strip().splitlines()[-1])["results"]["twotensor_mlp"]["error"] is None
+    assert not list(tmp_path.rglob("*.part"))  # no temporary file left behind
+    report = _run(tmp_path, "twotensor_mlp")
+    assert report["stats"]["hits"] == 1 and report["results"]["twotensor_mlp"]["loaded"]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# In this process: a second jit of the same code reads the disk as a new process would
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def disk(tmp_path):
+    config = thunder_subclass.config
+    saved = (config.disk_cache, config.disk_cache_dir, config.disk_cache_size_limit)
+    config.disk_cache, config.disk_cache_dir = True, str(tmp_path / "cache")
+    disk_cache.reset_disk_cache_stats()
+    try:
+        yield tmp_path / "cache"
+    finally:
+        config.disk_cache, config.disk_cache_dir, config.disk_cache_size_limit = saved
+        disk_cache.reset_disk_cache_stats()
+
+
+_HELPER_SOURCE = '''
+def scale(x):
+    return x * {factor}
+'''
+
+_MODEL_SOURCE = '''
+import torch
+
+import {helper}
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return {helper}.scale(self.lin(x)).relu()
+'''
+
+
+@pytest.fixture
+def model_module(tmp_path, monkeypatch):
+    """A module holding ``Model``, whose forward calls ``scale`` of a helper module; ``write(factor)`` (re)writes the
+    helper with ``x * factor`` and returns the model's module."""
+    tag = abs(hash(str(tmp_path)))
+    name, helper = f"disk_cache_model_{tag}", f"disk_cache_helper_{tag}"
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / f"{name}.py").write_text(_MODEL_SOURCE.format(helper=helper))
+
+    def write(factor: str):
+        (tmp_path / f"{helper}.py").write_text(_HELPER_SOURCE.format(factor=factor))
+        if helper in sys.modules:
+            importlib.reload(sys.modules[helper])
+        return importlib.import_module(name)
+
+    yield write
+    sys.modules.pop(name, None)
+    sys.modules.pop(helper, None)
+
+
+def _entries(root):
+    return sorted(root.rglob("*.json"))
+
+
+def _call(model, x):
+    jm = thunder_subclass.jit(model)
+    with torch.no_grad():
+        out = jm(x)
+        torch.testing.assert_close(out, model(x))
+    return jm, out
+
+
+def test_second_jit_loads_from_disk(disk, model_module):
+    mod = model_module("2")
+    model, x = mod.Model(), torch.randn(3, 4)
+    _call(model, x)
+    assert disk_cache.disk_cache_stats()["stores"] == 1 and len(_entries(disk)) == 1
+    jm, _ = _call(model, x)
+    stats = disk_cache.disk_cache_stats()
+    assert stats["hits"] == 1 and stats["stores"] == 1
+    assert isinstance(thunder.last_traces(jm)[-1], disk_cache.LoadedTrace)
+    with torch.no_grad():  # later calls: in-memory cache hits of the loaded entry
+        torch.testing.assert_close(jm(x + 1), model(x + 1))
+    assert thunder.cache_hits(jm) == 1
+
+
+def test_changed_source_of_a_traced_function_is_a_miss(disk, model_module):
+    mod = model_module("2")
+    model, x = mod.Model(), torch.randn(3, 4)
+    _call(model, x)
+    model_module("3.0")  # scale() changed, in a file the trace interpreted (not the model's own)
+    _, out = _call(model, x)  # equal to eager with the new code (checked in _call)
+    with torch.no_grad():
+        torch.testing.assert_close(out, (model.lin(x) * 3.0).relu())
+    stats = disk_cache.disk_cache_stats()
+    assert stats["hits"] == 0 and stats["stale"] == 1 and stats["stores"] == 2, stats
+    assert len(_entries(disk)) == 1  # the stale entry was removed, the new one stored
+
+
+def test_corrupted_entry_is_recompiled_with_a_warning(disk, model_module):
+    mod = model_module("2")
+    model, x = mod.Model(), torch.randn(3, 4)
+    _call(model, x)
+    (entry,) = _entries(disk)
+    text = entry.read_text()
+    entry.write_text(text.replace("relu", "sigmoid"))  # the payload no longer matches its checksum
+    with pytest.warns(thunder_subclass.DiskCacheWarning, match="unreadable .*checksum mismatch"):
+        _call(model, x)
+    (entry,) = _entries(disk)  # the corrupted file was removed, the new trace stored
+    entry.write_text(entry.read_text()[: len(text) // 2])  # truncated
+    with pytest.warns(thunder_subclass.DiskCacheWarning, match="unreadable"):
+        _call(model, x)
+    stats = disk_cache.disk_cache_stats()
+    assert stats["corrupted"] == 2 and stats["hits"] == 0 and stats["stores"] == 3, stats
+
+
+def test_other_shapes_are_other_entries(disk, model_module):
+    mod = model_module("2")
+    model = mod.Model()
+    _call(model, torch.randn(3, 4))
+    _call(model, torch.randn(5, 4))  # the stored entry's prologue rejects this call: traced, stored
+    stats = disk_cache.disk_cache_stats()
+    assert stats["rejected"] == 1 and stats["stores"] == 2 and len(_entries(disk)) == 2
+    _call(model, torch.randn(3, 4))
+    _call(model, torch.randn(5, 4))
+    assert disk_cache.disk_cache_stats()["hits"] == 2
+
+
+def test_another_subclass_type_is_not_served_the_stored_entry(disk):
+    from thunder_subclass.demo import Int8Weight
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 8)
+    layer = torch.nn.Linear(8, 4).requires_grad_(False)
+    layer.weight = torch.nn.Parameter(Int8Weight.from_float(layer.weight), requires_grad=False)
+    _call(layer, x)
+    layer = torch.nn.Linear(8, 4)  # the same module class, code and options: the same key
+    layer.weight = torch.nn.Parameter(TwoTensor(layer.weight.detach(), layer.weight.detach() * 2))
+    jm = thunder_subclass.jit(layer)
+    with torch.no_grad():
+        out, expected = jm(x), layer(x)
+    assert type(out) is TwoTensor
+    torch.testing.assert_close(out.a, expected.a)
+    torch.testing.assert_close(out.b, expected.b)
+    stats = disk_cache.disk_cache_stats()
+    assert stats["rejected"] == 1 and stats["hits"] == 0 and stats["stores"] == 2, stats
+
+
+def test_training_calls_are_not_stored(disk, model_module):
+    mod = model_module("2")
+    model, x = mod.Model(), torch.randn(3, 4)
+    jm = thunder_subclass.jit(model)
+    out = jm(x)
+    out.sum().backward()
+    grad = model.lin.weight.grad.clone()
+    model.zero_grad()
+    model(x).sum().backward()
+    torch.testing.assert_close(grad, model.lin.weight.grad)
+    stats = disk_cache.disk_cache_stats()
+    assert stats["stores"] == 0 and stats["not_storable"] == 1
+    assert "backward" in stats["why_not_storable"][-1]
+    assert not _entries(disk)
+
+
+def test_registrations_turn_the_disk_cache_off(disk, model_module):
+    mod = model_module("2")
+    model, x = mod.Model(), torch.randn(3, 4)
+    _call(model, x)
+
+    def rule(*args):  # never called: the model has no TwoTensor
+        raise AssertionError
+
+    with thunder_subclass.register_grad_rule(TwoTensor, torch.mul, rule):
+        _call(model, x)
+    stats = disk_cache.disk_cache_stats()
+    assert stats["hits"] == 0 and stats["stores"] == 1 and "registered" in stats["why_not_storable"][-1]
+
+
+def test_size_bound_evicts_least_recently_used(disk, model_module):
+    mod = model_module("2")
+    model = mod.Model()
+    _call(model, torch.randn(3, 4))
+    (first,) = _entries(disk)
+    thunder_subclass.config.disk_cache_size_limit = first.stat().st_size + 100  # room for one entry
+    _call(model, torch.randn(5, 4))
+    entries = _entries(disk)
+    assert len(entries) == 1 and entries[0] != first
+
+
+def test_functions_sharing_a_line_or_differing_in_closure_values_are_not_confused(disk):
+    x = torch.randn(3)
+    fs = [lambda t: t * 2, lambda t: t * 3]  # one file, one line, one name
+    for f, factor in zip(fs, (2, 3)):
+        with torch.no_grad():
+            torch.testing.assert_close(thunder_subclass.jit(f)(x), x * factor)
+    assert disk_cache.disk_cache_stats()["hits"] == 0
+
+    def make(k):
+        def g(t):
+            return t * k
+
+        return g
+
+    for k in (2, 3, 2):
+        with torch.no_grad():
+            torch.testing.assert_close(thunder_subclass.jit(make(k))(x), x * k)
+    stats = disk_cache.disk_cache_stats()
+    assert stats["hits"] == 1 and stats["rejected"] >= 1, stats  # the closure value is guarded by the prologue
+
+
+def test_what_cannot_be_named_is_not_storable():
+    enc = disk_cache._Encoder()
+
+    class Local:
+        pass
+
+    with pytest.raises(disk_cache.NotStorable, match="known by identity only"):
+        enc.encode(object())
+    with pytest.raises(disk_cache.NotStorable, match="no importable name"):
+        enc.encode(Local)
+    with pytest.raises(disk_cache.NotStorable, match="no importable name"):
+        enc.encode(lambda: None)
+    value = {"a": (1, 2.5, float("nan")), "dtype": torch.bfloat16, "size": torch.Size([2, 3]), "cls": TwoTensor,
+             "op": torch.ops.aten.mm.default, "device": torch.device("cpu"), "s": frozenset({"x"})}
+    decoded = disk_cache._decode(json.loads(json.dumps(enc.encode(value))))
+    assert decoded.keys() == value.keys() and decoded["a"][2] != decoded["a"][2]
+    assert {k: v for k, v in decoded.items() if k != "a"} == {k: v for k, v in value.items() if k != "a"}
+    assert decoded["cls"] is TwoTensor and decoded["op"] is torch.ops.aten.mm.default
+
+
+def test_off_by_default_and_location():
+    assert thunder_subclass.config.disk_cache is (os.environ.get("THUNDER_SUBCLASS_DISK_CACHE") == "1")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("THUNDER_SUBCLASS_CACHE_DIR", "/some/where")
+        assert str(disk_cache.default_cache_dir()) == "/some/where"
+        mp.delenv("THUNDER_SUBCLASS_CACHE_DIR")
+        mp.setenv("XDG_CACHE_HOME", "/xdg")
+        assert str(disk_cache.default_cache_dir()) == "/xdg/thunder_subclass"
