@@ -3,7 +3,7 @@
 import pytest
 import thunder
 import torch
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_flatten, tree_map
 
 import thunder_subclass
 from thunder_subclass import UnsupportedSubclassOperationError
@@ -398,3 +398,80 @@ def test_coerce_tangent_metadata_sets_the_compiled_gradient_kind():
     assert Placed.coerced_to == ["replicate"]
     (ex * ex).sum().backward()
     torch.testing.assert_close(x.grad.data_, ex.grad.data_)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A subclass that inherits its base's __tensor_unflatten__ (which rebuilds the base) and adds a __metadata_guard__,
+# as PyTorch's own compile tests write it (issue 25): traced as what __tensor_unflatten__ rebuilds, as
+# torch.compile does, guarded on its own type and with its own __metadata_guard__.
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class CtxTensor(torch.Tensor):
+    """A tensor with a constant in its flatten context; results carry the largest constant among the arguments,
+    and ``mul`` doubles its result."""
+
+    @staticmethod
+    def __new__(cls, a, constant):
+        return torch.Tensor._make_wrapper_subclass(cls, a.shape, strides=a.stride(), dtype=a.dtype, device=a.device,
+                                                   requires_grad=a.requires_grad)
+
+    def __init__(self, a, constant):
+        self.a, self.constant = a, constant
+
+    def __tensor_flatten__(self):
+        return ["a"], (self.constant,)
+
+    @staticmethod
+    def __tensor_unflatten__(inner, meta, outer_size, outer_stride):
+        return CtxTensor(inner["a"], meta[0])  # always the base class, also for a subclass that inherits this
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        biggest = max(a.constant for a in tree_flatten((args, kwargs))[0] if isinstance(a, CtxTensor))
+        args, kwargs = tree_map(lambda t: t.a if isinstance(t, CtxTensor) else t, (args, kwargs or {}))
+        out = tree_map(lambda t: CtxTensor(t, biggest) if isinstance(t, torch.Tensor) else t, func(*args, **kwargs))
+        return out + out if func is aten.mul.Tensor else out
+
+
+class CtxTensorAtLeast(CtxTensor):
+    """Declares a trace made for constant c good for any constant >= c."""
+
+    @classmethod
+    def __metadata_guard__(cls, orig, other):
+        return orig[0] <= other[0]
+
+
+def test_inherited_tensor_unflatten_with_own_metadata_guard():
+    f = lambda x: x * x  # noqa: E731
+    jf = thunder_subclass.jit(f)
+    x = CtxTensorAtLeast(torch.randn(3), 2)
+    out, expected = jf(x), f(x)
+    assert type(out) is CtxTensor and out.constant == 2  # eager's dispatch returns the base class
+    assert_same(out, expected)
+    first = str(thunder.last_traces(jf)[0])
+    assert "x: \"CtxTensorAtLeast[" in first  # the input's own type, guarded as such
+    # as torch.compile: a larger constant passes the class's own __metadata_guard__ (no new trace), a smaller not
+    x2 = CtxTensorAtLeast(torch.randn(3), 3)
+    torch.testing.assert_close(jf(x2).a, f(x2).a)
+    assert thunder.cache_misses(jf) == 1 and thunder.cache_hits(jf) == 1
+    x3 = CtxTensorAtLeast(torch.randn(3), 1)
+    assert_same(jf(x3), f(x3))
+    assert thunder.cache_misses(jf) == 2
+    # the base class itself is another type: a new trace, never the subclass's
+    assert_same(jf(CtxTensor(x.a, 2)), f(CtxTensor(x.a, 2)))
+    assert thunder.cache_misses(jf) == 3
+
+
+def test_inherited_tensor_unflatten_input_returned_and_differentiated():
+    x = CtxTensorAtLeast(torch.randn(3), 2)
+    assert thunder_subclass.jit(lambda x: x)(x) is x  # an input returned is the caller's object, as in eager
+    a = torch.randn(3, requires_grad=True)
+    ea = a.detach().clone().requires_grad_()
+    f = lambda x: (x.sin() * x).sum()  # noqa: E731
+    x, ex = CtxTensorAtLeast(a, 2), CtxTensorAtLeast(ea, 2)
+    out, expected = thunder_subclass.jit(f)(x), f(ex)
+    assert_same(out.detach(), expected.detach())
+    out.backward()
+    expected.backward()
+    assert_same(x.grad, ex.grad)
