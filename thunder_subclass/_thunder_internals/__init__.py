@@ -102,6 +102,7 @@ from thunder_subclass._thunder_internals.thunder_state import (  # noqa: F401
 )
 from thunder_subclass._thunder_internals.torch_state import (  # noqa: F401
     active_dispatch_modes,
+    is_user_dispatch_mode_active,
     data_dependent_exception_types,
     fake_tensor_mode_class,
     has_no_global_module_hooks,
