@@ -205,20 +205,24 @@ def test_requires_grad_of_each_output_is_eagers():
         assert_same(o.detach(), e.detach())
 
 
-def test_inner_tensors_that_are_autograd_leaves_are_a_typed_error_not_a_lost_gradient():
+def test_inner_tensors_that_are_autograd_leaves_get_their_gradients():
     # TwoTensor(a, b) with a, b requiring grad: eager's x.a is the caller's leaf a, so x.a * 3 puts a gradient on
-    # a.grad; the compiled function's autograd inputs are its arguments (x), so that gradient cannot reach a
-    from thunder_subclass import UnsupportedSubclassOperationError
-
+    # a.grad, and x.sin() one on x.grad; compiled, x.a is an input of its own (more: tests/test_protocol.py)
     def f(x):
         return x.a * 3 + x.sin()
 
-    x = TwoTensor(torch.randn(3, requires_grad=True), torch.randn(3, requires_grad=True))
-    line = f.__code__.co_firstlineno + 1
-    with pytest.raises(UnsupportedSubclassOperationError,
-                       match=rf"TwoTensor input: reading its inner tensor \.a at .*test_parity.py:{line}.*requires "
-                             rf"grad.*call \.requires_grad_\(\) on it"):
-        thunder_subclass.jit(f)(x)
+    def make():
+        torch.manual_seed(0)
+        a, b = torch.randn(3, requires_grad=True), torch.randn(3, requires_grad=True)
+        return TwoTensor(a, b), a
+
+    (x, a), (ex, ea) = make(), make()
+    out, expected = thunder_subclass.jit(f)(x), f(ex)
+    assert_same(out.detach(), expected.detach())
+    out.sum().backward()
+    expected.sum().backward()
+    assert_same(x.grad, ex.grad)
+    assert_same(a.grad, ea.grad)
     with torch.no_grad():  # nothing to differentiate: as eager
         assert_same(thunder_subclass.jit(f)(x), f(x))
 

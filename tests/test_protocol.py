@@ -475,3 +475,73 @@ def test_inherited_tensor_unflatten_input_returned_and_differentiated():
     out.backward()
     expected.backward()
     assert_same(x.grad, ex.grad)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Inner tensors that require grad themselves (issue 25): eager code reading x.a differentiates to the caller's a
+# (a.grad, or through a's own history), apart from what reaches x; the read is an input of its own.
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _leaves(n, *shape):
+    return [torch.randn(*shape, requires_grad=True) for _ in range(n)]
+
+
+def _check_inner_grads(f, make):
+    """``f`` eagerly and compiled, each on what ``make()`` builds (the value, its autograd leaves): equal outputs,
+    and equal gradients (values and types) on the value and on each leaf."""
+    torch.manual_seed(0)
+    ex, eleaves = make()
+    torch.manual_seed(0)
+    x, leaves = make()
+    jf = thunder_subclass.jit(f)
+    expected, out = f(ex), jf(x)
+    assert_same(out.detach(), expected.detach())
+    expected.backward()
+    out.backward()
+    assert_same(x.grad, ex.grad)
+    for got, want in zip(leaves, eleaves):
+        assert_same(got.grad, want.grad)
+    return jf
+
+
+def test_inner_leaf_that_requires_grad_gets_its_gradient():
+    def make():
+        a, b = _leaves(2, 3)
+        return TwoTensor(a, b), [a, b]
+
+    jf = _check_inner_grads(lambda x: (x.a * 2 + x.b.sin()).sum(), make)
+    assert thunder.cache_misses(jf) == 1
+    x, (a, b) = make()
+    jf(x).backward()  # new leaves, same trace: the prologue unpacks x.a and x.b from the new x
+    torch.testing.assert_close(a.grad, torch.full((3,), 2.0))
+    torch.testing.assert_close(b.grad, b.detach().cos())
+    assert thunder.cache_misses(jf) == 1 and thunder.cache_hits(jf) == 1
+
+
+def test_inner_reads_and_subclass_operations_differentiate_apart():
+    # (x * 2) reaches x (a leaf: x.grad), x.a reaches a: as in eager
+    def make():
+        a, b = _leaves(2, 3)
+        return TwoTensor(a, b), [a, b]
+
+    _check_inner_grads(lambda x: (x * 2).sum() + x.a.sum(), make)
+
+
+def test_nested_subclass_with_inner_leaves():
+    def make():
+        a, b, c, d = _leaves(4, 3)
+        x = TwoTensor(TwoTensor(a, b), TwoTensor(c, d))
+        return x, [x.a, a, b, c, d]  # x.a is itself a leaf TwoTensor that requires grad
+
+    _check_inner_grads(lambda x: (x.a * 3).sum() + x.b.b.sum(), make)
+    _check_inner_grads(lambda x: (x.a.a * 2 + x.b.sin()).sum(), make)
+
+
+def test_inner_tensor_with_history_differentiates_through_it():
+    def make():
+        (w,) = _leaves(1, 3)
+        a = w * 2  # not a leaf: eager differentiates through it to w
+        return TwoTensor(a, a.detach().clone().requires_grad_()), [w]
+
+    _check_inner_grads(lambda x: (x.a.exp() * x.b).sum(), make)

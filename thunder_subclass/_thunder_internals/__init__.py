@@ -79,6 +79,7 @@ from thunder_subclass._thunder_internals.thunder_state import (  # noqa: F401
     hooked_module_provenance,
     compile_data_context,
     current_compile_data,
+    input_attribute,
     input_proxy_name,
     interpret_call,
     interpret_native_call,
