@@ -545,3 +545,83 @@ def test_inner_tensor_with_history_differentiates_through_it():
         return TwoTensor(a, a.detach().clone().requires_grad_()), [w]
 
     _check_inner_grads(lambda x: (x.a.exp() * x.b).sum(), make)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# __coerce_tangent_metadata__ that changes the gradient's type (issue 25)
+# ---------------------------------------------------------------------------------------------------------------
+
+from torch.testing._internal.subclasses import WrapperSubclass  # noqa: E402
+
+
+class _TangentAs(WrapperSubclass):
+    """torch's WrapperSubclass (its __coerce_same_metadata_as_tangent__ converts to a plain tensor or a TwoTensor)
+    whose outputs expect gradients of another type, ``TANGENT``: "plain" or "two"."""
+
+    TANGENT = "plain"
+
+    def __coerce_tangent_metadata__(self):
+        a = self.a.contiguous()
+        return a if self.TANGENT == "plain" else TwoTensor(a, a.clone())
+
+    @staticmethod
+    def __tensor_unflatten__(inner, meta, outer_size, outer_stride):
+        return _TangentAs(inner["a"], outer_size, outer_stride)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        args, kwargs = tree_map(lambda t: t.a if isinstance(t, _TangentAs) else t, (args, kwargs or {}))
+        return tree_map(lambda t: _TangentAs(t) if isinstance(t, torch.Tensor) else t, func(*args, **kwargs))
+
+
+class _TangentAsTwo(_TangentAs):
+    TANGENT = "two"
+
+    @staticmethod
+    def __tensor_unflatten__(inner, meta, outer_size, outer_stride):
+        return _TangentAsTwo(inner["a"], outer_size, outer_stride)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        args, kwargs = tree_map(lambda t: t.a if isinstance(t, _TangentAs) else t, (args, kwargs or {}))
+        return tree_map(lambda t: _TangentAsTwo(t) if isinstance(t, torch.Tensor) else t, func(*args, **kwargs))
+
+
+def _grad_of(cls, f, grad, jit):
+    torch.manual_seed(0)
+    x = cls(torch.randn(4)).requires_grad_()
+    out = (thunder_subclass.jit(f) if jit else f)(x)
+    out.backward(grad() if grad is not None else None)
+    return out, x.grad
+
+
+@pytest.mark.parametrize("f, grad", [
+    (lambda x: (x * 2).sum(), None),  # the default gradient: a _TangentAs of ones
+    (lambda x: x.sin(), lambda: _TangentAs(torch.ones(4))),  # of the output's type: a backward made for it runs
+    (lambda x: x.sin(), lambda: torch.ones(4)),  # the expected plain gradient
+    (lambda x: x.sin(), lambda: TwoTensor(torch.ones(4), torch.ones(4))),
+], ids=["default", "own-type", "plain", "TwoTensor"])
+def test_coerce_tangent_metadata_to_a_plain_gradient(f, grad):
+    # torch.compile fails here ('FakeTensor' object has no attribute '__tensor_flatten__'); eager's gradients
+    out, g = _grad_of(_TangentAs, f, grad, jit=True)
+    eout, eg = _grad_of(_TangentAs, f, grad, jit=False)
+    assert_same(out.detach(), eout.detach())
+    assert_same(g, eg)
+
+
+def test_coerce_tangent_metadata_to_another_subclass():
+    # as torch.compile (aot_eager gives the same TwoTensor): the compiled backward expects a TwoTensor gradient, so
+    # the default gradient (a _TangentAsTwo of ones) is coerced to one by __coerce_same_metadata_as_tangent__ and the
+    # gradient is a TwoTensor of eager's values (eager's is a _TangentAsTwo)
+    f = lambda x: x.sin() * 2  # noqa: E731
+    grad = lambda: _TangentAsTwo(torch.ones(4))  # noqa: E731
+    jf = thunder_subclass.jit(f)
+    torch.manual_seed(0)
+    x = _TangentAsTwo(torch.randn(4)).requires_grad_()
+    jf(x).backward(grad())
+    bw = thunder.last_backward_traces(jf)[-1]
+    assert any(b.sym.name == "flatten_cotangent_TwoTensor" for b in bw.bound_symbols)
+    _, eg = _grad_of(_TangentAsTwo, f, grad, jit=False)
+    assert type(x.grad) is TwoTensor
+    assert_same(x.grad.a, eg)
+    assert_same(x.grad.b, eg)
