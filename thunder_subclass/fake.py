@@ -31,6 +31,8 @@ from thunder_subclass._thunder_internals import (
 )
 from thunder_subclass.errors import SubclassProtocolError
 from thunder_subclass.proxy import (
+    STRIDE_ATTR,
+    STRIDES_LIKE_ATTR,
     OpaqueObjectProxy,
     SubclassTensorProxy,
     is_marked_leaf,
@@ -38,7 +40,7 @@ from thunder_subclass.proxy import (
     remember_nested_int,
 )
 
-_STRIDE_ATTR = "_thunder_subclass_stride"
+_STRIDE_ATTR = STRIDE_ATTR
 _STRIDE_GUARD_ATTR = "_thunder_subclass_stride_guard"
 
 _per_thread = threading.local()
@@ -75,6 +77,9 @@ def stride_of(p: TensorProxy) -> tuple[int, ...]:
     if add_guard is not None and is_interpreting():
         add_guard()
     if stride is None:
+        like = p.__dict__.get(STRIDES_LIKE_ATTR)
+        if like is not None:  # an inner tensor of a gradient made like an output's: the output's inner layout
+            return p.__dict__.setdefault(_STRIDE_ATTR, stride_of(like))
         _infer_strides(p)
         stride = p.__dict__.setdefault(_STRIDE_ATTR, contiguous_strides(p._shape))
     return stride
