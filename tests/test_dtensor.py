@@ -81,3 +81,24 @@ def test_linear_backward_on_two_tensors_from_a_permuted_input():
 
     for got, want in zip(run(thunder_subclass.jit(_permuted_linear)), run(_permuted_linear)):
         assert_same(got.grad, want.grad)
+
+
+@pytest.mark.parametrize("f", [lambda x: x + 1, lambda x: x.clone(), lambda x: x * 2], ids=["add", "clone", "mul"])
+def test_two_tensor_gradient_of_async_collective_tensors(mesh, f):
+    # a gradient of another kind than the outputs' (inner AsyncCollectiveTensors, as funcol returns them): a backward
+    # made for that kind runs; for add and clone the gradient passes through to the input unchanged
+    import torch.distributed._functional_collectives as funcol
+
+    def run(fn):
+        torch.manual_seed(0)
+        x = TwoTensor(torch.randn(4), torch.randn(4)).requires_grad_()
+        g = TwoTensor(funcol.all_reduce(torch.ones(4), "sum", mesh), funcol.all_reduce(torch.full((4,), 2.0), "sum", mesh))
+        fn(x).backward(g)
+        return x.grad
+
+    got, expected = run(thunder_subclass.jit(f)), run(f)
+    assert type(got) is TwoTensor and type(got.a) is type(expected.a)
+    torch.testing.assert_close(got.a.wait() if hasattr(got.a, "wait") else got.a,
+                               expected.a.wait() if hasattr(expected.a, "wait") else expected.a)
+    torch.testing.assert_close(got.b.wait() if hasattr(got.b, "wait") else got.b,
+                               expected.b.wait() if hasattr(expected.b, "wait") else expected.b)

@@ -625,3 +625,16 @@ def test_coerce_tangent_metadata_to_another_subclass():
     assert type(x.grad) is TwoTensor
     assert_same(x.grad.a, eg)
     assert_same(x.grad.b, eg)
+
+
+@pytest.mark.parametrize("grad", [lambda: torch.ones(4), lambda: TwoTensor(_two(4), _two(4))], ids=["plain", "nested"])
+def test_gradient_of_another_kind_passing_straight_through(grad):
+    # x + 1: the input's gradient is the incoming one itself; a gradient of another kind than the output's runs a
+    # backward made for it, in which that gradient is an argument returned as is (was a KeyError)
+    torch.manual_seed(0)
+    g = grad()
+    x = _two(4).requires_grad_()
+    ex = _clone_leaf(x)
+    thunder_subclass.jit(lambda x: x + 1)(x).backward(g)
+    (ex + 1).backward(g)
+    assert_same(x.grad, ex.grad)

@@ -211,7 +211,10 @@ class BackwardVariants:
             args = [*saved_args, *cotangents]
             trace = _thunder_internals.new_trace("subclass_backward_variant", args, names=flat.names)
             with tracectx(trace):
-                trace.bound_symbols = [*body, prims.python_return.bind(tuple(outputs), output=None)]
+                for p in args:  # the arguments are defined in the trace (an argument returned as is: a gradient
+                    prims.unpack_trivial(p, name=p.name)  # that passes through, as that of x + 1)
+                trace.bound_symbols = [*trace.bound_symbols, *body,
+                                       prims.python_return.bind(tuple(outputs), output=None)]
             extrace = transform_for_execution(trace, executors_list=[subclass_executor, torchex])
             fn = extrace.python_callable()
         return fn, [available[p.name] for p in saved_args], grad_positions
