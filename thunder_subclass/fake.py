@@ -271,6 +271,10 @@ class FakeEnv:
         the value before the operation, also when an in-place op rebased ``fake`` itself onto the op's result."""
         return self._leaf_of.get(id(fake), fake)
 
+    def bound_fakes(self) -> list[tuple[torch.Tensor, TensorProxy]]:
+        """The (fake, proxy) pairs bound in this environment, newest binding of each fake."""
+        return [(f, self._proxy_of[id(f)]) for _, f in self._keep if self._proxy_of.get(id(f)) is not None]
+
     def proxy_of(self, fake: torch.Tensor) -> TensorProxy | None:
         return self._proxy_of.get(id(fake))
 
