@@ -638,3 +638,14 @@ def test_gradient_of_another_kind_passing_straight_through(grad):
     thunder_subclass.jit(lambda x: x + 1)(x).backward(g)
     (ex + 1).backward(g)
     assert_same(x.grad, ex.grad)
+
+
+@pytest.mark.parametrize("cls", [_TangentAs, _TangentAsTwo])
+@pytest.mark.parametrize("f", [lambda x: x + 1, lambda x: x.clone()], ids=["add", "clone"])
+def test_coerced_tangent_type_and_a_gradient_passing_through(cls, f):
+    # an output whose compiled gradient type differs (__coerce_tangent_metadata__), a plain gradient given, and a
+    # derivative that passes it through: the backward made for the plain gradient returns it (was KeyError: 't9')
+    out, g = _grad_of(cls, f, lambda: torch.ones(4), jit=True)
+    eout, eg = _grad_of(cls, f, lambda: torch.ones(4), jit=False)
+    assert_same(out.detach(), eout.detach())
+    assert_same(g, eg)
