@@ -372,10 +372,37 @@ def async_collective_inputs(world, device):
         torch.testing.assert_close(full(got), full(expected))
 
 
+def mask_partial_embedding(world, device):
+    # embedding on a row-sharded weight gives a _MaskPartial DTensor, whose placement keeps the mask embedding made;
+    # the redistribute that follows applies it (a tensor of one operation's fake run read by a later one)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    import thunder_subclass
+
+    mesh = init_device_mesh(device, (world,))
+    torch.manual_seed(0)
+    weight, ids = torch.randn(10, 4, device=device), torch.tensor([[1, 3], [7, 9], [0, 5]], device=device)
+
+    def f(ids, w):  # (a _MaskPartial is reduced once: eager refuses a second redistribute of it)
+        replicated = torch.nn.functional.embedding(ids, w).redistribute(mesh, [Replicate()]) * 2
+        return replicated, torch.nn.functional.embedding(ids, w).redistribute(mesh, [Shard(0)]).sin()
+
+    def args():
+        return distribute_tensor(ids, mesh, [Replicate()]), distribute_tensor(weight.clone(), mesh, [Shard(0)])
+
+    jf = thunder_subclass.jit(f)
+    for _ in range(2):  # the second call is a cache hit
+        for got, expected in zip(jf(*args()), f(*args())):
+            assert got.placements == expected.placements, (got.placements, expected.placements)
+            torch.testing.assert_close(got.to_local(), expected.to_local())
+    torch.testing.assert_close(f(*args())[0].to_local(), torch.nn.functional.embedding(ids, weight) * 2)  # eager ok
+
+
 def tensor_parallel_cases(rank, world, backend):
     """Everything that traces through DTensor, in one process group (a spawn costs 10-20 s)."""
     device = _device(backend)
-    for case in (tp_mlp, sp_transformer_block, dtensor_api, async_collective_inputs):
+    for case in (tp_mlp, sp_transformer_block, dtensor_api, async_collective_inputs, mask_partial_embedding):
         case(world, device)
 
 

@@ -6,6 +6,7 @@ import thunder
 import torch
 from torch import nn
 from torch.testing._internal.custom_tensor import ConstantExtraMetadataTensor
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import thunder_subclass
 from thunder_subclass import SubclassGradRuleError, SubclassProtocolError, TensorSubclassError
@@ -204,20 +205,24 @@ def test_requires_grad_of_each_output_is_eagers():
         assert_same(o.detach(), e.detach())
 
 
-def test_inner_tensors_that_are_autograd_leaves_are_a_typed_error_not_a_lost_gradient():
+def test_inner_tensors_that_are_autograd_leaves_get_their_gradients():
     # TwoTensor(a, b) with a, b requiring grad: eager's x.a is the caller's leaf a, so x.a * 3 puts a gradient on
-    # a.grad; the compiled function's autograd inputs are its arguments (x), so that gradient cannot reach a
-    from thunder_subclass import UnsupportedSubclassOperationError
-
+    # a.grad, and x.sin() one on x.grad; compiled, x.a is an input of its own (more: tests/test_protocol.py)
     def f(x):
         return x.a * 3 + x.sin()
 
-    x = TwoTensor(torch.randn(3, requires_grad=True), torch.randn(3, requires_grad=True))
-    line = f.__code__.co_firstlineno + 1
-    with pytest.raises(UnsupportedSubclassOperationError,
-                       match=rf"TwoTensor input: reading its inner tensor \.a at .*test_parity.py:{line}.*requires "
-                             rf"grad.*call \.requires_grad_\(\) on it"):
-        thunder_subclass.jit(f)(x)
+    def make():
+        torch.manual_seed(0)
+        a, b = torch.randn(3, requires_grad=True), torch.randn(3, requires_grad=True)
+        return TwoTensor(a, b), a
+
+    (x, a), (ex, ea) = make(), make()
+    out, expected = thunder_subclass.jit(f)(x), f(ex)
+    assert_same(out.detach(), expected.detach())
+    out.sum().backward()
+    expected.sum().backward()
+    assert_same(x.grad, ex.grad)
+    assert_same(a.grad, ea.grad)
     with torch.no_grad():  # nothing to differentiate: as eager
         assert_same(thunder_subclass.jit(f)(x), f(x))
 
@@ -274,19 +279,69 @@ def test_malformed_tensor_flatten_is_a_protocol_error():
 # -- dispatch modes ---------------------------------------------------------------------------------------------
 
 
-def test_torch_dispatch_mode_around_the_call_is_a_typed_error_never_ignored():
-    from torch.utils._python_dispatch import TorchDispatchMode
+class _LogMode(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = []
 
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append((func, tuple(t.__name__ for t in types)))
+        return func(*args, **(kwargs or {}))
+
+
+class _CompileInternalsMode(_LogMode):
+    """Asks torch.compile to compile under it (and to run the compiled program under it)."""
+
+    @classmethod
+    def ignore_compile_internals(cls):
+        return True
+
+
+@pytest.mark.parametrize("fullgraph", [False, True])
+def test_torch_dispatch_mode_around_the_call_sees_eagers_operations(fullgraph):
+    # as torch.compile: a call under a user's TorchDispatchMode runs the function eagerly, so the mode sees the
+    # aten operations on the subclasses that eager shows it (forward and backward), and nothing is traced
+    def f(t, w):
+        return ((t * w).sin() + 1).sum()
+
+    x, w = _two(3).requires_grad_(), _two(3)
+    ex = _clone_leaf(x)
+    jf = thunder_subclass.jit(f, fullgraph=fullgraph)
+    with _LogMode() as expected_ops:
+        expected = f(ex, w)
+        expected.backward()
+    for _ in range(2):
+        x.grad = None
+        with _LogMode() as seen:
+            out = jf(x, w)
+            out.backward()
+        assert seen.ops == expected_ops.ops
+        assert ("TwoTensor",) in [types for _, types in seen.ops]  # the mode saw the subclass operations
+        assert_same(out.detach(), expected.detach())
+        assert_same(x.grad, ex.grad)
+    assert thunder.cache_misses(jf) == 0
+    x.grad = None
+    assert_same(jf(x, w).detach(), expected.detach())  # outside the mode: compiled
+    assert thunder.cache_misses(jf) == 1
+
+
+def test_torch_dispatch_mode_around_a_compiled_module():
+    model = torch.nn.Linear(3, 2)
+    model.weight = torch.nn.Parameter(_two(2, 3))
+    jm = thunder_subclass.jit(model)
+    x = torch.randn(4, 3)
+    with _LogMode() as expected_ops:
+        expected = model(x)
+    with _LogMode() as seen:
+        out = jm(x)
+    assert seen.ops == expected_ops.ops
+    assert_same(out.detach(), expected.detach())
+
+
+def test_dispatch_mode_that_asks_to_be_compiled_under_is_a_typed_error():
+    # a mode with ignore_compile_internals() wants the compiled program run under it: that program shows it the
+    # flattened operations on inner tensors, not eager's operations on the subclass, so thunder_subclass refuses
     from thunder_subclass import UnsupportedSubclassOperationError
-
-    class Log(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.ops = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.ops.append(func)
-            return func(*args, **(kwargs or {}))
 
     def f(t):
         return (t * 2).sin()
@@ -296,10 +351,10 @@ def test_torch_dispatch_mode_around_the_call_is_a_typed_error_never_ignored():
     assert_same(jf(x), f(x))  # compiled outside the mode
     line = f.__code__.co_firstlineno + 1
     for _ in range(2):  # the cached trace is not reused under the mode; tracing under it raises
-        with Log() as mode:
+        with _CompileInternalsMode() as mode:
             with pytest.raises(UnsupportedSubclassOperationError,
                                match=rf"mul on TwoTensor at .*test_parity\.py:{line} runs under the TorchDispatchMode "
-                                     r"Log.*Call the compiled function outside the mode"):
+                                     r"_CompileInternalsMode.*Call the compiled function outside the mode"):
                 jf(x)
         assert mode.ops == []  # nothing ran under the mode
     assert_same(jf(x), f(x))  # and outside it the first trace serves again

@@ -3,7 +3,7 @@
 import pytest
 import thunder
 import torch
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_flatten, tree_map
 
 import thunder_subclass
 from thunder_subclass import UnsupportedSubclassOperationError
@@ -398,3 +398,254 @@ def test_coerce_tangent_metadata_sets_the_compiled_gradient_kind():
     assert Placed.coerced_to == ["replicate"]
     (ex * ex).sum().backward()
     torch.testing.assert_close(x.grad.data_, ex.grad.data_)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A subclass that inherits its base's __tensor_unflatten__ (which rebuilds the base) and adds a __metadata_guard__,
+# as PyTorch's own compile tests write it (issue 25): traced as what __tensor_unflatten__ rebuilds, as
+# torch.compile does, guarded on its own type and with its own __metadata_guard__.
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class CtxTensor(torch.Tensor):
+    """A tensor with a constant in its flatten context; results carry the largest constant among the arguments,
+    and ``mul`` doubles its result."""
+
+    @staticmethod
+    def __new__(cls, a, constant):
+        return torch.Tensor._make_wrapper_subclass(cls, a.shape, strides=a.stride(), dtype=a.dtype, device=a.device,
+                                                   requires_grad=a.requires_grad)
+
+    def __init__(self, a, constant):
+        self.a, self.constant = a, constant
+
+    def __tensor_flatten__(self):
+        return ["a"], (self.constant,)
+
+    @staticmethod
+    def __tensor_unflatten__(inner, meta, outer_size, outer_stride):
+        return CtxTensor(inner["a"], meta[0])  # always the base class, also for a subclass that inherits this
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        biggest = max(a.constant for a in tree_flatten((args, kwargs))[0] if isinstance(a, CtxTensor))
+        args, kwargs = tree_map(lambda t: t.a if isinstance(t, CtxTensor) else t, (args, kwargs or {}))
+        out = tree_map(lambda t: CtxTensor(t, biggest) if isinstance(t, torch.Tensor) else t, func(*args, **kwargs))
+        return out + out if func is aten.mul.Tensor else out
+
+
+class CtxTensorAtLeast(CtxTensor):
+    """Declares a trace made for constant c good for any constant >= c."""
+
+    @classmethod
+    def __metadata_guard__(cls, orig, other):
+        return orig[0] <= other[0]
+
+
+def test_inherited_tensor_unflatten_with_own_metadata_guard():
+    f = lambda x: x * x  # noqa: E731
+    jf = thunder_subclass.jit(f)
+    x = CtxTensorAtLeast(torch.randn(3), 2)
+    out, expected = jf(x), f(x)
+    assert type(out) is CtxTensor and out.constant == 2  # eager's dispatch returns the base class
+    assert_same(out, expected)
+    first = str(thunder.last_traces(jf)[0])
+    assert "x: \"CtxTensorAtLeast[" in first  # the input's own type, guarded as such
+    # as torch.compile: a larger constant passes the class's own __metadata_guard__ (no new trace), a smaller not
+    x2 = CtxTensorAtLeast(torch.randn(3), 3)
+    torch.testing.assert_close(jf(x2).a, f(x2).a)
+    assert thunder.cache_misses(jf) == 1 and thunder.cache_hits(jf) == 1
+    x3 = CtxTensorAtLeast(torch.randn(3), 1)
+    assert_same(jf(x3), f(x3))
+    assert thunder.cache_misses(jf) == 2
+    # the base class itself is another type: a new trace, never the subclass's
+    assert_same(jf(CtxTensor(x.a, 2)), f(CtxTensor(x.a, 2)))
+    assert thunder.cache_misses(jf) == 3
+
+
+def test_inherited_tensor_unflatten_input_returned_and_differentiated():
+    x = CtxTensorAtLeast(torch.randn(3), 2)
+    assert thunder_subclass.jit(lambda x: x)(x) is x  # an input returned is the caller's object, as in eager
+    a = torch.randn(3, requires_grad=True)
+    ea = a.detach().clone().requires_grad_()
+    f = lambda x: (x.sin() * x).sum()  # noqa: E731
+    x, ex = CtxTensorAtLeast(a, 2), CtxTensorAtLeast(ea, 2)
+    out, expected = thunder_subclass.jit(f)(x), f(ex)
+    assert_same(out.detach(), expected.detach())
+    out.backward()
+    expected.backward()
+    assert_same(x.grad, ex.grad)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Inner tensors that require grad themselves (issue 25): eager code reading x.a differentiates to the caller's a
+# (a.grad, or through a's own history), apart from what reaches x; the read is an input of its own.
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _leaves(n, *shape):
+    return [torch.randn(*shape, requires_grad=True) for _ in range(n)]
+
+
+def _check_inner_grads(f, make):
+    """``f`` eagerly and compiled, each on what ``make()`` builds (the value, its autograd leaves): equal outputs,
+    and equal gradients (values and types) on the value and on each leaf."""
+    torch.manual_seed(0)
+    ex, eleaves = make()
+    torch.manual_seed(0)
+    x, leaves = make()
+    jf = thunder_subclass.jit(f)
+    expected, out = f(ex), jf(x)
+    assert_same(out.detach(), expected.detach())
+    expected.backward()
+    out.backward()
+    assert_same(x.grad, ex.grad)
+    for got, want in zip(leaves, eleaves):
+        assert_same(got.grad, want.grad)
+    return jf
+
+
+def test_inner_leaf_that_requires_grad_gets_its_gradient():
+    def make():
+        a, b = _leaves(2, 3)
+        return TwoTensor(a, b), [a, b]
+
+    jf = _check_inner_grads(lambda x: (x.a * 2 + x.b.sin()).sum(), make)
+    assert thunder.cache_misses(jf) == 1
+    x, (a, b) = make()
+    jf(x).backward()  # new leaves, same trace: the prologue unpacks x.a and x.b from the new x
+    torch.testing.assert_close(a.grad, torch.full((3,), 2.0))
+    torch.testing.assert_close(b.grad, b.detach().cos())
+    assert thunder.cache_misses(jf) == 1 and thunder.cache_hits(jf) == 1
+
+
+def test_inner_reads_and_subclass_operations_differentiate_apart():
+    # (x * 2) reaches x (a leaf: x.grad), x.a reaches a: as in eager
+    def make():
+        a, b = _leaves(2, 3)
+        return TwoTensor(a, b), [a, b]
+
+    _check_inner_grads(lambda x: (x * 2).sum() + x.a.sum(), make)
+
+
+def test_nested_subclass_with_inner_leaves():
+    def make():
+        a, b, c, d = _leaves(4, 3)
+        x = TwoTensor(TwoTensor(a, b), TwoTensor(c, d))
+        return x, [x.a, a, b, c, d]  # x.a is itself a leaf TwoTensor that requires grad
+
+    _check_inner_grads(lambda x: (x.a * 3).sum() + x.b.b.sum(), make)
+    _check_inner_grads(lambda x: (x.a.a * 2 + x.b.sin()).sum(), make)
+
+
+def test_inner_tensor_with_history_differentiates_through_it():
+    def make():
+        (w,) = _leaves(1, 3)
+        a = w * 2  # not a leaf: eager differentiates through it to w
+        return TwoTensor(a, a.detach().clone().requires_grad_()), [w]
+
+    _check_inner_grads(lambda x: (x.a.exp() * x.b).sum(), make)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# __coerce_tangent_metadata__ that changes the gradient's type (issue 25)
+# ---------------------------------------------------------------------------------------------------------------
+
+from torch.testing._internal.subclasses import WrapperSubclass  # noqa: E402
+
+
+class _TangentAs(WrapperSubclass):
+    """torch's WrapperSubclass (its __coerce_same_metadata_as_tangent__ converts to a plain tensor or a TwoTensor)
+    whose outputs expect gradients of another type, ``TANGENT``: "plain" or "two"."""
+
+    TANGENT = "plain"
+
+    def __coerce_tangent_metadata__(self):
+        a = self.a.contiguous()
+        return a if self.TANGENT == "plain" else TwoTensor(a, a.clone())
+
+    @staticmethod
+    def __tensor_unflatten__(inner, meta, outer_size, outer_stride):
+        return _TangentAs(inner["a"], outer_size, outer_stride)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        args, kwargs = tree_map(lambda t: t.a if isinstance(t, _TangentAs) else t, (args, kwargs or {}))
+        return tree_map(lambda t: _TangentAs(t) if isinstance(t, torch.Tensor) else t, func(*args, **kwargs))
+
+
+class _TangentAsTwo(_TangentAs):
+    TANGENT = "two"
+
+    @staticmethod
+    def __tensor_unflatten__(inner, meta, outer_size, outer_stride):
+        return _TangentAsTwo(inner["a"], outer_size, outer_stride)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        args, kwargs = tree_map(lambda t: t.a if isinstance(t, _TangentAs) else t, (args, kwargs or {}))
+        return tree_map(lambda t: _TangentAsTwo(t) if isinstance(t, torch.Tensor) else t, func(*args, **kwargs))
+
+
+def _grad_of(cls, f, grad, jit):
+    torch.manual_seed(0)
+    x = cls(torch.randn(4)).requires_grad_()
+    out = (thunder_subclass.jit(f) if jit else f)(x)
+    out.backward(grad() if grad is not None else None)
+    return out, x.grad
+
+
+@pytest.mark.parametrize("f, grad", [
+    (lambda x: (x * 2).sum(), None),  # the default gradient: a _TangentAs of ones
+    (lambda x: x.sin(), lambda: _TangentAs(torch.ones(4))),  # of the output's type: a backward made for it runs
+    (lambda x: x.sin(), lambda: torch.ones(4)),  # the expected plain gradient
+    (lambda x: x.sin(), lambda: TwoTensor(torch.ones(4), torch.ones(4))),
+], ids=["default", "own-type", "plain", "TwoTensor"])
+def test_coerce_tangent_metadata_to_a_plain_gradient(f, grad):
+    # torch.compile fails here ('FakeTensor' object has no attribute '__tensor_flatten__'); eager's gradients
+    out, g = _grad_of(_TangentAs, f, grad, jit=True)
+    eout, eg = _grad_of(_TangentAs, f, grad, jit=False)
+    assert_same(out.detach(), eout.detach())
+    assert_same(g, eg)
+
+
+def test_coerce_tangent_metadata_to_another_subclass():
+    # as torch.compile (aot_eager gives the same TwoTensor): the compiled backward expects a TwoTensor gradient, so
+    # the default gradient (a _TangentAsTwo of ones) is coerced to one by __coerce_same_metadata_as_tangent__ and the
+    # gradient is a TwoTensor of eager's values (eager's is a _TangentAsTwo)
+    f = lambda x: x.sin() * 2  # noqa: E731
+    grad = lambda: _TangentAsTwo(torch.ones(4))  # noqa: E731
+    jf = thunder_subclass.jit(f)
+    torch.manual_seed(0)
+    x = _TangentAsTwo(torch.randn(4)).requires_grad_()
+    jf(x).backward(grad())
+    bw = thunder.last_backward_traces(jf)[-1]
+    assert any(b.sym.name == "flatten_cotangent_TwoTensor" for b in bw.bound_symbols)
+    _, eg = _grad_of(_TangentAsTwo, f, grad, jit=False)
+    assert type(x.grad) is TwoTensor
+    assert_same(x.grad.a, eg)
+    assert_same(x.grad.b, eg)
+
+
+@pytest.mark.parametrize("grad", [lambda: torch.ones(4), lambda: TwoTensor(_two(4), _two(4))], ids=["plain", "nested"])
+def test_gradient_of_another_kind_passing_straight_through(grad):
+    # x + 1: the input's gradient is the incoming one itself; a gradient of another kind than the output's runs a
+    # backward made for it, in which that gradient is an argument returned as is (was a KeyError)
+    torch.manual_seed(0)
+    g = grad()
+    x = _two(4).requires_grad_()
+    ex = _clone_leaf(x)
+    thunder_subclass.jit(lambda x: x + 1)(x).backward(g)
+    (ex + 1).backward(g)
+    assert_same(x.grad, ex.grad)
+
+
+@pytest.mark.parametrize("cls", [_TangentAs, _TangentAsTwo])
+@pytest.mark.parametrize("f", [lambda x: x + 1, lambda x: x.clone()], ids=["add", "clone"])
+def test_coerced_tangent_type_and_a_gradient_passing_through(cls, f):
+    # an output whose compiled gradient type differs (__coerce_tangent_metadata__), a plain gradient given, and a
+    # derivative that passes it through: the backward made for the plain gradient returns it (was KeyError: 't9')
+    out, g = _grad_of(cls, f, lambda: torch.ones(4), jit=True)
+    eout, eg = _grad_of(cls, f, lambda: torch.ones(4), jit=False)
+    assert_same(out.detach(), eout.detach())
+    assert_same(g, eg)

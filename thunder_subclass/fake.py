@@ -8,6 +8,7 @@ operation on fake subclass instances) and by the metas of aten-level symbols.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import threading
 from typing import Any, Callable
 
@@ -30,6 +31,8 @@ from thunder_subclass._thunder_internals import (
 )
 from thunder_subclass.errors import SubclassProtocolError
 from thunder_subclass.proxy import (
+    STRIDE_ATTR,
+    STRIDES_LIKE_ATTR,
     OpaqueObjectProxy,
     SubclassTensorProxy,
     is_marked_leaf,
@@ -37,7 +40,7 @@ from thunder_subclass.proxy import (
     remember_nested_int,
 )
 
-_STRIDE_ATTR = "_thunder_subclass_stride"
+_STRIDE_ATTR = STRIDE_ATTR
 _STRIDE_GUARD_ATTR = "_thunder_subclass_stride_guard"
 
 _per_thread = threading.local()
@@ -74,6 +77,9 @@ def stride_of(p: TensorProxy) -> tuple[int, ...]:
     if add_guard is not None and is_interpreting():
         add_guard()
     if stride is None:
+        like = p.__dict__.get(STRIDES_LIKE_ATTR)
+        if like is not None:  # an inner tensor of a gradient made like an output's: the output's inner layout
+            return p.__dict__.setdefault(_STRIDE_ATTR, stride_of(like))
         _infer_strides(p)
         stride = p.__dict__.setdefault(_STRIDE_ATTR, contiguous_strides(p._shape))
     return stride
@@ -265,6 +271,10 @@ class FakeEnv:
         the value before the operation, also when an in-place op rebased ``fake`` itself onto the op's result."""
         return self._leaf_of.get(id(fake), fake)
 
+    def bound_fakes(self) -> list[tuple[torch.Tensor, TensorProxy]]:
+        """The (fake, proxy) pairs bound in this environment, newest binding of each fake."""
+        return [(f, self._proxy_of[id(f)]) for _, f in self._keep if self._proxy_of.get(id(f)) is not None]
+
     def proxy_of(self, fake: torch.Tensor) -> TensorProxy | None:
         return self._proxy_of.get(id(fake))
 
@@ -377,8 +387,11 @@ def unflatten_fake(cls: type, inner: dict, ctx: Any, shape: tuple, stride: tuple
 
 
 def check_unflattened(cls: type, t: Any, shape: tuple) -> None:
-    """``cls.__tensor_unflatten__`` must rebuild a ``cls`` of the outer shape it was given."""
-    if type(t) is not cls:
+    """``cls.__tensor_unflatten__`` must rebuild a ``cls`` of the outer shape it was given, or, where ``cls``
+    inherits ``__tensor_unflatten__`` from a base class, an instance of a base class that shares it (a subclass that
+    only adds a ``__metadata_guard__``, say): torch.compile traces such an input as what ``__tensor_unflatten__``
+    rebuilds too, and eager's ``__torch_dispatch__`` of the base class runs for both (:func:`is_inherited_rebuild`)."""
+    if type(t) is not cls and not is_inherited_rebuild(cls, type(t)):
         from torch._subclasses.fake_tensor import FakeTensor
 
         got = "Tensor" if isinstance(t, FakeTensor) else type(t).__qualname__  # while tracing, plain tensors are fake
@@ -391,6 +404,20 @@ def check_unflattened(cls: type, t: Any, shape: tuple) -> None:
             f"{cls.__qualname__}.__tensor_unflatten__ returned a {cls.__qualname__} of shape {tuple(t.shape)}; "
             f"expected {tuple(shape)} (the outer_size it was given)."
         )
+
+
+def is_inherited_rebuild(cls: type, rebuilt: type) -> bool:
+    """True when ``rebuilt`` is a base class of ``cls`` from which ``cls`` inherits both ``__tensor_unflatten__`` and
+    ``__torch_dispatch__``: the base's ``__tensor_unflatten__`` rebuilds a base instance, which dispatches as the
+    ``cls`` instance would."""
+    return (
+        rebuilt is not cls
+        and isinstance(cls, type)
+        and issubclass(cls, rebuilt)
+        and inspect.getattr_static(cls, "__tensor_unflatten__") is inspect.getattr_static(rebuilt, "__tensor_unflatten__")
+        and inspect.getattr_static(cls, "__torch_dispatch__", None)
+        is inspect.getattr_static(rebuilt, "__torch_dispatch__", None)
+    )
 
 
 @contextlib.contextmanager

@@ -36,6 +36,7 @@ from thunder.core.trace import get_tracectx
 
 from thunder_subclass._thunder_internals import (
     call_in_epilogue,
+    input_attribute,
     interpret_call,
     jit_state,
     is_called_from_user_code,
@@ -205,7 +206,7 @@ def attribute_lookaside(p: SubclassTensorProxy, name: str) -> Callable | None:
     class_attr, found = subclass_class_attribute(p.subclass_type, name)
     if found and isinstance(class_attr, types.MemberDescriptorType):  # a __slots__ attribute: the instance's value
         if name in p.inner:
-            return interpreter_needs_wrap(_read_inner)
+            return _inner_lookaside
         if name not in p.python_attrs:  # not captured from the value (DTensor's _spec): from __tensor_unflatten__
             return interpreter_needs_wrap(lambda obj, name, *default: _read_slot(p, class_attr))
         found = False
@@ -215,7 +216,7 @@ def attribute_lookaside(p: SubclassTensorProxy, name: str) -> Callable | None:
             return interpreter_needs_wrap(lambda obj, name, *default: class_attr.__get__(p, p.subclass_type))
         return lambda obj, name, *default: interpret_call(fget, obj)
     if name in p.inner:
-        return interpreter_needs_wrap(_read_inner)
+        return _inner_lookaside
     if name in p.python_attrs:
         return interpreter_needs_wrap(_read_python_attribute)
     if found and not name.startswith("__"):
@@ -280,12 +281,27 @@ def _read_slot(p: SubclassTensorProxy, slot: types.MemberDescriptorType) -> Any:
     return value
 
 
+def _inner_lookaside(wrapped_p, wrapped_name, *default):
+    """``x.<inner>`` in traced code. Where ``x`` is an input and that inner tensor requires grad, eager code using
+    ``x.a`` differentiates to the caller's ``a`` itself (``a.grad``, or through ``a``'s own history), apart from
+    what reaches ``x``: the read is then an input of its own (the prologue unpacks ``x.a`` and passes it to the
+    compiled function, so thunder's autograd Function returns its gradient), as torch.compile makes it a graph input.
+    Otherwise the inner proxy (flattened from ``x``)."""
+    p, name = unwrap(wrapped_p), unwrap(wrapped_name)
+    inner = p.inner.get(name)
+    if isinstance(inner, TensorProxy) and inner.requires_grad and is_traced_grad_enabled():
+        wrapped = input_attribute(wrapped_p, name)
+        if wrapped is not None:
+            return wrapped
+    return interpreter_needs_wrap(_read_inner)(wrapped_p, wrapped_name, *default)
+
+
 def _read_inner(p: SubclassTensorProxy, name: str, *default):
     # the inner proxies are defined in the trace where user code reads them (p._define_inner_in_trace)
     inner = p.inner.get(name)
     if isinstance(inner, TensorProxy) and inner.requires_grad and is_marked_leaf(p) and is_traced_grad_enabled():
-        # eager: x.a IS the caller's autograd leaf, so code using it differentiates to it (a.grad); the compiled
-        # function's autograd inputs are its arguments, x, not x's inner tensors: their gradients would be lost
+        # eager: x.a IS the caller's autograd leaf, so code using it differentiates to it (a.grad); an input the
+        # prologue cannot reach (_inner_lookaside) has no way to hand its gradient back
         raise UnsupportedSubclassOperationError(
             f"{p.subclass_type.__qualname__} input: reading its inner tensor .{name} at "
             f"{format_location(*source_location())}, an autograd leaf that requires grad. Eager would differentiate "

@@ -117,7 +117,7 @@ class SubclassTensorProxy(TensorProxy):
             outer_stride = like.outer_stride
             python_attrs = like.python_attrs
             inner = {
-                a: OpaqueObjectProxy(p.value) if isinstance(p, OpaqueObjectProxy) else type(p)(like=p)
+                a: OpaqueObjectProxy(p.value) if isinstance(p, OpaqueObjectProxy) else _inner_like(p)
                 for a, p in like.inner.items()
             }
             shape, device, dtype = like.outer_size, like._device, like._dtype
@@ -207,6 +207,20 @@ class SubclassTensorProxy(TensorProxy):
 
     def __repr__(self) -> str:
         return f'<SubclassTensorProxy(name="{self.name}", {self.type_string()})>'
+
+
+# on a plain proxy: the strides of its value, as eager has them (thunder's proxies carry none; ``fake.stride_of``)
+STRIDE_ATTR = "_thunder_subclass_stride"
+# on a plain inner proxy made like another one (a gradient's, by ``SubclassTensorProxy(like=...)``): the proxy whose
+# strides it has (``fake.stride_of``), so that the outer strides, copied, and the inner ones describe one layout
+STRIDES_LIKE_ATTR = "_thunder_subclass_strides_like"
+
+
+def _inner_like(p: TensorProxy) -> TensorProxy:
+    q = type(p)(like=p)
+    if not isinstance(q, SubclassTensorProxy):
+        q.__dict__[STRIDES_LIKE_ATTR] = p
+    return q
 
 
 PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
@@ -379,6 +393,10 @@ def subclass_proxy_from_tensor(t: torch.Tensor, *, name: str | None, history, in
         else:
             inner[a] = tensorproxy(it, name=iname, history=h)
             remember_nested_int(inner[a], registered_nested_int(it))
+            if it.layout is torch.strided and all(type(s) is int for s in (*it.shape, *it.stride())):
+                # the inner layout of this value, with the outer strides below: one layout (a DTensor's outer and
+                # local strides agree; views its dispatch makes depend on both)
+                inner[a].__dict__[STRIDE_ATTR] = tuple(it.stride())
     # the outer name was reserved above; Proxy.__init__ records it again, so release it first
     get_tracectx().names.discard(name)
     p = SubclassTensorProxy(

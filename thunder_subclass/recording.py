@@ -37,7 +37,7 @@ from thunder.core.pytree import tree_flatten, tree_map, tree_unflatten
 from thunder.core.symbol import Symbol
 from thunder.core.trace import get_tracectx
 
-from thunder_subclass._thunder_internals import real_script_object, source_location, torch_to_thunder_symbols
+from thunder_subclass._thunder_internals import jit_state, real_script_object, source_location, torch_to_thunder_symbols
 from thunder_subclass.aten_symbols import record_aten_call
 from thunder_subclass.errors import (
     SubclassDispatchError,
@@ -386,6 +386,8 @@ def emit_calls(env: FakeEnv, calls: list, out: Any, scope: list, what: str, subc
             return env.proxy_of(x) or x
         if isinstance(x, torch.Tensor):
             p = env.proxy_of(x)
+            if p is None:
+                p = _produced_earlier(x)
             if p is not None:
                 return p
             if isinstance(x, FakeTensor):
@@ -410,7 +412,33 @@ def emit_calls(env: FakeEnv, calls: list, out: Any, scope: list, what: str, subc
     finally:
         trace.pop_scope()
     _mark_detached_if_grad_disabled(scope[mark:])
+    _remember_produced(env)
     return result
+
+
+_PRODUCED = "produced_fakes"
+
+
+def _remember_produced(env: FakeEnv) -> None:
+    """Keep, for the trace being interpreted, the fakes ``env`` bound to proxies (the results of the aten calls just
+    recorded), so that a later operation's fake run that reads one of them finds its proxy (:func:`_produced_earlier`):
+    a tensor a subclass keeps in its flatten context and uses in a later operation (DTensor's ``_MaskPartial`` keeps
+    the mask that ``embedding`` made, and ``redistribute`` applies it). Owned by the trace's jit state: freed with
+    it."""
+    state = jit_state()
+    if state is None:
+        return
+    produced = state.setdefault(_PRODUCED, {})
+    for fake, p in env.bound_fakes():
+        produced[id(fake)] = (fake, p)  # the fake is kept alive with its entry: its id is not reused
+
+
+def _produced_earlier(x: torch.Tensor):
+    state = jit_state()
+    if state is None:
+        return None
+    found = state.get(_PRODUCED, {}).get(id(x))
+    return found[1] if found is not None and found[0] is x else None
 
 
 def _mark_detached_if_grad_disabled(bsyms) -> None:

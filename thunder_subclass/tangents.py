@@ -121,11 +121,12 @@ class BackwardVariants:
 
     def accepts(self, grads) -> bool:
         """Whether the compiled backward serves these incoming gradients (checked at every backward call)."""
-        for g, out, kind in zip(grads, self.outputs, self.expected):
+        for g, out, kind, p in zip(grads, self.outputs, self.expected, self.expected_proxy):
             if kind is None or g is None or runtime_kind(g) == kind:
                 continue
-            if isinstance(out, SubclassTensorProxy) and hasattr(g, "__coerce_same_metadata_as_tangent__"):
-                continue  # flatten_cotangent_<Cls> coerces it
+            if (isinstance(out, SubclassTensorProxy) and isinstance(p, SubclassTensorProxy)
+                    and hasattr(g, "__coerce_same_metadata_as_tangent__")):
+                continue  # flatten_cotangent_<Cls> coerces it (not where a plain gradient is expected: none there)
             return False
         return True
 
@@ -210,7 +211,10 @@ class BackwardVariants:
             args = [*saved_args, *cotangents]
             trace = _thunder_internals.new_trace("subclass_backward_variant", args, names=flat.names)
             with tracectx(trace):
-                trace.bound_symbols = [*body, prims.python_return.bind(tuple(outputs), output=None)]
+                for p in args:  # the arguments are defined in the trace (an argument returned as is: a gradient
+                    prims.unpack_trivial(p, name=p.name)  # that passes through, as that of x + 1)
+                trace.bound_symbols = [*trace.bound_symbols, *body,
+                                       prims.python_return.bind(tuple(outputs), output=None)]
             extrace = transform_for_execution(trace, executors_list=[subclass_executor, torchex])
             fn = extrace.python_callable()
         return fn, [available[p.name] for p in saved_args], grad_positions
@@ -308,6 +312,10 @@ def coerced_tangent(gp: SubclassTensorProxy):
             tangent = tangent.__coerce_tangent_metadata__()
     if runtime_kind(tangent) == proxy_kind(gp):
         return None
+    if not is_traceable_wrapper_subclass(tangent):  # a plain gradient expected for this subclass output
+        from thunder.core.proxies import tensorproxy
+
+        return tensorproxy(tangent, name=None, history=None)
     return subclass_proxy_from_tensor(tangent, name=None, history=None)
 
 

@@ -83,6 +83,7 @@ from thunder_subclass._thunder_internals.thunder_state import (  # noqa: F401
     hooked_module_provenance,
     compile_data_context,
     current_compile_data,
+    input_attribute,
     input_proxy_name,
     interpret_call,
     interpret_native_call,
@@ -107,6 +108,7 @@ from thunder_subclass._thunder_internals.thunder_state import (  # noqa: F401
 )
 from thunder_subclass._thunder_internals.torch_state import (  # noqa: F401
     active_dispatch_modes,
+    is_user_dispatch_mode_active,
     data_dependent_exception_types,
     fake_tensor_mode_class,
     has_no_global_module_hooks,

@@ -63,6 +63,7 @@ from typing import Any
 import torch
 
 from thunder_subclass._thunder_internals import plugin_state
+from thunder_subclass._thunder_internals.torch_state import is_user_dispatch_mode_active
 
 
 class _ViewAwareCacheInfo(dict):
@@ -605,7 +606,7 @@ def with_fast_cache_hits(jfn, policy=None, *, automatic_dynamic: bool = False):
     @functools.wraps(original)
     def fast_call(*args, **kwargs):
         cs = weak_cs()
-        if autocast("cpu") or autocast() or cs is None or is_tracing():
+        if autocast("cpu") or autocast() or cs is None or is_tracing() or is_user_dispatch_mode_active():
             return original(*args, **kwargs)
         if bindings is not None:
             bindings.refresh()
@@ -689,10 +690,16 @@ def with_fast_cache_hits(jfn, policy=None, *, automatic_dynamic: bool = False):
 
 def _bounded(original: Callable, policy, bindings) -> Callable:
     """``original`` (thunder's per-call function) where a miss past the cache bound (:class:`CacheLimitReached`)
-    runs ``policy.eager`` instead; a module's tables refreshed first (:class:`ModuleBindings`)."""
+    runs ``policy.eager`` instead; a module's tables refreshed first (:class:`ModuleBindings`). A call made while a
+    user's ``TorchDispatchMode`` is active (:func:`is_user_dispatch_mode_active`) also runs ``policy.eager``, as
+    torch.compile runs such a call: the mode sees exactly the operations eager shows it (the compiled program would
+    show it others: for a subclass, the flattened operations on its inner tensors), and nothing is traced or cached."""
+    from thunder.core.trace import is_tracing
 
     @functools.wraps(original)
     def bounded_call(*args, **kwargs):
+        if is_user_dispatch_mode_active() and not is_tracing():
+            return policy.eager(*args, **kwargs)
         if bindings is not None:
             bindings.refresh()
         try:

@@ -280,6 +280,22 @@ def register_input_proxy(value, p) -> None:
     value.register_proxy(p)
 
 
+def input_attribute(wrapped_obj, name: str):
+    """The attribute ``name`` of the caller's object behind ``wrapped_obj`` (an input of the trace being interpreted,
+    which thunder has replaced by its proxy), wrapped with the provenance ``getattr(<input>, name)``: a tensor becomes
+    an input of its own (thunder's wrap callback proxifies it, ``JitCtx.proxify``), which the prologue unpacks from
+    the input and hands to the computation, and so to thunder's autograd Function. None when ``wrapped_obj`` holds
+    no caller's object or the prologue cannot reach it."""
+    from thunder.core.interpreter import wrap
+
+    real = getattr(wrapped_obj, "original_value", None)
+    if real is None or real is getattr(wrapped_obj, "nothing", None):
+        return None
+    if not is_unpackable_provenance(wrapped_obj.provenance):
+        return None
+    return wrap(getattr(real, name), provenance=attribute_provenance(wrapped_obj.provenance)(name))
+
+
 def jit_context():
     """thunder's jit context of the trace being interpreted (``jit_ext.get_jit_ctx``), or None."""
     from thunder.core.jit_ext import get_jit_ctx

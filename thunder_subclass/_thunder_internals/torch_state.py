@@ -7,7 +7,7 @@
   ``FakeTensor.nested_int_memo``: :func:`registered_nested_int`, :func:`set_fake_nested_int`,
   :func:`new_nested_int`) and a ``FakeTensorMode`` whose ``create_symbolic_nested_int`` makes plain nested ints
   instead of ``ShapeEnv`` symbols (:func:`fake_tensor_mode_class`);
-* the user's ``TorchDispatchMode`` stack (:func:`active_dispatch_modes`);
+* the user's ``TorchDispatchMode`` stack (:func:`active_dispatch_modes`, :func:`is_user_dispatch_mode_active`);
 * torch's C++ tensor guard ``torch._C._dynamo.guards.TensorGuards`` (:func:`tensor_metadata_guard`: the fused
   prologue's fast check of tensor metadata, with the Python checks behind it);
 * ``nn.Module``'s hook dictionaries, the global ones included (:func:`module_forward_hooks`,
@@ -159,6 +159,22 @@ def active_dispatch_modes() -> list:
     from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
     return list(_get_current_dispatch_mode_stack())
+
+
+def is_user_dispatch_mode_active() -> bool:
+    """A ``TorchDispatchMode`` is active that torch.compile runs the call eagerly for (Dynamo skips the frame,
+    ``torch/_dynamo/convert_frame.py``): one that is not an infra mode (``FakeTensorMode``, proxy modes) and does not
+    set ``ignore_compile_internals()``. One C call when no mode is active (the per-call path)."""
+    n = torch._C._len_torch_dispatch_stack()
+    if not n:
+        return False
+    from torch.utils._python_dispatch import _get_dispatch_stack_at
+
+    for i in range(n):
+        mode = _get_dispatch_stack_at(i)
+        if not mode.is_infra_mode() and not mode.ignore_compile_internals():
+            return True
+    return False
 
 
 def has_no_global_module_hooks() -> bool:
