@@ -11,6 +11,7 @@ existing file, and an anchor to a heading of the linked Markdown file (GitHub's 
 
 from __future__ import annotations
 
+import concurrent.futures
 import glob
 import os
 import re
@@ -66,15 +67,32 @@ def test_every_block_has_a_known_language():
     assert not unknown, f"code blocks must be ```python (run by this test), ```bash or ```text: {unknown}"
 
 
-@pytest.mark.parametrize("doc, line, code", PYTHON_BLOCKS, ids=[f"{doc}:{line}" for doc, line, _ in PYTHON_BLOCKS])
-def test_python_block_runs(doc, line, code):
+def _run_block(code: str):
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([ROOT, *filter(None, [env.get("PYTHONPATH")])])
     env["PYTHONWARNINGS"] = "ignore"
     try:
-        run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
-                             timeout=TIMEOUT_S)
+        return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
+        return None
+
+
+@pytest.fixture(scope="module")
+def block_runs(request):
+    """The selected blocks' fresh processes, started two at a time when the first block test runs (each block is
+    still its own process; the machine's two cores run two of them at once)."""
+    selected = [item.callspec.params for item in request.session.items
+                if getattr(item, "originalname", None) == "test_python_block_runs"]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        yield {(p["doc"], p["line"]): pool.submit(_run_block, p["code"]) for p in selected}
+
+
+@pytest.mark.parametrize("doc, line, code", PYTHON_BLOCKS, ids=[f"{doc}:{line}" for doc, line, _ in PYTHON_BLOCKS])
+def test_python_block_runs(doc, line, code, block_runs):
+    future = block_runs.get((doc, line))
+    run = future.result() if future is not None else _run_block(code)
+    if run is None:
         pytest.fail(f"{doc} block at line {line} ({_first_line(code)!r}) ran longer than {TIMEOUT_S} s")
     if run.returncode != 0:
         error = run.stderr.strip().splitlines()
