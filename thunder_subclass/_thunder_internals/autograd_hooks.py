@@ -154,10 +154,12 @@ def grads_for_mutated_inputs(trace, transform: Callable):
     return new_trace
 
 
-def protect_overwritten_values(forward_trace):
+def protect_overwritten_values(forward_trace, backward_trace):
     """``forward_trace`` (an augmented forward: its return gives the outputs and the tensors saved for backward) with
     each saved tensor that a later ``copy_`` overwrites cloned just before the ``copy_``, the clone saved in its place:
-    the value the derivative formulas were written for. Unchanged when there is no such tensor."""
+    the value the derivative formulas were written for. Left as they are: tensors of the caller (the forward's inputs
+    and their aliases: a change made through them is the caller's) and tensors the backward itself changes in place
+    (an ``autograd.Function`` changing what it kept on ``ctx``). Unchanged when there is no such tensor."""
     from thunder.core import prims
     from thunder.core.proxies import TensorProxy
     from thunder.core.trace import from_trace, tracectx
@@ -169,6 +171,21 @@ def protect_overwritten_values(forward_trace):
         return forward_trace
     saved_tensors, saved_other = ret.args[1]
     saved_names = {p.name for p in saved_tensors if isinstance(p, TensorProxy)}
+    # only tensors this forward computed (followed back through thunder's alias bookkeeping and views): an input, an
+    # inner tensor of an input subclass or a view of one is the caller's, whose change the caller must see
+    producer = {o.name: bsym for bsym in forward_trace.bound_symbols for o in bsym.flat_proxy_outs}
+    saved_names = {n for n in saved_names if _computed_here(n, producer)}
+    # a tensor the backward changes in place is the forward's object itself (unpacked from the saved tuple by position)
+    if backward_trace is not None and saved_names:
+        unpacked = _saved_tensor_names_in_backward(backward_trace, len(saved_tensors))
+        written = set()
+        for bsym in backward_trace.bound_symbols:
+            args = [p for p in bsym.flat_proxy_args if isinstance(p, TensorProxy)]
+            if bsym.sym.name == "copy_" and len(bsym.args) >= 2 and isinstance(bsym.args[1], TensorProxy):
+                written.add(bsym.args[1].name)
+            elif bsym.sym.name.endswith("_") and not bsym.sym.name.startswith("_") and args:
+                written.add(args[0].name)  # an in-place op (add_, aten_add__Tensor) changes its first argument
+        saved_names -= {saved_tensors[i].name for i, n in enumerate(unpacked) if n in written}
     clones: dict = {}
     bsyms = []
     for b in forward_trace.bound_symbols[:-1]:
@@ -187,6 +204,45 @@ def protect_overwritten_values(forward_trace):
     return new
 
 
+def _computed_here(name: str, producer: dict) -> bool:
+    """Whether the tensor ``name`` of a forward trace (``producer``: output name -> bound symbol) is, through thunder's
+    alias updates and view operations, a tensor a computation of this trace made (not an input, not a subclass
+    input's inner tensor)."""
+    from thunder.core import prims
+    from thunder.core.update_aliases import _is_view_creation_op
+
+    for _ in range(1000):
+        bsym = producer.get(name)
+        if bsym is None or bsym.sym.name.startswith("flatten_") or bsym.sym.id == prims.PrimIDs.UNPACK_TRIVIAL:
+            return False
+        if bsym.sym.id == prims.PrimIDs.UPDATE_ALIASES:
+            outs = [o.name for o in bsym.flat_proxy_outs]
+            ins = list(bsym.flat_proxy_args)
+            if name not in outs or len(ins) != len(outs):
+                return False
+            name = ins[outs.index(name)].name
+        elif _is_view_creation_op(bsym):
+            ins = list(bsym.flat_proxy_args)
+            if not ins:
+                return False
+            name = ins[0].name
+        else:
+            return True
+    return False
+
+
+def _saved_tensor_names_in_backward(backward_trace, n: int) -> list:
+    """The names the backward gives the saved tensors (it unpacks them by position), or [] when not found."""
+    from thunder.core import prims
+
+    for b in backward_trace.bound_symbols:
+        if b.sym.id == prims.PrimIDs.UNPACK_SEQUENCE and len(b.output) == n:
+            names = [getattr(o, "name", None) for o in b.output]
+            if all(names):
+                return names
+    return []
+
+
 def _hook_split_into_forward_and_backward(original):
     # wraps thunder.transforms.autodiff.split_into_forward_and_backward (imported by name when thunder compiles a
     # program that needs a backward): the forward returns, as "output" (what the epilogue gets), the user's outputs
@@ -197,7 +253,7 @@ def _hook_split_into_forward_and_backward(original):
     def split_into_forward_and_backward(joint_trace):
         forward, backward = original(joint_trace)
         if is_plugin_active() and backward is not None:
-            forward = protect_overwritten_values(forward)
+            forward = protect_overwritten_values(forward, backward)
         ret = forward.bound_symbols[-1]
         if not ret.args or not isinstance(ret.args[0], dict) or MUTATED_INPUTS_KEY not in ret.args[0]:
             return forward, backward
