@@ -56,8 +56,8 @@ from thunder_subclass.proxy import (
 )
 
 __all__ = ["SubclassSpec", "add_subclass_guards", "check_subclass", "proxify_input", "add_module_hooks_guard",
-           "ObjectSpec", "check_object", "guard_input_object", "guard_object_by_value", "guard_native_call_arguments",
-           "is_guardable_provenance"]
+           "ObjectSpec", "check_object", "guard_input_object", "guard_object_by_value", "guard_object_by_identity",
+           "guard_native_call_arguments", "guard_compared_objects", "is_guardable_provenance"]
 
 
 def _tensor_meta(p) -> tuple:
@@ -888,6 +888,7 @@ def guard_input_object(obj, provenance) -> None:
     jit_ctx.add_constraint((check_object, AnyProxy(obj, name=name, history=provenance), spec))
 
 
+
 def _guard_container_size(obj, provenance, state, jit_ctx) -> None:
     """A list, tuple or dict read from the inputs: its length (dict: keys in order) is guarded, once per object and
     trace (see :class:`ObjectSpec` ``"length"``/``"keys"``). The call's own ``args``/``kwargs`` are bound by thunder."""
@@ -928,10 +929,49 @@ def guard_native_call_arguments(fn, wrapped_args: tuple) -> None:
     guarded = state.get("object_guards") if state is not None else None
     if not guarded:
         return
+    by_identity = fn is id
     for a in wrapped_args:
         value = getattr(a, "value", a)
         if id(value) in guarded:
-            guard_object_by_value(value)
+            if by_identity:  # id(obj) is the object's identity, whatever its value equality
+                guard_object_by_identity(value)
+            else:
+                guard_object_by_value(value)
+
+
+def guard_compared_objects(op: str, a: Any, b: Any) -> None:
+    """Traced code compares ``a`` and ``b`` (``op``: ``"is"``, ``"=="`` for any rich comparison, ``"in"`` for
+    ``a in b``), which the interpreter does natively: the trace's branch depends on the answer, so each guarded input
+    object among them is guarded by what the answer depends on. ``is`` depends on identity: where both operands have
+    the same type (else the type guards decide it), each is guarded by identity. ``==`` (an object without ``__eq__``
+    compares by identity) and ``in`` (hash and ``==`` of the item; the container's items when it is an input): by
+    value, else identity (:func:`guard_object_by_value`). Without these, ``f(x, marker)`` then ``f(x, object())``
+    reused the first trace of ``x * 2 if token is marker else x``."""
+    state = _thunder_internals.jit_state()
+    guarded = state.get("object_guards") if state is not None else None
+    if not guarded:
+        return
+    if op == "is":
+        if type(a) is not type(b):
+            return
+        for v in (a, b):
+            if id(v) in guarded:
+                guard_object_by_identity(v)
+        return
+    for v in (a, b):
+        if id(v) in guarded:
+            guard_object_by_value(v)
+
+
+def guard_object_by_identity(obj) -> None:
+    """``obj``, guarded by :func:`guard_input_object`, is one whose identity the trace depends on (``is``, ``id``):
+    from now on it must be the same object (kept alive by the guard, so its id stays its own)."""
+    state = _thunder_internals.jit_state()
+    entry = state.get("object_guards", {}).get(id(obj)) if state is not None else None
+    if entry is None or entry[1].kind == "identity":
+        return
+    spec = entry[1]
+    spec.kind, spec.value = "identity", obj
 
 
 def guard_object_by_value(obj) -> None:

@@ -31,6 +31,10 @@ around:
   ``__getattr__``, as CPython does (thunder emulates ``object.__getattribute__`` whatever the class defines:
   transformers' ``PretrainedConfig.attribute_map`` was ignored, "AttributeError: num_hidden_layers" for GPT-2, GPT-J,
   Bloom); ``object.__getattribute__`` called from there reads as thunder reads attributes, traceable to the inputs.
+* ``core/interpreter.py`` ``_default_opcode_handler_map["IS_OP"]`` / ``["COMPARE_OP"]`` — thunder compares the
+  operands natively (``a is b``, ``a == b``), so nothing tells the trace that its branch depends on their identity or
+  value: the operands go to ``Handlers.compared`` first (the plugin guards input objects among them; ``in`` is
+  reported by :mod:`.interpreter_speed`'s ``CONTAINS_OP`` hook).
 """
 
 from __future__ import annotations
@@ -598,11 +602,36 @@ def _hook_build_value_from_wrapped(original):
     return build_value_from_wrapped
 
 
+def report_comparison(op: str, a, b) -> None:
+    """The interpreter is about to compare wrapped values ``a`` and ``b`` natively (``op``: ``"is"``, ``"=="``,
+    ``"in"``): their values go to ``Handlers.compared``."""
+    if is_plugin_active():
+        plugin_state.handlers.compared(op, getattr(a, "value", a), getattr(b, "value", b))
+
+
+def _hook_comparison(op: str):
+    def make(original):
+        # wraps thunder.core.interpreter's IS_OP / COMPARE_OP handler, which compares the unwrapped operands natively
+        @functools.wraps(original)
+        def comparison_handler(inst, /, stack, **kwargs):
+            if len(stack) >= 2:
+                report_comparison(op, stack.getitem_wrapped(-2), stack.getitem_wrapped(-1))
+            return original(inst, stack=stack, **kwargs)
+
+        return comparison_handler
+
+    return make
+
+
 def hook_targets() -> list[tuple[Any, str, Callable]]:
     import thunder.clang as clang
+    import thunder.core.interpreter as interpreter
     import thunder.core.jit_ext as jit_ext
 
+    handlers = interpreter._default_opcode_handler_map
     return [
+        (handlers, "IS_OP", _hook_comparison("is")),
+        (handlers, "COMPARE_OP", _hook_comparison("==")),
         (jit_ext, "Sequence", _hook_jit_ext_sequence),
         (clang, "_basic_indexing", _hook_basic_indexing),
         (jit_ext, "process_recorded_modifications", _hook_process_recorded_modifications),
