@@ -51,7 +51,11 @@ import torch
 from thunder_subclass._thunder_internals import plugin_state
 from thunder_subclass._thunder_internals.plugin_state import is_plugin_active
 from thunder_subclass._thunder_internals.symbolic_values import pin_input_numbers
-from thunder_subclass._thunder_internals.thunder_state import is_interpreting, torch_callables_of_symbol
+from thunder_subclass._thunder_internals.thunder_state import (
+    is_interpreting,
+    source_location,
+    torch_callables_of_symbol,
+)
 from thunder_subclass._thunder_internals.torch_state import is_nested_int
 
 
@@ -427,9 +431,17 @@ def torch_arguments(sym, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
       ``ltorch.linear(a, w, bias)`` raised "unexpected keyword argument 'weight'"): bound to torch's signature (the
       ``torch.overrides`` test lambdas name every overridable function's parameters) and passed by position.
 
+    * torch's factory keywords at the values that change nothing (``torch.ones(2, requires_grad=False)``,
+      ``pin_memory=False``, ``layout=torch.strided``), which some of thunder's factories lack ("ones() got an
+      unexpected keyword argument 'requires_grad'"): left out. ``requires_grad=True`` on a factory makes a new leaf
+      that collects a gradient, which a trace cannot: ``UnsupportedTracingError`` naming the line (thunder 0.2.6
+      raised a TypeError or a bare NotImplementedError).
+
     Anything else is returned unchanged."""
     if kwargs:
         names, var_keyword, meta_sig = _meta_keywords(sym)
+        if "requires_grad" in kwargs or "pin_memory" in kwargs or "layout" in kwargs:
+            kwargs = _factory_keywords(sym, kwargs, names, var_keyword)
         if not var_keyword and not names.issuperset(kwargs):
             args, kwargs = _torch_keywords_as_positions(sym, args, kwargs, meta_sig)
         for v in kwargs.values():
@@ -440,6 +452,32 @@ def torch_arguments(sym, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         if type(a) is type:
             return tuple(_as_dtype(a) for a in args), kwargs
     return args, kwargs
+
+
+# torch's tensor-factory keywords and the value at which each changes nothing about the tensor made
+_INERT_FACTORY_KEYWORDS = (("requires_grad", False), ("pin_memory", False), ("layout", torch.strided))
+
+
+def _factory_keywords(sym, kwargs: dict, names: frozenset, var_keyword: bool) -> dict:
+    requires_grad = kwargs.get("requires_grad", False)
+    if type(requires_grad) is bool and requires_grad and sym.name != "requires_grad_":
+        from thunder_subclass.errors import UnsupportedTracingError, format_location
+
+        raise UnsupportedTracingError(
+            f"{sym.name}(..., requires_grad=True) at {format_location(*source_location())} makes a new leaf "
+            "tensor that collects a gradient inside the compiled function, which a thunder trace cannot hold (its "
+            "gradient would be lost). Make the tensor outside the compiled function (an argument, or an nn.Parameter "
+            "of the module) and pass it in; inside, requires_grad=False (the default) works as in eager."
+        )
+    dropped = {k for k, inert in _INERT_FACTORY_KEYWORDS
+               if k in kwargs and (var_keyword or k not in names) and _is_inert(kwargs[k], inert)}
+    return {k: v for k, v in kwargs.items() if k not in dropped} if dropped else kwargs
+
+
+def _is_inert(value, inert) -> bool:
+    if type(inert) is bool:
+        return type(value) is bool and value is inert
+    return value is inert
 
 
 def _clamp_bound(b, length):
