@@ -21,8 +21,10 @@ around:
 * ``core/jit_ext.py`` ``_general_jit_object_setattr_lookaside`` (through the ``general_jit_lookaside`` hook) — every
   attribute write on an input object reaches the epilogue, not only the first.
 * ``core/jit_ext.py`` ``process_recorded_modifications`` — attribute writes of dtypes, devices and strings on input
-  objects (its assertion admits Proxy, int, float, tuple, None, Device); also appends the plugin's epilogue calls
-  (``thunder_state.call_in_epilogue``: in-place view ops replayed on the caller's object).
+  objects (its assertion admits Proxy, int, float, tuple, None, Device); also calls ``Handlers.end_of_trace``
+  (thunder records item writes only for modules' member dicts: the plugin writes back the input lists and dicts
+  the traced code changed) and appends the plugin's epilogue calls (``thunder_state.call_in_epilogue``: in-place
+  view ops replayed on the caller's object, input containers' new contents).
 * ``core/jit_ext.py`` ``build_value_from_wrapped`` — a Python object made in the traced code and returned
   (``DynamicCache``) is rebuilt by the epilogue from its class and ``__dict__`` ("unhandled value of type").
 * ``clang/__init__.py`` ``_basic_indexing`` — slice bounds below ``-length`` are clamped as in Python / torch.
@@ -546,6 +548,7 @@ def _hook_process_recorded_modifications(original):
             original(ctx, epilogue_trace)
         finally:
             jit_ext.NoneType = saved
+        plugin_state.handlers.end_of_trace()
         _add_epilogue_calls(ctx, epilogue_trace)
 
     return process_recorded_modifications
