@@ -319,6 +319,35 @@ def test_object_identity_or_value_the_trace_compared_is_guarded(name, f, first, 
     assert thunder.cache_hits(jf) == 1
 
 
+def test_one_object_reached_by_two_paths_is_guarded_at_both():
+    # thunder's interpreter hands out the first path's wrapper for the second read of the same object
+    def f(x, t):
+        return x * 2 if t[0] is t[1] else x
+
+    jf = thunder_subclass.jit(f)
+    x = torch.randn(3)
+    for pair in ((_MARKER, _MARKER), (_MARKER, object()), (object(), _MARKER), (_MARKER, _MARKER)):
+        torch.testing.assert_close(jf(x, pair), f(x, pair))
+    assert (thunder.cache_misses(jf), thunder.cache_hits(jf)) == (3, 1)
+
+    def g(x, t):
+        return t[1].scale(x)  # the method comes from the second path's type
+
+    class A:
+        def scale(self, y):
+            return y * 2
+
+    class B:
+        def scale(self, y):
+            return y * 3
+
+    a = A()
+    jg = thunder_subclass.jit(g)
+    torch.testing.assert_close(jg(x, (a, a)), g(x, (a, a)))
+    torch.testing.assert_close(jg(x, (a, B())), g(x, (a, B())))
+    assert thunder.cache_misses(jg) == 2
+
+
 def test_compared_object_with_value_equality_hits_for_an_equal_copy():
     jf = thunder_subclass.jit(lambda x, t: x * 2 if t == _TOKEN else x)
     x = torch.randn(3)

@@ -873,6 +873,7 @@ def guard_input_object(obj, provenance) -> None:
         return
     guarded = state.setdefault("object_guards", {})
     if id(obj) in guarded:
+        _guard_another_path(obj, provenance, guarded[id(obj)][1], state, jit_ctx)
         return
     stable = _is_stored(obj, provenance, seen)
     if kind == "identity" and not stable and not isinstance(obj, _SINGLETON_TYPES):
@@ -885,6 +886,26 @@ def guard_input_object(obj, provenance) -> None:
             pass
     spec = ObjectSpec(kind, type(obj), value, _describe_provenance(provenance))
     guarded[id(obj)] = (obj, spec, stable)  # the object is kept for the trace's lifetime, so its id stays its own
+    state.setdefault("object_guard_paths", {})[id(obj)] = {provenance}
+    name = f"guarded_object{next(_guarded_object_names)}"
+    jit_ctx.add_constraint((check_object, AnyProxy(obj, name=name, history=provenance), spec))
+
+
+def _guard_another_path(obj, provenance, spec: ObjectSpec, state, jit_ctx) -> None:
+    """``obj``, guarded, is read again by another path (``f(x, (o, o))``: ``t[0]`` and ``t[1]``): the object at that
+    path is checked too, against the same spec (its later upgrades to value or identity included); without this a
+    call with another object there reused the trace (``t[0] is t[1]`` answered as traced)."""
+    from thunder.core.proxies import AnyProxy
+
+    if not is_guardable_provenance(provenance):
+        return
+    paths = state.setdefault("object_guard_paths", {}).setdefault(id(obj), set())
+    try:
+        if provenance in paths:
+            return
+        paths.add(provenance)
+    except Exception:  # noqa: BLE001 - a record holding a value that cannot be hashed or compared: guard it anyway
+        pass
     name = f"guarded_object{next(_guarded_object_names)}"
     jit_ctx.add_constraint((check_object, AnyProxy(obj, name=name, history=provenance), spec))
 
