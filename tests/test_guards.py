@@ -287,6 +287,7 @@ class _Token:
 
 
 _TOKEN = _Token()
+_TABLE = {_MARKER: 1.0}
 
 
 @pytest.mark.parametrize(
@@ -299,6 +300,9 @@ _TOKEN = _Token()
         ("!=", lambda x, t: x if t != _MARKER else x * 2, _MARKER, object()),
         ("in list", lambda x, t: x * 2 if t in [_MARKER] else x, _MARKER, object()),
         ("in set", lambda x, t: x * 2 if t in {_MARKER} else x, _MARKER, object()),
+        # a dict lookup compares the key natively (hash, then == or identity)
+        ("dict get", lambda x, t: x * _TABLE.get(t, 3.0), object(), _MARKER),
+        ("dict pop", lambda x, t: x * {_MARKER: 1.0}.pop(t, 3.0), object(), _MARKER),
         ("id", lambda x, t: x * 2 if id(t) == id(_MARKER) else x, _MARKER, object()),
         # a type with value equality: `is` and id() still compare identity, == compares the value
         ("is, equal value", lambda x, t: x * 2 if t is _TOKEN else x, _TOKEN, _Token()),

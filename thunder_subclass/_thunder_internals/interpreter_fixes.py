@@ -36,7 +36,10 @@ around:
 * ``core/interpreter.py`` ``_default_opcode_handler_map["IS_OP"]`` / ``["COMPARE_OP"]`` — thunder compares the
   operands natively (``a is b``, ``a == b``), so nothing tells the trace that its branch depends on their identity or
   value: the operands go to ``Handlers.compared`` first (the plugin guards input objects among them; ``in`` is
-  reported by :mod:`.interpreter_speed`'s ``CONTAINS_OP`` hook).
+  reported by :mod:`.interpreter_speed`'s ``CONTAINS_OP`` hook). Likewise the key of a dict lookup
+  (``_default_provenance_tracking_lookaside_map[dict.__getitem__ / __contains__ / pop / __delitem__]``, thunder's
+  ``MutMappingWrapperMethods``, which look it up natively), unless a str or int: ``TABLE.get(token, 3)`` reused the
+  trace made for a missing key when the key was there.
 """
 
 from __future__ import annotations
@@ -664,15 +667,32 @@ def _hook_comparison(op: str):
     return make
 
 
+def _hook_keyed_lookup(original):
+    # wraps the provenance-tracking dict method thunder's interpreter runs for d[k] / k in d / d.pop(k) / del d[k]
+    # (interpreter.MutMappingWrapperMethods), which looks the key up natively: the key's hash and == decide, reported
+    # as a comparison (str and int keys are checked by value by thunder itself)
+    @functools.wraps(original)
+    def keyed_lookup(self, key, *rest, **kwargs):
+        k = getattr(key, "value", key)
+        if type(k) is not str and type(k) is not int:
+            report_comparison("in", key, self)
+        return original(self, key, *rest, **kwargs)
+
+    return keyed_lookup
+
+
 def hook_targets() -> list[tuple[Any, str, Callable]]:
     import thunder.clang as clang
     import thunder.core.interpreter as interpreter
     import thunder.core.jit_ext as jit_ext
 
     handlers = interpreter._default_opcode_handler_map
+    tracking = interpreter._default_provenance_tracking_lookaside_map
     return [
         (handlers, "IS_OP", _hook_comparison("is")),
         (handlers, "COMPARE_OP", _hook_comparison("==")),
+        *((tracking, m, _hook_keyed_lookup) for m in (dict.__getitem__, dict.__contains__, dict.pop, dict.__delitem__)
+          if m in tracking),
         (jit_ext, "Sequence", _hook_jit_ext_sequence),
         (clang, "_basic_indexing", _hook_basic_indexing),
         (jit_ext, "process_recorded_modifications", _hook_process_recorded_modifications),
