@@ -1,5 +1,9 @@
 """Prologue guards: cache hits for identical inputs, misses (with correct results) for any change (issue 2)."""
 
+import dataclasses
+from types import SimpleNamespace
+
+import pytest
 import thunder
 import torch
 
@@ -272,3 +276,85 @@ def test_python_function_argument_is_guarded_by_code_and_closure():
     for k in (1.0, 1.0, 5.0):
         torch.testing.assert_close(jg(x, make(k)), x + k)
     assert thunder.cache_misses(jg) == 2
+
+
+_MARKER = object()
+
+
+@dataclasses.dataclass
+class _Token:
+    v: int = 1
+
+
+_TOKEN = _Token()
+_TABLE = {_MARKER: 1.0}
+
+
+@pytest.mark.parametrize(
+    "name, f, first, other",
+    [
+        ("is", lambda x, t: x * 2 if t is _MARKER else x, _MARKER, object()),
+        ("is not", lambda x, t: x if t is not _MARKER else x * 2, _MARKER, object()),
+        # == and != on objects without __eq__ compare identity
+        ("==", lambda x, t: x * 2 if t == _MARKER else x, _MARKER, object()),
+        ("!=", lambda x, t: x if t != _MARKER else x * 2, _MARKER, object()),
+        ("in list", lambda x, t: x * 2 if t in [_MARKER] else x, _MARKER, object()),
+        ("in set", lambda x, t: x * 2 if t in {_MARKER} else x, _MARKER, object()),
+        # a dict lookup compares the key natively (hash, then == or identity)
+        ("dict get", lambda x, t: x * _TABLE.get(t, 3.0), object(), _MARKER),
+        ("dict pop", lambda x, t: x * {_MARKER: 1.0}.pop(t, 3.0), object(), _MARKER),
+        ("id", lambda x, t: x * 2 if id(t) == id(_MARKER) else x, _MARKER, object()),
+        # a type with value equality: `is` and id() still compare identity, == compares the value
+        ("is, equal value", lambda x, t: x * 2 if t is _TOKEN else x, _TOKEN, _Token()),
+        ("id, equal value", lambda x, t: x * 2 if id(t) == id(_TOKEN) else x, _TOKEN, _Token()),
+        ("==, other value", lambda x, t: x * 2 if t == _TOKEN else x, _TOKEN, _Token(2)),
+        ("attribute is", lambda x, t: x * 2 if t.o is _MARKER else x, SimpleNamespace(o=_MARKER),
+         SimpleNamespace(o=object())),
+    ],
+)
+def test_object_identity_or_value_the_trace_compared_is_guarded(name, f, first, other):
+    # the interpreter compares the operands natively: the branch taken depends on which object came, not its type
+    jf = thunder_subclass.jit(f)
+    x = torch.randn(3)
+    torch.testing.assert_close(jf(x, first), f(x, first))
+    torch.testing.assert_close(jf(x, other), f(x, other))
+    assert thunder.cache_misses(jf) == 2
+    torch.testing.assert_close(jf(x, first), f(x, first))  # the first object still hits its own trace
+    assert thunder.cache_hits(jf) == 1
+
+
+def test_one_object_reached_by_two_paths_is_guarded_at_both():
+    # thunder's interpreter hands out the first path's wrapper for the second read of the same object
+    def f(x, t):
+        return x * 2 if t[0] is t[1] else x
+
+    jf = thunder_subclass.jit(f)
+    x = torch.randn(3)
+    for pair in ((_MARKER, _MARKER), (_MARKER, object()), (object(), _MARKER), (_MARKER, _MARKER)):
+        torch.testing.assert_close(jf(x, pair), f(x, pair))
+    assert (thunder.cache_misses(jf), thunder.cache_hits(jf)) == (3, 1)
+
+    def g(x, t):
+        return t[1].scale(x)  # the method comes from the second path's type
+
+    class A:
+        def scale(self, y):
+            return y * 2
+
+    class B:
+        def scale(self, y):
+            return y * 3
+
+    a = A()
+    jg = thunder_subclass.jit(g)
+    torch.testing.assert_close(jg(x, (a, a)), g(x, (a, a)))
+    torch.testing.assert_close(jg(x, (a, B())), g(x, (a, B())))
+    assert thunder.cache_misses(jg) == 2
+
+
+def test_compared_object_with_value_equality_hits_for_an_equal_copy():
+    jf = thunder_subclass.jit(lambda x, t: x * 2 if t == _TOKEN else x)
+    x = torch.randn(3)
+    jf(x, _Token())
+    torch.testing.assert_close(jf(x, _Token()), x * 2)  # another object, equal: the same trace
+    assert (thunder.cache_misses(jf), thunder.cache_hits(jf)) == (1, 1)

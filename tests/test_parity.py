@@ -771,3 +771,42 @@ def test_iterating_a_torch_function_subclass_keeps_the_type(fn):
     sum(o.sum() for o in out).backward()
     sum(e.sum() for e in expected).backward()
     torch.testing.assert_close(base.grad, ebase.grad)
+
+
+_FACTORIES = {
+    "ones": lambda x: x + torch.ones(3, requires_grad=False),
+    "zeros": lambda x: x + torch.zeros(3, dtype=torch.float32, requires_grad=False, pin_memory=False,
+                                       layout=torch.strided),
+    "full": lambda x: x + torch.full((3,), 3.0, requires_grad=False),
+    "arange": lambda x: x + torch.arange(3, dtype=torch.float32, requires_grad=False),
+    "zeros_like": lambda x: x + torch.zeros_like(x, requires_grad=False),
+    "ones_like": lambda x: x + torch.ones_like(x, requires_grad=False),
+    "full_like": lambda x: x + torch.full_like(x, 2.0, requires_grad=False),
+    "tensor": lambda x: x + torch.tensor([1.0, 2.0, 3.0], requires_grad=False),
+    "new_ones": lambda x: x + x.new_ones(3, requires_grad=False),
+    "new_full": lambda x: x + x.new_full((3,), 2.0, requires_grad=False),
+}
+
+
+@pytest.mark.parametrize("name", list(_FACTORIES))
+@pytest.mark.parametrize("make", [lambda: torch.randn(3), lambda: TwoTensor(torch.randn(3), torch.randn(3))],
+                         ids=["plain", "TwoTensor"])
+def test_factories_take_torchs_keywords_at_their_defaults(name, make):
+    # thunder 0.2.6's ones/zeros/full/arange/*_like lack requires_grad, pin_memory, layout: a TypeError before
+    f, x = _FACTORIES[name], make()
+    out, expected = thunder_subclass.jit(f)(x), f(x)
+    assert type(out) is type(expected)
+    assert_same(out, expected)
+
+
+@pytest.mark.parametrize("f", [lambda x: x * torch.ones(3, requires_grad=True),
+                               lambda x: x * torch.tensor([1.0, 2.0, 3.0], requires_grad=True),
+                               lambda x: x * torch.zeros_like(x, requires_grad=True)],
+                         ids=["ones", "tensor", "zeros_like"])
+def test_factory_with_requires_grad_true_is_a_typed_error(f):
+    # eager makes a new leaf collecting a gradient, which the compiled function cannot return to anyone
+    from thunder_subclass.errors import UnsupportedTracingError
+
+    with pytest.raises(UnsupportedTracingError, match=r"\(\.\.\., requires_grad=True\) at .*test_parity.py:\d+ makes a "
+                                                      r"new leaf tensor .* pass it in"):
+        thunder_subclass.jit(f)(torch.randn(3))

@@ -5,7 +5,9 @@
 * a ``torch.autograd.Function`` that changes an input through a tensor kept on ``ctx`` leaves the caller's tensor as
   eager does;
 * training bugs found by torchao's tests: a parameter subclass that stays a subclass only for ``t``/``detach``, and
-  ``requires_grad`` of results computed on inner tensors only.
+  ``requires_grad`` of results computed on inner tensors only;
+* a tensor stored into a list or dict the compiled function was passed is the computed tensor in the caller's
+  container after every call (it was a thunder proxy), and a trace that fails leaves the container as it was.
 """
 
 import pytest
@@ -316,3 +318,129 @@ def test_backward_without_a_derivative_raises_at_backward_naming_the_line():
                        match=r"backward of torch.linear on Int4OpaqueTensor .* at .*linear.py:\d+: RuntimeError: "
                              r"derivative for aten::_weight_int4pack_mm_for_cpu is not implemented"):
         out.sum().backward()
+
+
+class _Holder:
+    def __init__(self):
+        self.items, self.cache = [], {}
+
+
+def _assert_same_contents(a, b):
+    assert type(a) is type(b), (type(a), type(b))
+    if isinstance(a, torch.Tensor):
+        torch.testing.assert_close(a, b)
+        assert type(a) is type(b) and a.requires_grad == b.requires_grad and (a.grad_fn is None) == (b.grad_fn is None)
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for u, v in zip(a, b):
+            _assert_same_contents(u, v)
+    elif isinstance(a, dict):
+        assert list(a) == list(b)
+        for k in a:
+            _assert_same_contents(a[k], b[k])
+    elif isinstance(a, _Holder):
+        _assert_same_contents(vars(a), vars(b))
+    else:
+        assert a is b or a == b
+
+
+_MARK = object()
+
+
+def _setitem(x, d):
+    d["y"] = x * 2
+    return x + 1
+
+
+def _append(x, lst):
+    lst.append(x * 2)
+    return x + 1
+
+
+def _list_setitem(x, lst):
+    lst[0] = x * 2
+    return x + 1
+
+
+def _update_del_pop(x, d):
+    d.update(y=x * 2, n=5)
+    del d["a"]
+    d.pop("m")
+    return x + d["t"]
+
+
+def _read_back(x, d):
+    d["y"] = x.sin()
+    return d["y"] * 2
+
+
+def _nested(x, d):
+    d.setdefault("acc", []).append(x * 2)
+    d["pair"] = (x, x.cos())
+    return x + 1
+
+
+def _through_attributes(x, h):
+    h.items.append(x.sin())
+    h.cache["c"] = x.cos()
+    return x + 1
+
+
+@pytest.mark.parametrize("f, make", [
+    (_setitem, dict),
+    (_append, list),
+    (_list_setitem, lambda: [0, _MARK]),
+    (_update_del_pop, lambda: {"a": 1, "k": _MARK, "m": 2, "t": torch.ones(3)}),
+    (_read_back, dict),
+    (_nested, dict),
+    (_through_attributes, _Holder),
+], ids=["setitem", "append", "list setitem", "update del pop", "read back", "nested", "attributes"])
+@pytest.mark.parametrize("make_x", [lambda: torch.randn(3, requires_grad=True),
+                                    lambda: TwoTensor(torch.randn(3), torch.randn(3))], ids=["plain", "TwoTensor"])
+def test_tensor_stored_into_an_input_container_is_eagers_tensor_every_call(f, make, make_x, ):
+    jf = thunder_subclass.jit(f)
+    for _ in range(3):  # first call, then cache hits
+        x = make_x()
+        got, expected = make(), make()
+        _assert_same_contents(jf(x, got), f(x, expected))
+        _assert_same_contents(got, expected)
+    assert (thunder.cache_misses(jf), thunder.cache_hits(jf)) == (1, 2)
+
+
+def test_gradient_flows_through_a_tensor_stored_into_an_input_list():
+    x, ex = torch.randn(3, requires_grad=True), None
+    ex = x.detach().clone().requires_grad_()
+    got, expected = [], []
+    thunder_subclass.jit(_append)(x, got)
+    _append(ex, expected)
+    got[0].sum().backward()
+    expected[0].sum().backward()
+    torch.testing.assert_close(x.grad, ex.grad)
+
+
+def test_failed_trace_leaves_an_input_list_as_it_was_before_running_eagerly():
+    def f(x, lst):
+        lst.append(x * 2)
+        if x.sum().item() > 0:  # data-dependent branch: a graph break, the function runs eagerly
+            return x + 1
+        return x - 1
+
+    x, got, expected = torch.ones(3), [], []
+    with pytest.warns(UserWarning):
+        _assert_same_contents(thunder_subclass.jit(f)(x, got), f(x, expected))
+    _assert_same_contents(got, expected)  # one real tensor: not a proxy left by the trace, then eager's
+
+
+def test_object_made_in_compiled_code_stored_into_an_input_dict_is_a_typed_error():
+    from thunder_subclass.errors import UnsupportedTracingError
+
+    def f(x, d):
+        d["o"] = _Holder()
+        return x + 1
+
+    d = {}
+    with pytest.raises(UnsupportedTracingError, match=r"stores a _Holder made in the compiled code into args\[1\], a dict "
+                                                      r"it was passed \(an argument of f at .*test_trust.py:\d+\).*"
+                                                      r"Return the object instead"):
+        thunder_subclass.jit(f)(torch.randn(3), d)
+    assert d == {}

@@ -56,8 +56,9 @@ from thunder_subclass.proxy import (
 )
 
 __all__ = ["SubclassSpec", "add_subclass_guards", "check_subclass", "proxify_input", "add_module_hooks_guard",
-           "ObjectSpec", "check_object", "guard_input_object", "guard_object_by_value", "guard_native_call_arguments",
-           "is_guardable_provenance"]
+           "ObjectSpec", "check_object", "guard_input_object", "guard_object_by_value", "guard_object_by_identity",
+           "guard_native_call_arguments", "guard_compared_objects", "is_guardable_provenance",
+           "write_back_input_containers", "write_back_container"]
 
 
 def _tensor_meta(p) -> tuple:
@@ -872,6 +873,7 @@ def guard_input_object(obj, provenance) -> None:
         return
     guarded = state.setdefault("object_guards", {})
     if id(obj) in guarded:
+        _guard_another_path(obj, provenance, guarded[id(obj)][1], state, jit_ctx)
         return
     stable = _is_stored(obj, provenance, seen)
     if kind == "identity" and not stable and not isinstance(obj, _SINGLETON_TYPES):
@@ -884,8 +886,29 @@ def guard_input_object(obj, provenance) -> None:
             pass
     spec = ObjectSpec(kind, type(obj), value, _describe_provenance(provenance))
     guarded[id(obj)] = (obj, spec, stable)  # the object is kept for the trace's lifetime, so its id stays its own
+    state.setdefault("object_guard_paths", {})[id(obj)] = {provenance}
     name = f"guarded_object{next(_guarded_object_names)}"
     jit_ctx.add_constraint((check_object, AnyProxy(obj, name=name, history=provenance), spec))
+
+
+def _guard_another_path(obj, provenance, spec: ObjectSpec, state, jit_ctx) -> None:
+    """``obj``, guarded, is read again by another path (``f(x, (o, o))``: ``t[0]`` and ``t[1]``): the object at that
+    path is checked too, against the same spec (its later upgrades to value or identity included); without this a
+    call with another object there reused the trace (``t[0] is t[1]`` answered as traced)."""
+    from thunder.core.proxies import AnyProxy
+
+    if not is_guardable_provenance(provenance):
+        return
+    paths = state.setdefault("object_guard_paths", {}).setdefault(id(obj), set())
+    try:
+        if provenance in paths:
+            return
+        paths.add(provenance)
+    except Exception:  # noqa: BLE001 - a record holding a value that cannot be hashed or compared: guard it anyway
+        pass
+    name = f"guarded_object{next(_guarded_object_names)}"
+    jit_ctx.add_constraint((check_object, AnyProxy(obj, name=name, history=provenance), spec))
+
 
 
 def _guard_container_size(obj, provenance, state, jit_ctx) -> None:
@@ -902,11 +925,128 @@ def _guard_container_size(obj, provenance, state, jit_ctx) -> None:
     guarded = state.setdefault("object_guards", {})
     if id(obj) in guarded:
         return
+    if type(obj) is not tuple:
+        # as it is now, for write_back_input_containers at the end of the trace, and to restore if the trace fails
+        before = list(obj.items()) if type(obj) is dict else list(obj)
+        state.setdefault("input_containers", []).append((obj, provenance, before, _thunder_internals.source_location()))
+        _thunder_internals.undo_if_trace_fails(functools.partial(_restore_container, obj, before))
     spec = ObjectSpec("keys" if type(obj) is dict else "length", type(obj), _Pending(obj),
                       _describe_provenance(provenance))
     guarded[id(obj)] = (obj, spec, True)
     name = f"guarded_object{next(_guarded_object_names)}"
     jit_ctx.add_constraint((check_object, AnyProxy(obj, name=name, history=provenance), spec))
+
+
+# constants an epilogue can hold as literals in a container's new contents
+_LITERAL_TYPES = (int, float, bool, str, type(None))
+
+
+def write_back_input_containers() -> None:
+    """At the end of a trace: an input list or dict (an argument, or one reached from the arguments or the module, read
+    by traced code) that the traced code changed (``d["y"] = x * 2``, ``lst.append(t)``, ``lst[0] = t``, ``d.update``,
+    ``del``, ``pop``, ...) holds the trace's proxies now. It is put back as it was (the prologue of the first call sees
+    the caller's object as passed), and the epilogue gives the caller's object its new contents every call, with the
+    computed tensors (``write_back_container``), as eager leaves them. A new item that is neither a tensor, a number
+    proxy, a plain constant nor an item the container had raises ``UnsupportedTracingError``."""
+    from thunder.core.proxies import Proxy
+
+    state = _thunder_internals.jit_state()
+    if state is None:
+        return
+    for obj, provenance, before, location in state.get("input_containers", ()):
+        is_dict = type(obj) is dict
+        after = list(obj.items()) if is_dict else list(obj)
+        if len(after) == len(before) and all(
+            (a[0] is b[0] and a[1] is b[1]) if is_dict else a is b for a, b in zip(after, before)
+        ):
+            continue
+        positions = {}  # id of an item (dict: key or value) the container had -> its position then
+        for i, item in enumerate(before):
+            for part, v in ((0, item[0]), (1, item[1])) if is_dict else ((1, item),):
+                positions.setdefault((part, id(v)), i)
+        values: list = []
+
+        def source(v, part):
+            i = positions.get((part, id(v))) if part is not None else None
+            if i is not None:
+                return ("o", i)
+            if isinstance(v, Proxy):
+                values.append(v)
+                return ("v", len(values) - 1)
+            if type(v) in _LITERAL_TYPES:
+                return ("c", v)
+            if type(v) in (list, tuple):  # made in the traced code: made anew each call
+                return ("list" if type(v) is list else "tuple", tuple(source(i, None) for i in v))
+            if type(v) is dict:
+                return ("dict", tuple((source(k, None), source(i, None)) for k, i in v.items()))
+            from thunder_subclass.errors import UnsupportedTracingError
+
+            raise UnsupportedTracingError(
+                f"the compiled function stores a {type(v).__qualname__} made in the compiled code into "
+                f"{_describe_provenance(provenance)}, a {type(obj).__name__} it was passed ("
+                f"{_where_read(location)}): thunder_subclass gives the caller's containers the tensors, numbers, "
+                "strings and lists, tuples and dicts of them stored into them, as eager does, but not other objects "
+                "made in the compiled code. Return the object instead and store it outside the compiled function."
+            )
+
+        plan = tuple((source(k, 0), source(v, 1)) for k, v in after) if is_dict else tuple(source(v, 1) for v in after)
+        _restore_container(obj, before)
+        _thunder_internals.call_in_epilogue(write_back_container, provenance, plan, *values)
+
+
+def _restore_container(obj, before: list) -> None:
+    if type(obj) is dict:
+        obj.clear()
+        obj.update(before)
+    else:
+        obj[:] = before
+
+
+def _where_read(location: tuple) -> str:
+    """``read at file:line``, or for an argument (read as the frame starts: no line) the compiled function's own
+    ``def`` line."""
+    if location[0] is not None:
+        return f"read at {format_location(*location)}"
+    import inspect
+
+    fn = getattr(_thunder_internals.current_compile_data()[0], "fn", None)
+    fn = getattr(fn, "forward", fn) if isinstance(fn, torch.nn.Module) else fn
+    code = getattr(inspect.unwrap(fn), "__code__", None) if fn is not None else None
+    if code is None:
+        return "an argument"
+    return f"an argument of {code.co_name} at {format_location(code.co_filename, code.co_firstlineno)}"
+
+
+def _write_back_container_impl(obj, plan: tuple, *values) -> None:
+    def value(src, old, part):
+        kind, x = src
+        if kind == "o":
+            return old[x][part] if part is not None else old[x]
+        if kind == "v":
+            return values[x]
+        if kind == "list" or kind == "tuple":
+            items = [value(i, old, part) for i in x]
+            return items if kind == "list" else tuple(items)
+        if kind == "dict":
+            return {value(k, old, part): value(i, old, part) for k, i in x}
+        return x
+
+    if type(obj) is dict:
+        old = list(obj.items())
+        new = [(value(k, old, 0), value(v, old, 1)) for k, v in plan]
+        obj.clear()
+        obj.update(new)
+    else:
+        old = list(obj)
+        obj[:] = [value(v, old, None) for v in plan]
+
+
+# in the epilogue: the caller's input list/dict gets the contents the traced code left in it, each item taken from its
+# old contents ("o", position), the computation's results ("v", index into values) or a literal ("c", value)
+write_back_container = subclass_executor.register_operator(
+    "write_back_container", meta=lambda obj, plan, *values: None, fn=_write_back_container_impl,
+    tags=[prims.OpTags.DONT_DCE]
+)
 
 
 # descriptors' __get__ that only bind a function to the object (the interpreter's method lookup runs them natively)
@@ -928,10 +1068,49 @@ def guard_native_call_arguments(fn, wrapped_args: tuple) -> None:
     guarded = state.get("object_guards") if state is not None else None
     if not guarded:
         return
+    by_identity = fn is id
     for a in wrapped_args:
         value = getattr(a, "value", a)
         if id(value) in guarded:
-            guard_object_by_value(value)
+            if by_identity:  # id(obj) is the object's identity, whatever its value equality
+                guard_object_by_identity(value)
+            else:
+                guard_object_by_value(value)
+
+
+def guard_compared_objects(op: str, a: Any, b: Any) -> None:
+    """Traced code compares ``a`` and ``b`` (``op``: ``"is"``, ``"=="`` for any rich comparison, ``"in"`` for
+    ``a in b``), which the interpreter does natively: the trace's branch depends on the answer, so each guarded input
+    object among them is guarded by what the answer depends on. ``is`` depends on identity: where both operands have
+    the same type (else the type guards decide it), each is guarded by identity. ``==`` (an object without ``__eq__``
+    compares by identity) and ``in`` (hash and ``==`` of the item; the container's items when it is an input): by
+    value, else identity (:func:`guard_object_by_value`). Without these, ``f(x, marker)`` then ``f(x, object())``
+    reused the first trace of ``x * 2 if token is marker else x``."""
+    state = _thunder_internals.jit_state()
+    guarded = state.get("object_guards") if state is not None else None
+    if not guarded:
+        return
+    if op == "is":
+        if type(a) is not type(b):
+            return
+        for v in (a, b):
+            if id(v) in guarded:
+                guard_object_by_identity(v)
+        return
+    for v in (a, b):
+        if id(v) in guarded:
+            guard_object_by_value(v)
+
+
+def guard_object_by_identity(obj) -> None:
+    """``obj``, guarded by :func:`guard_input_object`, is one whose identity the trace depends on (``is``, ``id``):
+    from now on it must be the same object (kept alive by the guard, so its id stays its own)."""
+    state = _thunder_internals.jit_state()
+    entry = state.get("object_guards", {}).get(id(obj)) if state is not None else None
+    if entry is None or entry[1].kind == "identity":
+        return
+    spec = entry[1]
+    spec.kind, spec.value = "identity", obj
 
 
 def guard_object_by_value(obj) -> None:

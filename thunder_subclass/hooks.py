@@ -24,7 +24,10 @@ above the stages, hands it one :class:`~thunder_subclass._thunder_internals.Hand
   gradients of another kind);
 * a Python object read from the inputs while tracing -> ``guards.guard_input_object`` (its type, identity or value
   checked by the prologue), and the arguments of a function the interpreter runs natively ->
-  ``guards.guard_native_call_arguments`` (such objects then guarded by value).
+  ``guards.guard_native_call_arguments`` (such objects then guarded by value; by identity for ``id``), and the
+  operands of ``is``, ``==`` (and the other comparisons) and ``in`` -> ``guards.guard_compared_objects``;
+* the end of a trace -> ``guards.write_back_input_containers`` (input lists and dicts the traced code changed get
+  their new contents from the epilogue).
 """
 
 from __future__ import annotations
@@ -127,6 +130,8 @@ HANDLERS = _thunder_internals.Handlers(
     create_graph_backward=tangents.refuse_create_graph,
     input_object=guards.guard_input_object,
     native_call=guards.guard_native_call_arguments,
+    compared=guards.guard_compared_objects,
+    end_of_trace=guards.write_back_input_containers,
 )
 
 

@@ -105,6 +105,8 @@ from thunder_subclass._thunder_internals.thunder_state import (  # noqa: F401
     torch_to_thunder_symbols,
     trace_producers,
     traced_autocast_states,
+    undo_if_trace_fails,
+    undoing_on_trace_failure,
 )
 from thunder_subclass._thunder_internals.torch_state import (  # noqa: F401
     active_dispatch_modes,

@@ -21,8 +21,10 @@ around:
 * ``core/jit_ext.py`` ``_general_jit_object_setattr_lookaside`` (through the ``general_jit_lookaside`` hook) — every
   attribute write on an input object reaches the epilogue, not only the first.
 * ``core/jit_ext.py`` ``process_recorded_modifications`` — attribute writes of dtypes, devices and strings on input
-  objects (its assertion admits Proxy, int, float, tuple, None, Device); also appends the plugin's epilogue calls
-  (``thunder_state.call_in_epilogue``: in-place view ops replayed on the caller's object).
+  objects (its assertion admits Proxy, int, float, tuple, None, Device); also calls ``Handlers.end_of_trace``
+  (thunder records item writes only for modules' member dicts: the plugin writes back the input lists and dicts
+  the traced code changed) and appends the plugin's epilogue calls (``thunder_state.call_in_epilogue``: in-place
+  view ops replayed on the caller's object, input containers' new contents).
 * ``core/jit_ext.py`` ``build_value_from_wrapped`` — a Python object made in the traced code and returned
   (``DynamicCache``) is rebuilt by the epilogue from its class and ``__dict__`` ("unhandled value of type").
 * ``clang/__init__.py`` ``_basic_indexing`` — slice bounds below ``-length`` are clamped as in Python / torch.
@@ -31,6 +33,13 @@ around:
   ``__getattr__``, as CPython does (thunder emulates ``object.__getattribute__`` whatever the class defines:
   transformers' ``PretrainedConfig.attribute_map`` was ignored, "AttributeError: num_hidden_layers" for GPT-2, GPT-J,
   Bloom); ``object.__getattribute__`` called from there reads as thunder reads attributes, traceable to the inputs.
+* ``core/interpreter.py`` ``_default_opcode_handler_map["IS_OP"]`` / ``["COMPARE_OP"]`` — thunder compares the
+  operands natively (``a is b``, ``a == b``), so nothing tells the trace that its branch depends on their identity or
+  value: the operands go to ``Handlers.compared`` first (the plugin guards input objects among them; ``in`` is
+  reported by :mod:`.interpreter_speed`'s ``CONTAINS_OP`` hook). Likewise the key of a dict lookup
+  (``_default_provenance_tracking_lookaside_map[dict.__getitem__ / __contains__ / pop / __delitem__]``, thunder's
+  ``MutMappingWrapperMethods``, which look it up natively), unless a str or int: ``TABLE.get(token, 3)`` reused the
+  trace made for a missing key when the key was there.
 """
 
 from __future__ import annotations
@@ -47,7 +56,11 @@ import torch
 from thunder_subclass._thunder_internals import plugin_state
 from thunder_subclass._thunder_internals.plugin_state import is_plugin_active
 from thunder_subclass._thunder_internals.symbolic_values import pin_input_numbers
-from thunder_subclass._thunder_internals.thunder_state import is_interpreting, torch_callables_of_symbol
+from thunder_subclass._thunder_internals.thunder_state import (
+    is_interpreting,
+    source_location,
+    torch_callables_of_symbol,
+)
 from thunder_subclass._thunder_internals.torch_state import is_nested_int
 
 
@@ -423,9 +436,17 @@ def torch_arguments(sym, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
       ``ltorch.linear(a, w, bias)`` raised "unexpected keyword argument 'weight'"): bound to torch's signature (the
       ``torch.overrides`` test lambdas name every overridable function's parameters) and passed by position.
 
+    * torch's factory keywords at the values that change nothing (``torch.ones(2, requires_grad=False)``,
+      ``pin_memory=False``, ``layout=torch.strided``), which some of thunder's factories lack ("ones() got an
+      unexpected keyword argument 'requires_grad'"): left out. ``requires_grad=True`` on a factory makes a new leaf
+      that collects a gradient, which a trace cannot: ``UnsupportedTracingError`` naming the line (thunder 0.2.6
+      raised a TypeError or a bare NotImplementedError).
+
     Anything else is returned unchanged."""
     if kwargs:
         names, var_keyword, meta_sig = _meta_keywords(sym)
+        if "requires_grad" in kwargs or "pin_memory" in kwargs or "layout" in kwargs:
+            kwargs = _factory_keywords(sym, kwargs, names, var_keyword)
         if not var_keyword and not names.issuperset(kwargs):
             args, kwargs = _torch_keywords_as_positions(sym, args, kwargs, meta_sig)
         for v in kwargs.values():
@@ -436,6 +457,32 @@ def torch_arguments(sym, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         if type(a) is type:
             return tuple(_as_dtype(a) for a in args), kwargs
     return args, kwargs
+
+
+# torch's tensor-factory keywords and the value at which each changes nothing about the tensor made
+_INERT_FACTORY_KEYWORDS = (("requires_grad", False), ("pin_memory", False), ("layout", torch.strided))
+
+
+def _factory_keywords(sym, kwargs: dict, names: frozenset, var_keyword: bool) -> dict:
+    requires_grad = kwargs.get("requires_grad", False)
+    if type(requires_grad) is bool and requires_grad and sym.name != "requires_grad_":
+        from thunder_subclass.errors import UnsupportedTracingError, format_location
+
+        raise UnsupportedTracingError(
+            f"{sym.name}(..., requires_grad=True) at {format_location(*source_location())} makes a new leaf "
+            "tensor that collects a gradient inside the compiled function, which a thunder trace cannot hold (its "
+            "gradient would be lost). Make the tensor outside the compiled function (an argument, or an nn.Parameter "
+            "of the module) and pass it in; inside, requires_grad=False (the default) works as in eager."
+        )
+    dropped = {k for k, inert in _INERT_FACTORY_KEYWORDS
+               if k in kwargs and (var_keyword or k not in names) and _is_inert(kwargs[k], inert)}
+    return {k: v for k, v in kwargs.items() if k not in dropped} if dropped else kwargs
+
+
+def _is_inert(value, inert) -> bool:
+    if type(inert) is bool:
+        return type(value) is bool and value is inert
+    return value is inert
 
 
 def _clamp_bound(b, length):
@@ -504,6 +551,7 @@ def _hook_process_recorded_modifications(original):
             original(ctx, epilogue_trace)
         finally:
             jit_ext.NoneType = saved
+        plugin_state.handlers.end_of_trace()
         _add_epilogue_calls(ctx, epilogue_trace)
 
     return process_recorded_modifications
@@ -598,11 +646,53 @@ def _hook_build_value_from_wrapped(original):
     return build_value_from_wrapped
 
 
+def report_comparison(op: str, a, b) -> None:
+    """The interpreter is about to compare wrapped values ``a`` and ``b`` natively (``op``: ``"is"``, ``"=="``,
+    ``"in"``): their values go to ``Handlers.compared``."""
+    if is_plugin_active():
+        plugin_state.handlers.compared(op, getattr(a, "value", a), getattr(b, "value", b))
+
+
+def _hook_comparison(op: str):
+    def make(original):
+        # wraps thunder.core.interpreter's IS_OP / COMPARE_OP handler, which compares the unwrapped operands natively
+        @functools.wraps(original)
+        def comparison_handler(inst, /, stack, **kwargs):
+            if len(stack) >= 2:
+                report_comparison(op, stack.getitem_wrapped(-2), stack.getitem_wrapped(-1))
+            return original(inst, stack=stack, **kwargs)
+
+        return comparison_handler
+
+    return make
+
+
+def _hook_keyed_lookup(original):
+    # wraps the provenance-tracking dict method thunder's interpreter runs for d[k] / k in d / d.pop(k) / del d[k]
+    # (interpreter.MutMappingWrapperMethods), which looks the key up natively: the key's hash and == decide, reported
+    # as a comparison (str and int keys are checked by value by thunder itself)
+    @functools.wraps(original)
+    def keyed_lookup(self, key, *rest, **kwargs):
+        k = getattr(key, "value", key)
+        if type(k) is not str and type(k) is not int:
+            report_comparison("in", key, self)
+        return original(self, key, *rest, **kwargs)
+
+    return keyed_lookup
+
+
 def hook_targets() -> list[tuple[Any, str, Callable]]:
     import thunder.clang as clang
+    import thunder.core.interpreter as interpreter
     import thunder.core.jit_ext as jit_ext
 
+    handlers = interpreter._default_opcode_handler_map
+    tracking = interpreter._default_provenance_tracking_lookaside_map
     return [
+        (handlers, "IS_OP", _hook_comparison("is")),
+        (handlers, "COMPARE_OP", _hook_comparison("==")),
+        *((tracking, m, _hook_keyed_lookup) for m in (dict.__getitem__, dict.__contains__, dict.pop, dict.__delitem__)
+          if m in tracking),
         (jit_ext, "Sequence", _hook_jit_ext_sequence),
         (clang, "_basic_indexing", _hook_basic_indexing),
         (jit_ext, "process_recorded_modifications", _hook_process_recorded_modifications),

@@ -25,6 +25,10 @@ would find for the object, no provenance tracking, no plugin jit tracing) goes t
   interpreted ``__init__`` sets them, the sequence's wrapper recorded as the attribute's wrapper).
 * ``dataclasses.fields`` and ``dataclasses.is_dataclass`` (through the ``general_jit_lookaside`` hook of
   :mod:`.tracing`) run as Python: their results depend on the argument's class only, and they call no user code.
+* ``core/interpreter.py`` ``_default_opcode_handler_map["CONTAINS_OP"]`` — the item and the container go to
+  ``Handlers.compared`` first (membership is decided natively: the plugin guards input objects among them); ``x in d``
+  for an exact dict through its tracking ``__contains__``; a set, frozenset, str, or list/tuple of str/number/None for
+  a str/number/None item natively (no element can run Python code in the comparison).
 * ``core/interpreter.py`` ``_default_opcode_handler_map["FOR_ITER"]`` and ``_default_lookaside_map[next]`` — a step
   of a ``SequenceIter`` over an exact ``list``/``tuple`` that is not past its end reads the item through the
   sequence wrapper and advances the position natively; a step of a ``MappingKeysIterator`` calls its own lookaside
@@ -42,6 +46,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from thunder_subclass._thunder_internals import plugin_state
 from thunder_subclass._thunder_internals.plugin_state import is_plugin_active
 
 _NOT_HANDLED = object()
@@ -138,6 +143,10 @@ def _hook_contains_op(original):
     @functools.wraps(original)
     def contains_op_handler(inst, /, stack, **kwargs):
         container, item = stack.getitem_wrapped(-1), stack.getitem_wrapped(-2)
+        if is_plugin_active():
+            # membership is decided natively by the item's hash and ==, and the container's items (see
+            # plugin_state.Handlers.compared)
+            plugin_state.handlers.compared("in", getattr(item, "value", item), getattr(container, "value", container))
         res = _NOT_HANDLED
         if type(container) is interpreter.WrappedValue and type(item) is interpreter.WrappedValue \
                 and type(item.value) in _SIMPLE and _tracking():

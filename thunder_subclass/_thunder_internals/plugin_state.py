@@ -57,6 +57,11 @@ class Handlers:
       the prologue can unpack), while a plugin jit traces (to guard Python objects thunder does not check).
     * ``native_call(fn, wrapped_args)``: the interpreter is about to run ``fn`` natively (not interpreted) with these
       wrapped arguments.
+    * ``compared(op, a, b)``: the interpreter is about to compare the values ``a`` and ``b`` natively (``op``:
+      ``"is"`` for ``is`` / ``is not``, ``"=="`` for the rich comparisons, ``"in"`` for ``a in b``): the trace
+      depends on their identity or value.
+    * ``end_of_trace()``: the traced code has run (the computation trace is complete), the epilogue is being made:
+      the plugin's last calls for the epilogue (``thunder_state.call_in_epilogue``).
     """
 
     executor: Any
@@ -75,6 +80,8 @@ class Handlers:
     create_graph_backward: Callable
     input_object: Callable
     native_call: Callable
+    compared: Callable
+    end_of_trace: Callable
 
 
 # the Handlers given to the last install(); read by every hook (as plugin_state.handlers)

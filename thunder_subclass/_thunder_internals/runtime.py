@@ -63,6 +63,7 @@ from typing import Any
 import torch
 
 from thunder_subclass._thunder_internals import plugin_state
+from thunder_subclass._thunder_internals.thunder_state import undoing_on_trace_failure
 from thunder_subclass._thunder_internals.torch_state import is_user_dispatch_mode_active
 
 
@@ -291,7 +292,9 @@ def _use_bounded_tracing(get_computation_and_inputs) -> None:
     compile data, set by :func:`with_fast_cache_hits`; none for ``thunder.compile(..., plugins=...)``): it hands the
     policy the reason each entry rejected the call (the prologues run again, their messages built now: a miss traces,
     which costs far more), and raises :class:`CacheLimitReached` instead of tracing when the policy says the cache is
-    full. Left as is when the closure is not as expected."""
+    full. The trace is made under ``thunder_state.undoing_on_trace_failure``: if it raises, what it did to the caller's
+    objects is undone (input lists and dicts the traced code changed). Left as is when the closure is not as
+    expected."""
     code = get_computation_and_inputs.__code__
     if "acquire_initial_trace" not in code.co_freevars or get_computation_and_inputs.__closure__ is None:
         return
@@ -305,7 +308,8 @@ def _use_bounded_tracing(get_computation_and_inputs) -> None:
         if policy is not None and not policy.on_miss(cs.calls, len(cs.interpreter_cache),
                                                      _rejections(cd, cs, args, kwargs)):
             raise CacheLimitReached()
-        return original(fn, args, kwargs, cd, cs, *rest, **kwrest)
+        with undoing_on_trace_failure():
+            return original(fn, args, kwargs, cd, cs, *rest, **kwrest)
 
     acquire_initial_trace.__wrapped__ = original
     cell.cell_contents = acquire_initial_trace

@@ -16,7 +16,9 @@
 * the jit context (``jit_ext.get_jit_ctx``): a per-trace dict for the plugin (:func:`jit_state`), calls appended to
   the epilogue (:func:`call_in_epilogue`, run by :mod:`.interpreter_fixes`' ``process_recorded_modifications``
   hook), names and registration of input proxies, provenance records the prologue can unpack (the jitted module
-  itself through thunder's ``ThunderModule``: :func:`hooked_module_provenance`);
+  itself through thunder's ``ThunderModule``: :func:`hooked_module_provenance`); calls that undo what a trace that
+  fails did to the caller's objects (:func:`undo_if_trace_fails`, run by :mod:`.runtime`'s ``acquire_initial_trace``
+  through :func:`undoing_on_trace_failure`; owned by that call, per thread);
 * executors' operators: the implementation an operator registered with ``fn=`` runs (``extend/__init__.py``
   ``OperatorExecutor.register_operator`` keeps it only in the closure of the symbol's ``_bind_postprocess``, as
   ``call_ctx``): :func:`operator_implementation`.
@@ -27,7 +29,9 @@ them.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import threading
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -154,6 +158,39 @@ def jit_state() -> dict | None:
     except LookupError:
         return None
     return ctx.__dict__.setdefault("_thunder_subclass_state", {})
+
+
+class _TraceUndo(threading.local):
+    """Per thread: for each trace being made (innermost last), the calls that undo what tracing did to the caller's
+    objects, run if the trace fails (:func:`undo_if_trace_fails`); owned by :func:`undoing_on_trace_failure`."""
+
+    def __init__(self):
+        self.stack: list[list[Callable]] = []
+
+
+_trace_undo = _TraceUndo()
+
+
+def undo_if_trace_fails(undo: Callable) -> None:
+    """Call ``undo()`` if the trace being made raises (an untraceable line, a graph break): the caller's objects the
+    traced code changed get their contents back before the call runs again, eagerly or in regions."""
+    if _trace_undo.stack:
+        _trace_undo.stack[-1].append(undo)
+
+
+@contextlib.contextmanager
+def undoing_on_trace_failure():
+    """Around the making of one trace (``acquire_initial_trace``): runs the undo calls registered meanwhile if it
+    raises, drops them when it returns."""
+    _trace_undo.stack.append([])
+    try:
+        yield
+    except BaseException:
+        for undo in reversed(_trace_undo.stack[-1]):
+            undo()
+        raise
+    finally:
+        _trace_undo.stack.pop()
 
 
 def call_in_epilogue(sym, history, *args) -> None:

@@ -23,6 +23,10 @@ Hooks (thunder 0.2.6 paths, relative to the installed ``thunder/``):
   attributes and items of them, attributes of the compiled module: a provenance the prologue can unpack) goes to
   ``Handlers.input_object`` too, which guards the Python objects thunder leaves unchecked (their type, identity or
   value: ``thunder_subclass.guards.guard_input_object``).
+* ``core/interpreter.py`` ``wrap`` — with provenance tracking thunder hands out the wrapper it made first for an
+  object, whatever path reads it again (``f(x, (o, o))``: ``t[1]`` gets ``t[0]``'s wrapper and provenance), so the
+  wrap callback sees one path per object; a read of an input object by another path goes to
+  ``Handlers.input_object`` too (the object at that path is guarded as well).
 * ``core/update_aliases.py`` ``_get_new_alias`` and ``prims.update_aliases`` (through the ``Symbol.__call__`` hook) —
   thunder's bookkeeping for in-place ops makes plain ``TensorProxy(like=x)`` versions of mutated values; a subclass
   value's new version stays a subclass proxy (``Handlers.new_alias``).
@@ -234,6 +238,27 @@ def _hook_general_jit_callbacks(original: dict) -> dict:
     return hooked
 
 
+def _hook_wrap(original):
+    # wraps thunder.core.interpreter.wrap (a module global its readers of items and attributes call): with provenance
+    # tracking it returns the wrapper it made first for the same object, with the first read's provenance, so the
+    # wrap callback never sees another path to it (f(x, (o, o)): t[1] is t[0]'s wrapper). A value read from the
+    # inputs by another path goes to Handlers.input_object with that path too.
+    @functools.wraps(original)
+    def wrap(value, /, *, provenance):
+        res = original(value, provenance=provenance)
+        if (
+            res is not value
+            and res.provenance is not provenance
+            and provenance.inputs
+            and is_plugin_active()
+            and is_unpackable_provenance(provenance)
+        ):
+            plugin_state.handlers.input_object(value, provenance)
+        return res
+
+    return wrap
+
+
 class _HookedCallbacks(dict):
     """thunder's interpreter callbacks with the plugin's wrap callback (a dict that can carry the hook marker)."""
 
@@ -412,6 +437,7 @@ def hook_targets() -> list[tuple[Any, str, Callable]]:
         (jit_ext, "general_jit_callbacks", _hook_general_jit_callbacks),
         (update_aliases, "_get_new_alias", _hook_get_new_alias),
         (interpreter, "wrap_args_from_list", _hook_wrap_args_from_list),
+        (interpreter, "wrap", _hook_wrap),
         (interpreter.InterpreterFrame, "get_or_make_python_frame", _hook_python_frame),
         (interpreter, "dis", _hook_interpreter_dis),
     ]
