@@ -218,8 +218,11 @@ def test_explain_lists_breaks_and_regions_without_warning():
         report = thunder_subclass.explain(model, torch.randn(6, 4))
     assert [b.name for b in report.breaks] == ["", "router"]
     assert list(report.regions) == ["blocks.0", "blocks.1", "head"]
-    assert re.match(r"1 graph break\(s\), 3 compiled region\(s\)\n  break at .*test_graph_breaks\.py:\d+: "
-                    r"UnsupportedSubclassOperationError: torch\.Tensor\.__getitem__ on TwoTensor", str(report))
+    assert report.region_calls == 3 and report.compiled_functions == [report.regions["blocks.0"],
+                                                                       report.regions["head"]]
+    assert re.match(r"1 graph break\(s\), 3 compiled region\(s\) \(2 compiled function\(s\), 3 region call\(s\)\)\n"
+                    r"  break at .*test_graph_breaks\.py:\d+: UnsupportedSubclassOperationError: torch\.Tensor\."
+                    r"__getitem__ on TwoTensor", str(report))
 
 
 # Hugging Face models: tiny random configs, no download
@@ -351,8 +354,12 @@ def test_an_item_used_as_a_number_in_tensor_code_still_compiles():
 def test_qwen2_moe_with_data_dependent_routing_forward_and_generate():
     model = _qwen2_moe_eager_experts()
     ids = _input_ids()
+    routed = []  # the experts the router picks: each runs the experts' activation (a region) once
+    hook = model.model.layers[0].mlp.gate.register_forward_hook(lambda m, a, out: routed.append(out[2].unique()))
     with torch.no_grad():
         expected_logits = model(ids).logits
+    hook.remove()
+    with torch.no_grad():
         expected_tokens = model.generate(ids, do_sample=False, pad_token_id=0, max_new_tokens=2)
     model.forward = jforward = thunder_subclass.jit(model.forward)
     with torch.no_grad(), pytest.warns(GraphBreakWarning, match=r"modeling_qwen2_moe\.py:\d+: AssertionError: .*"
@@ -362,7 +369,11 @@ def test_qwen2_moe_with_data_dependent_routing_forward_and_generate():
     assert [b.name for b in report.breaks] == ["", "model", "model.layers.0", "model.layers.0.mlp",
                                                "model.layers.0.mlp.experts"]
     assert {"model.layers.0.self_attn", "model.layers.0.mlp.gate", "model.layers.0.mlp.shared_expert",
-            "model.layers.0.mlp.shared_expert_gate", "lm_head"} <= set(report.regions)
+            "model.layers.0.mlp.shared_expert_gate", "model.layers.0.mlp.experts.act_fn",
+            "lm_head"} <= set(report.regions)
+    assert report.region_calls == len(report.regions) - 1 + routed[0].numel()
+    # one compiled function per class: the three RMS norms share one, shared_expert_gate and lm_head (nn.Linear) one
+    assert len(report.compiled_functions) == len(report.regions) - 3
     with torch.no_grad():
         tokens = model.generate(ids, do_sample=False, pad_token_id=0, max_new_tokens=2)
     assert torch.equal(tokens, expected_tokens)
