@@ -295,7 +295,8 @@ class _Program:
         finally:
             self.quiet = quiet
 
-    def call(self, owner: Any, compiled: Callable, code: Callable, args: tuple, kwargs: dict):
+    def call(self, owner: Any, compiled: Callable, code: Callable, args: tuple, kwargs: dict,
+             region: Callable | None = None):
         """A call of the compiled object: a fresh report (the same object, ``compiled.graph_breaks``), the program
         run, and the warning for new break locations."""
         outer = self.depth == 0
@@ -305,7 +306,7 @@ class _Program:
             self.report.region_calls = 0
         self.depth += 1
         try:
-            return self.run(owner, "", compiled, code, args, kwargs)
+            return self.run(owner, "", compiled, code, args, kwargs, region)
         finally:
             self.depth -= 1
             if outer and self.report.breaks and not self.quiet:
@@ -377,7 +378,7 @@ def with_graph_breaks(jfn: Callable, fn: Callable, jit: Callable[[Callable], Cal
     def call_with_breaks(*args, **kwargs):
         if is_tracing():  # called from inside another trace: no fallback there
             return compiled_call(*args, **kwargs)
-        return program.call(owner, compiled_call, code, args, kwargs)
+        return program.call(owner, compiled_call, code, args, kwargs, jfn)  # thunder.cache_misses(jfn) works
 
     call_with_breaks.__wrapped__ = getattr(compiled_call, "__wrapped__", compiled_call)  # thunder's own fn_
 
