@@ -142,7 +142,9 @@ def main():
     parser.add_argument("--models", nargs="*", default=list(MODELS))
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--threads", type=int, default=1)
     a = parser.parse_args()
+    torch.set_num_threads(a.threads)
     rows = []
     for name in a.models:
         model, args, value = MODELS[name]()
