@@ -82,10 +82,19 @@ class GraphBreakReport:
     ``breaks``: the callables that ran eagerly, outermost first. ``regions``: qualified name -> jitted function of
     each submodule that ran compiled (regions of one class share one function; ``thunder.last_traces`` of it
     gives its traces). When the program traced whole, ``breaks`` is empty and ``regions`` is ``{"": compiled}``.
+    ``region_calls``: how many times a compiled region ran in the call (a region called in an eager loop counts
+    once per iteration; torch.compile's counterpart is how many of its graphs one call runs).
     """
 
     breaks: list[GraphBreak] = dataclasses.field(default_factory=list)
     regions: dict[str, Callable] = dataclasses.field(default_factory=dict)
+    region_calls: int = 0
+
+    @property
+    def compiled_functions(self) -> list[Callable]:
+        """The distinct jitted functions behind ``regions`` (regions of one class share one); the sum of their
+        ``thunder.cache_misses`` is the number of traces, torch.compile's counterpart being its graph count."""
+        return list({id(f): f for f in self.regions.values()}.values())
 
     @property
     def locations(self) -> dict[str, list[GraphBreak]]:
@@ -96,7 +105,8 @@ class GraphBreakReport:
         return grouped
 
     def __str__(self) -> str:
-        lines = [f"{len(self.locations)} graph break(s), {len(self.regions)} compiled region(s)"]
+        lines = [f"{len(self.locations)} graph break(s), {len(self.regions)} compiled region(s) "
+                 f"({len(self.compiled_functions)} compiled function(s), {self.region_calls} region call(s))"]
         for location, breaks in self.locations.items():
             names = ", ".join(repr(b.name) if b.name else "<top>" for b in breaks)
             lines.append(f"  break at {location}: {breaks[0].reason} (ran eagerly: {names})")
@@ -236,6 +246,7 @@ class _Program:
                 self.broken_owners.add(id(key_owner))
             else:
                 self.report.regions[name] = compiled if region is None else region
+                self.report.region_calls += 1
                 return result
         self.report.breaks.append(taken)
         with self._children_compiled(eager if isinstance(eager, _ModuleCode) else None, name):
@@ -284,16 +295,18 @@ class _Program:
         finally:
             self.quiet = quiet
 
-    def call(self, owner: Any, compiled: Callable, code: Callable, args: tuple, kwargs: dict):
+    def call(self, owner: Any, compiled: Callable, code: Callable, args: tuple, kwargs: dict,
+             region: Callable | None = None):
         """A call of the compiled object: a fresh report (the same object, ``compiled.graph_breaks``), the program
         run, and the warning for new break locations."""
         outer = self.depth == 0
         if outer:
             self.report.breaks.clear()
             self.report.regions.clear()
+            self.report.region_calls = 0
         self.depth += 1
         try:
-            return self.run(owner, "", compiled, code, args, kwargs)
+            return self.run(owner, "", compiled, code, args, kwargs, region)
         finally:
             self.depth -= 1
             if outer and self.report.breaks and not self.quiet:
@@ -365,7 +378,7 @@ def with_graph_breaks(jfn: Callable, fn: Callable, jit: Callable[[Callable], Cal
     def call_with_breaks(*args, **kwargs):
         if is_tracing():  # called from inside another trace: no fallback there
             return compiled_call(*args, **kwargs)
-        return program.call(owner, compiled_call, code, args, kwargs)
+        return program.call(owner, compiled_call, code, args, kwargs, jfn)  # thunder.cache_misses(jfn) works
 
     call_with_breaks.__wrapped__ = getattr(compiled_call, "__wrapped__", compiled_call)  # thunder's own fn_
 
