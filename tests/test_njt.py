@@ -184,3 +184,19 @@ def test_returning_the_ragged_size_is_a_typed_error():
         thunder_subclass.jit(lambda t: (t * 2, t.shape[1]))(njt())
     with pytest.raises(UnsupportedSubclassOperationError, match=r"returns j\d+, the ragged size"):
         thunder_subclass.jit(lambda t: t.shape)(njt())
+
+
+def test_cached_sequence_lengths_read_in_traced_code_as_eager():
+    # _get_max_seqlen() / _max_seqlen read NestedTensor._metadata_cache, a dict of the _min/_max_seqlen_tensor inner
+    # tensors (the lengths are stored in their shapes); before: "Unknown attribute _metadata_cache"
+    def f(t):
+        return t * 2, t._get_max_seqlen(), t._get_min_seqlen(), t._max_seqlen, t._min_seqlen
+
+    jf = thunder_subclass.jit(f)
+    for lengths in ((2, 3, 4), (2, 3, 4), (1, 6)):
+        x = njt(lengths)
+        out, *seqlens = jf(x)
+        expected, *expected_seqlens = f(x)
+        assert seqlens == expected_seqlens == [max(lengths), min(lengths)] * 2
+        assert_njt_equal(out, expected)
+    assert thunder.cache_misses(jf) == 2 and thunder.cache_hits(jf) == 1

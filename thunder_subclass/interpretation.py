@@ -51,7 +51,7 @@ from thunder_subclass.errors import UnsupportedSubclassOperationError, Unsupport
 from thunder_subclass.executor import register_symbol
 from thunder_subclass.fake import FakeEnv, stride_of
 from thunder_subclass.guards import guard_buffer_flag, guard_python_attribute
-from thunder_subclass.proxy import SubclassTensorProxy, is_marked_leaf
+from thunder_subclass.proxy import SubclassTensorProxy, is_marked_leaf, rebuild_inner_refs
 from thunder_subclass.recording import (
     bind_unrolled,
     denormalize,
@@ -219,6 +219,8 @@ def attribute_lookaside(p: SubclassTensorProxy, name: str) -> Callable | None:
         return _inner_lookaside
     if name in p.python_attrs:
         return interpreter_needs_wrap(_read_python_attribute)
+    if name in p.inner_refs:  # a container of inner tensors (NestedTensor's _metadata_cache)
+        return interpreter_needs_wrap(lambda obj, name, *default: rebuild_inner_refs(p, p.inner_refs[name]))
     if found and not name.startswith("__"):
         if isinstance(class_attr, types.FunctionType):
             return interpreter_needs_wrap(lambda obj, name, *default: types.MethodType(class_attr, p))

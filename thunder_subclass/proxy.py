@@ -85,6 +85,10 @@ class SubclassTensorProxy(TensorProxy):
         outer_stride: strides of the outer tensor.
         python_attrs: the other, non-tensor attributes of the instance (``vars(x)`` less the inner tensors), as
             eager code reads them (``x.quant_type``, ``nn.Parameter``'s ``_is_param``); set on the fakes made for it.
+        inner_refs: instance attributes that are containers holding only inner tensors (by identity), as
+            ``{name: structure}`` with :class:`InnerRef` leaves (NestedTensor's ``_metadata_cache``: its cached
+            sequence lengths are the ``_min_seqlen_tensor`` / ``_max_seqlen_tensor`` inner tensors); read in traced
+            code, the structure is rebuilt from the inner proxies.
 
     Attribute access for an inner tensor name (``x.a``) gives that inner proxy, as ``x.a`` gives the inner tensor
     in eager mode.
@@ -102,6 +106,7 @@ class SubclassTensorProxy(TensorProxy):
         flatten_ctx: Any = None,
         outer_stride: tuple[int, ...] | None = None,
         python_attrs: Mapping[str, Any] | None = None,
+        inner_refs: Mapping[str, Any] | None = None,
         shape=None,
         device=None,
         dtype=None,
@@ -116,6 +121,7 @@ class SubclassTensorProxy(TensorProxy):
             flatten_ctx = like.flatten_ctx
             outer_stride = like.outer_stride
             python_attrs = like.python_attrs
+            inner_refs = like.inner_refs
             inner = {
                 a: OpaqueObjectProxy(p.value) if isinstance(p, OpaqueObjectProxy) else _inner_like(p)
                 for a, p in like.inner.items()
@@ -134,6 +140,7 @@ class SubclassTensorProxy(TensorProxy):
         self.flatten_ctx = flatten_ctx
         self.outer_stride = tuple(outer_stride)
         self.python_attrs = dict(python_attrs or {})
+        self.inner_refs = dict(inner_refs or {})
 
     def __getattr__(self, attr: str, /):
         inner = self.__dict__.get("inner")
@@ -182,6 +189,7 @@ class SubclassTensorProxy(TensorProxy):
             flatten_ctx=self.flatten_ctx,
             outer_stride=self.outer_stride,
             python_attrs=self.python_attrs,
+            inner_refs=self.inner_refs,
             shape=self.outer_size,
             device=self._device,
             dtype=self._dtype,
@@ -406,6 +414,7 @@ def subclass_proxy_from_tensor(t: torch.Tensor, *, name: str | None, history, in
         flatten_ctx=fctx,
         outer_stride=tuple(t.stride()),
         python_attrs=python_attributes(t, attrs),
+        inner_refs=inner_references(t, attrs),
         shape=tuple(t.shape),
         device=devices.to_device(t.device),
         dtype=dtypes.to_dtype(t.dtype),
@@ -447,6 +456,59 @@ def python_attributes(t: torch.Tensor, attrs) -> dict[str, Any]:
     found.update(getattr(t, "__dict__", None) or {})
     return {k: v for k, v in found.items()
             if k not in skip and not _holds_tensors_or_sizes(v) and not _is_torch_bookkeeping(k)}
+
+
+class InnerRef:
+    """A leaf of :attr:`SubclassTensorProxy.inner_refs`: the inner tensor named ``attr``."""
+
+    __slots__ = ("attr",)
+
+    def __init__(self, attr: str):
+        self.attr = attr
+
+    def __repr__(self) -> str:
+        return f"InnerRef({self.attr!r})"
+
+
+def inner_references(t: torch.Tensor, attrs) -> dict[str, Any]:
+    """The instance attributes of subclass value ``t`` that are dicts, lists or tuples holding only inner tensors
+    listed by ``__tensor_flatten__`` (``attrs``), the same objects: ``{name: structure with InnerRef leaves}``."""
+    by_id = {}
+    for a in attrs:
+        v = getattr(t, a, None)
+        if isinstance(v, torch.Tensor):
+            by_id[id(v)] = a
+    found = {}
+    for k, v in (getattr(t, "__dict__", None) or {}).items():
+        if k in attrs or type(v) not in (dict, list, tuple) or not _holds_tensors_or_sizes(v):
+            continue
+        ref = _as_inner_refs(v, by_id)
+        if ref is not None:
+            found[k] = ref
+    return found
+
+
+def _as_inner_refs(v: Any, by_id: dict):
+    if isinstance(v, torch.Tensor):
+        return InnerRef(by_id[id(v)]) if id(v) in by_id else None
+    if type(v) is dict:
+        items = {k: _as_inner_refs(x, by_id) for k, x in v.items()}
+        return None if any(x is None for x in items.values()) else items
+    if type(v) in (list, tuple):
+        items = [_as_inner_refs(x, by_id) for x in v]
+        return None if any(x is None for x in items) else type(v)(items)
+    return None
+
+
+def rebuild_inner_refs(p: "SubclassTensorProxy", structure: Any) -> Any:
+    """:attr:`SubclassTensorProxy.inner_refs` ``structure`` with each :class:`InnerRef` replaced by ``p``'s inner
+    proxy (defined in the trace where the code reads it)."""
+    if isinstance(structure, InnerRef):
+        p._define_inner_in_trace()
+        return p.inner[structure.attr]
+    if type(structure) is dict:
+        return {k: rebuild_inner_refs(p, x) for k, x in structure.items()}
+    return type(structure)(rebuild_inner_refs(p, x) for x in structure)
 
 
 def _holds_tensors_or_sizes(v: Any) -> bool:
