@@ -33,23 +33,19 @@ ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), os.pardir))
 
 _CHILD = r"""
 import json, sys, time
-layers, config = int(sys.argv[1]), sys.argv[2]
-import thunder_subclass, torch, transformers
-from torchao.quantization import Int8WeightOnlyConfig, quantize_
+layers, config, here = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+sys.path.insert(0, here)
+from profile_first_call import build_llama  # the same tiny int8 Llama and input
+import thunder_subclass, torch
 torch.set_num_threads(1)
-cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
-                               num_attention_heads=4, num_key_value_heads=2, vocab_size=256)
-torch.manual_seed(0)
-model = transformers.LlamaForCausalLM(cfg).eval()
-quantize_(model, Int8WeightOnlyConfig())
-ids = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(1))
+model, (ids,), logits = build_llama(layers)
 with torch.no_grad():
-    expected = model(ids).logits
+    expected = logits(model(ids))
     fn = thunder_subclass.jit(model) if config == "ts" else torch.compile(model, backend=config)
     start = time.perf_counter()
     out = fn(ids)
     first = time.perf_counter() - start
-    torch.testing.assert_close(out.logits, expected)
+    torch.testing.assert_close(logits(out), expected)
 print("RESULT " + json.dumps({"first": first}))
 """
 
@@ -57,7 +53,8 @@ CONFIGS = ("ts", "ts 2nd", "aot_eager", "inductor", "inductor 2nd")
 
 
 def _run(layers: int, backend: str, env: dict) -> float | str:
-    proc = subprocess.run([sys.executable, "-c", _CHILD, str(layers), backend], env=env, capture_output=True,
+    here = os.path.dirname(os.path.abspath(__file__))
+    proc = subprocess.run([sys.executable, "-c", _CHILD, str(layers), backend, here], env=env, capture_output=True,
                           text=True, timeout=1800, cwd=ROOT)
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):

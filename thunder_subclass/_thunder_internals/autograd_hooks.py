@@ -163,6 +163,7 @@ def protect_overwritten_values(forward_trace, backward_trace):
     from thunder.core import prims
     from thunder.core.proxies import TensorProxy
     from thunder.core.trace import from_trace, tracectx
+    from thunder.core.update_aliases import _is_inplace_op
     from thunder.executors import torchex
 
     ret = forward_trace.bound_symbols[-1]
@@ -180,11 +181,12 @@ def protect_overwritten_values(forward_trace, backward_trace):
         unpacked = _saved_tensor_names_in_backward(backward_trace, len(saved_tensors))
         written = set()
         for bsym in backward_trace.bound_symbols:
-            args = [p for p in bsym.flat_proxy_args if isinstance(p, TensorProxy)]
             if bsym.sym.name == "copy_" and len(bsym.args) >= 2 and isinstance(bsym.args[1], TensorProxy):
                 written.add(bsym.args[1].name)
-            elif bsym.sym.name.endswith("_") and not bsym.sym.name.startswith("_") and args:
-                written.add(args[0].name)  # an in-place op (add_, aten_add__Tensor) changes its first argument
+            elif _is_inplace_op(bsym):  # add_, the plugin's aten_add__Tensor: changes its first argument
+                args = [p for p in bsym.flat_proxy_args if isinstance(p, TensorProxy)]
+                if args:
+                    written.add(args[0].name)
         saved_names -= {saved_tensors[i].name for i, n in enumerate(unpacked) if n in written}
     clones: dict = {}
     bsyms = []

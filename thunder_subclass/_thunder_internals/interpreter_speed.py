@@ -113,18 +113,16 @@ def _fast_getitem(container, index):
     value, key = container.value, index.value
     typ = type(value)
     if typ is list or typ is tuple:
-        if type(key) is not int or not -len(value) <= key < len(value):
-            return _NOT_HANDLED
-        if not _tracking() or not _is_known_wrapper(container):
-            return _NOT_HANDLED
-        return interpreter.SequenceWrapperMethods.__getitem__(container, index)
-    if typ is dict:
-        if type(key) not in (str, int) or key not in value:
-            return _NOT_HANDLED
-        if not _tracking() or not _is_known_wrapper(container):
-            return _NOT_HANDLED
-        return interpreter.MutMappingWrapperMethods.__getitem__(container, index)
-    return _NOT_HANDLED
+        found = type(key) is int and -len(value) <= key < len(value)
+        getitem = interpreter.SequenceWrapperMethods.__getitem__
+    elif typ is dict:
+        found = type(key) in (str, int) and key in value
+        getitem = interpreter.MutMappingWrapperMethods.__getitem__
+    else:
+        return _NOT_HANDLED
+    if not found or not _tracking() or not _is_known_wrapper(container):
+        return _NOT_HANDLED
+    return getitem(container, index)
 
 
 def fast_getitem(container, index):
@@ -288,27 +286,20 @@ def _hook_for_iter(original):
 
     @functools.wraps(original)
     def for_iter_handler(inst, /, stack, inst_ptr, **kwargs):
-        tos = stack.getitem_wrapped(-1)
-        if type(interpreter.unwrap(tos)) is interpreter.MappingKeysIterator:
-            # thunder's own path; kept for its StopIteration handling (below for the other kinds)
-            res = _fast_next(tos)
-            if res is interpreter.INTERPRETER_SIGNALS.EXCEPTION_RAISED:
-                runtimectx = interpreter.get_interpreterruntimectx()
-                if isinstance(runtimectx.curexc, StopIteration):
-                    runtimectx.curexc = None
-                    if new_jumps:
-                        stack.append(interpreter.Py_NULL())
-                        return inst.arg
-                    stack.pop_wrapped()
-                    return inst_ptr + inst.arg + 1
-                return res
-            if res is not _NOT_HANDLED:
-                stack.append(res)
-                return None
-            return original(inst, stack=stack, inst_ptr=inst_ptr, **kwargs)
-        res = _fast_next(tos)
+        res = _fast_next(stack.getitem_wrapped(-1))
         if res is _NOT_HANDLED:
             return original(inst, stack=stack, inst_ptr=inst_ptr, **kwargs)
+        if res is interpreter.INTERPRETER_SIGNALS.EXCEPTION_RAISED:
+            # a MappingKeysIterator past its end: the loop ends as in thunder's handler
+            runtimectx = interpreter.get_interpreterruntimectx()
+            if not isinstance(runtimectx.curexc, StopIteration):
+                return res
+            runtimectx.curexc = None
+            if new_jumps:
+                stack.append(interpreter.Py_NULL())
+                return inst.arg
+            stack.pop_wrapped()
+            return inst_ptr + inst.arg + 1
         stack.append(res)
         return None
 
