@@ -200,3 +200,25 @@ def test_cached_sequence_lengths_read_in_traced_code_as_eager():
         assert seqlens == expected_seqlens == [max(lengths), min(lengths)] * 2
         assert_njt_equal(out, expected)
     assert thunder.cache_misses(jf) == 2 and thunder.cache_hits(jf) == 1
+
+
+@pytest.mark.filterwarnings("ignore:The 'symbolic values' cache option")
+def test_input_requiring_grad_under_symbolic_values():
+    # the gradient kind the backward expects is the output's without requires_grad (in NestedTensor's flatten
+    # context): its proxy is made after interpretation, where thunder's symbolic-size proxies raised
+    # "LookupError: <ContextVar name='interpretercompilectx'>"
+    w = torch.randn(4, 5, dtype=torch.float64, requires_grad=True)
+    f = lambda t, w: F.linear(t, w).softmax(-1) * t.size(0)
+    jf = thunder_subclass.jit(f, cache="symbolic values")
+    for lengths in ((2, 3, 4), (2, 3, 4), (3, 3, 3, 3)):
+        x = njt(lengths, requires_grad=True)
+        ex, ew = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+        w.grad = None
+        y, expected = jf(x, w), f(ex, ew)
+        assert_njt_equal(y, expected)
+        y.values().pow(2).sum().backward()
+        expected.values().pow(2).sum().backward()
+        assert type(x.grad) is NestedTensor and x.grad.shape[1] == x.shape[1]
+        torch.testing.assert_close(x.grad.values(), ex.grad.values())
+        torch.testing.assert_close(w.grad, ew.grad)
+    assert (thunder.cache_hits(jf), thunder.cache_misses(jf)) == (1, 2)
