@@ -222,3 +222,59 @@ def test_input_requiring_grad_under_symbolic_values():
         torch.testing.assert_close(x.grad.values(), ex.grad.values())
         torch.testing.assert_close(w.grad, ew.grad)
     assert (thunder.cache_hits(jf), thunder.cache_misses(jf)) == (1, 2)
+
+
+def _build_two(v1, o1, v2, o2):
+    a = torch.nested.nested_tensor_from_jagged(v1, o1)
+    b = torch.nested.nested_tensor_from_jagged(v2, o2)
+    return (a + b, True) if a.shape == b.shape else (a.sin(), False)
+
+
+def test_one_offsets_tensor_passed_as_two_arguments_shares_the_ragged_size():
+    # eager: NestedTensors built on the same offsets object have one ragged size (torch's nested int of the tensor)
+    v1, v2 = torch.randn(9, 5, dtype=torch.float64), torch.randn(9, 5, dtype=torch.float64)
+    jf = thunder_subclass.jit(_build_two)
+    o = torch.tensor([0, 2, 5, 9])
+    (y, shared), (expected, eshared) = jf(v1, o, v2, o), _build_two(v1, o, v2, o)
+    assert shared is eshared is True
+    assert_njt_equal(y, expected)
+    assert "add" in str(thunder.last_traces(jf)[-1])
+    o2 = torch.tensor([0, 1, 5, 9])  # a new offsets object, unknown to torch: the same trace
+    (y, shared) = jf(v1, o2, v2, o2)
+    assert shared and (thunder.cache_hits(jf), thunder.cache_misses(jf)) == (1, 1)
+    assert_njt_equal(y, _build_two(v1, o2, v2, o2)[0])
+    # two offsets objects (equal values): two ragged sizes in eager, the other branch; never the first trace
+    o3, o4 = torch.tensor([0, 2, 5, 9]), torch.tensor([0, 2, 5, 9])
+    (y, shared), (expected, eshared) = jf(v1, o3, v2, o4), _build_two(v1, o3, v2, o4)
+    assert shared is eshared is False
+    assert_njt_equal(y, expected)
+    assert (thunder.cache_hits(jf), thunder.cache_misses(jf)) == (1, 2)
+    # and the trace made for distinct offsets is not reused for one object passed twice
+    o5 = torch.tensor([0, 3, 4, 9])
+    assert jf(v1, o5, v2, o5)[1] is True
+    assert (thunder.cache_hits(jf), thunder.cache_misses(jf)) == (2, 2)
+
+
+def test_offsets_tensor_passed_next_to_a_nested_tensor_built_on_it():
+    def f(nt, offsets, v):
+        b = torch.nested.nested_tensor_from_jagged(v, offsets)
+        return (nt + b, True) if nt.shape == b.shape else (nt.cos(), False)
+
+    def case(lengths):
+        nt = njt(lengths)
+        return nt, nt.offsets(), torch.randn_like(nt.values())
+
+    jf = thunder_subclass.jit(f)
+    nt, o, v = case((2, 3, 4))
+    (y, shared), (expected, eshared) = jf(nt, o, v), f(nt, o, v)
+    assert shared is eshared is True
+    assert_njt_equal(y, expected)
+    assert y.shape[1] == nt.shape[1]  # eager's ragged size: nt's
+    nt2, o2, v2 = case((4, 3, 2))
+    assert jf(nt2, o2, v2)[1] is True and (thunder.cache_hits(jf), thunder.cache_misses(jf)) == (1, 1)
+    # offsets of another NestedTensor (or a copy of nt's): the sizes differ in eager; a cache miss, eager's branch
+    for other in (nt2.offsets(), o.clone()):
+        (y, shared), (expected, eshared) = jf(nt, other, v), f(nt, other, v)
+        assert shared is eshared is False
+        assert_njt_equal(y, expected)
+    assert (thunder.cache_hits(jf), thunder.cache_misses(jf)) == (2, 2)
