@@ -165,17 +165,90 @@ def test_ragged_size_used_as_a_number_is_a_typed_error():
         thunder_subclass.jit(lambda t: torch.zeros(t.shape[1]))(x)
 
 
-def test_unbind_is_a_typed_error():
-    # its results' sizes are the lengths, tensor values a trace does not know (torch.compile makes them unbacked
-    # symbolic sizes); with fullgraph=True that is its error, by default a graph break that runs eagerly
+def test_unbind_reads_the_offsets_guarded_forward_and_backward():
+    # NJT's unbind splits its values by offsets.diff().tolist(): the offsets of an input are known while tracing, so
+    # the trace is made for their values, which the prologue checks (other lengths: a new trace, never a stale one)
+    f = lambda t: [u.sum(0) * (i + 1) for i, u in enumerate((t * 2).unbind())]
+    jf = thunder_subclass.jit(f, fullgraph=True)
+    for lengths in ((2, 3, 4), (2, 3, 4), (4, 3, 2), (2, 3, 4)):
+        x = njt(lengths, requires_grad=True)
+        ex = x.detach().clone().requires_grad_()
+        parts, expected = jf(x), f(ex)
+        assert len(parts) == len(expected) == 3
+        for got, want in zip(parts, expected):
+            assert type(got) is torch.Tensor
+            torch.testing.assert_close(got, want)
+        sum(p.sum() for p in parts).backward()
+        sum(p.sum() for p in expected).backward()
+        assert type(x.grad) is NestedTensor
+        torch.testing.assert_close(x.grad.values(), ex.grad.values())
+    assert (thunder.cache_hits(jf), thunder.cache_misses(jf)) == (2, 2)
+    assert "check_input_values(t" in str(thunder.last_prologue_traces(jf)[-1])
+    # a plain offsets input, an NJT built on it inside: the same
+    g = lambda v, o: [u.cos() for u in torch.nested.nested_tensor_from_jagged(v, o).unbind()]
+    jg = thunder_subclass.jit(g, fullgraph=True)
+    v = torch.randn(9, 5, dtype=torch.float64)
+    for o in ([0, 2, 5, 9], [0, 2, 5, 9], [0, 1, 2, 9]):
+        o = torch.tensor(o)
+        for got, want in zip(jg(v, o), g(v, o), strict=True):
+            torch.testing.assert_close(got, want)
+    assert (thunder.cache_hits(jg), thunder.cache_misses(jg)) == (1, 2)
+
+
+def test_data_dependent_dispatch_on_values_not_known_while_tracing_is_a_typed_error():
+    # offsets computed in the trace (here by thunder's own ops on a plain tensor) have no known values: unbind of an
+    # NJT built on them stays the typed error; by default a graph break that runs eagerly
+    f = lambda v, lengths: torch.nested.nested_tensor_from_jagged(
+        v, torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])).unbind()
+    v, lengths = torch.randn(9, 5, dtype=torch.float64), torch.tensor([2, 3, 4])
     with pytest.raises(UnsupportedSubclassOperationError,
                        match=r"torch.Tensor.unbind on NestedTensor at .*test_njt.py:\d+ makes a data-dependent"):
-        thunder_subclass.jit(lambda t: t.unbind(), fullgraph=True)(njt())
-    x = njt()
+        thunder_subclass.jit(f, fullgraph=True)(v, lengths)
     with pytest.warns(thunder_subclass.GraphBreakWarning, match=r"torch\.Tensor\.unbind on NestedTensor"):
-        parts = thunder_subclass.jit(lambda t: t.unbind())(x)
-    for got, expected in zip(parts, x.unbind(), strict=True):
+        parts = thunder_subclass.jit(f)(v, lengths)
+    for got, expected in zip(parts, f(v, lengths), strict=True):
         torch.testing.assert_close(got, expected)
+
+
+def test_setitem_on_an_element_as_eager():
+    # x[1, 0, 0] = 2 selects component 1 by its offsets (read while tracing, guarded)
+    def f(x):
+        y = x.clone()
+        y[1, 0, 0] = 2
+        y[2, 1, 3] = -1
+        return y * 3
+
+    jf = thunder_subclass.jit(f, fullgraph=True)
+    for lengths in ((2, 3, 4), (2, 3, 4), (1, 6, 2)):
+        x = njt(lengths)
+        assert_njt_equal(jf(x), f(x))
+    assert (thunder.cache_hits(jf), thunder.cache_misses(jf)) == (1, 2)
+
+    def g(x):  # on the input itself: the caller's NestedTensor changes as in eager
+        x[0, 1, 2] = 7.0
+        return x.sin()
+
+    x = njt()
+    ex = x.clone()
+    assert_njt_equal(thunder_subclass.jit(g, fullgraph=True)(x), g(ex))
+    torch.testing.assert_close(x.values(), ex.values())
+
+
+def test_contiguous_clone_of_a_nested_tensor_with_holes():
+    # an NJT with lengths (holes between components): clone(memory_format=contiguous_format) packs the components
+    # by lengths.tolist() / offsets.tolist(); the result has new offsets and no lengths, as in eager
+    def holes(offsets, lengths):
+        return torch.nested.nested_tensor_from_jagged(
+            torch.randn(10, 5, dtype=torch.float64), torch.tensor(offsets), lengths=torch.tensor(lengths))
+
+    f = lambda t: t.clone(memory_format=torch.contiguous_format) * 2
+    jf = thunder_subclass.jit(f, fullgraph=True)
+    for offsets, lengths in (([0, 3, 6, 10], [2, 3, 1]), ([0, 3, 6, 10], [2, 3, 1]), ([0, 3, 6, 10], [3, 3, 4])):
+        x = holes(offsets, lengths)
+        y, expected = jf(x), f(x)
+        assert_njt_equal(y, expected)
+        assert y.lengths() is None and expected.lengths() is None
+    assert (thunder.cache_hits(jf), thunder.cache_misses(jf)) == (1, 2)
 
 
 def test_returning_the_ragged_size_is_a_typed_error():

@@ -189,6 +189,56 @@ def torch_device(p: TensorProxy) -> torch.device:
     return devices.to_torch_device(p.device)
 
 
+class ValueSource:
+    """An integer tensor input of the trace (a plain argument, or an inner tensor of a subclass input: a jagged
+    NestedTensor's offsets / lengths) whose values dispatch may read while tracing (``.item()``, ``.tolist()``). Holds
+    the value weakly (the call being traced keeps it alive); ``add_guard()`` adds the prologue check that a later
+    call's tensor has the same values (called the first time a fake run reads them, while interpreting): a trace made
+    for these values is never reused for others."""
+
+    __slots__ = ("_ref", "_add_guard", "guarded", "name")
+
+    def __init__(self, t: torch.Tensor, add_guard: Callable[[], None], name: str):
+        import weakref
+
+        self._ref = weakref.ref(t)
+        self._add_guard = add_guard
+        self.guarded = False
+        self.name = name
+
+    def value(self) -> torch.Tensor | None:
+        return self._ref()
+
+    def guard(self) -> bool:
+        """Add the prologue check (once); False when it can no longer be added (the prologue is made: a backward
+        being recorded)."""
+        if not self.guarded:
+            if not is_interpreting():
+                return False
+            self._add_guard()
+            self.guarded = True
+        return True
+
+
+_VALUE_SOURCE_ATTR = "_thunder_subclass_value_source"
+
+
+def real_execution() -> contextlib.AbstractContextManager:
+    """Run torch code on real tensors inside a fake run (no fake mode active)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    return unset_fake_temporarily()
+
+
+def remember_value_source(p: TensorProxy, source: ValueSource) -> None:
+    """Fakes of input ``p`` know its values (:class:`ValueSource`), for dispatch that reads them."""
+    p.__dict__[_VALUE_SOURCE_ATTR] = source
+
+
+def value_source(p: Any) -> ValueSource | None:
+    return p.__dict__.get(_VALUE_SOURCE_ATTR) if isinstance(p, TensorProxy) else None
+
+
 class FakeEnv:
     """Maps proxies to fake tensors (for running an operation) and fake results back to proxies."""
 
@@ -199,6 +249,10 @@ class FakeEnv:
         self.subclass_inputs: list[SubclassTensorProxy] = []
         self.mutated: set[int] = set()  # ids of fakes that in-place ops wrote to
         self._leaf_of: dict[int, torch.Tensor] = {}  # id(non-leaf fake) -> the leaf it was made from
+        # id(fake) -> (its real value, the ValueSources it is computed from): fakes of integer inputs and what
+        # aten calls compute from them alone (see known_value)
+        self.known_values: dict[int, tuple[torch.Tensor, frozenset]] = {}
+        self._keep_known: list[torch.Tensor] = []
 
     def bind(self, p: TensorProxy, fake: torch.Tensor) -> None:
         if id(fake) in self._proxy_of and self._proxy_of[id(fake)] is not p:
@@ -224,6 +278,8 @@ class FakeEnv:
         new.subclass_inputs = list(self.subclass_inputs)
         new.mutated = set(self.mutated)
         new._leaf_of = dict(self._leaf_of)
+        new.known_values = dict(self.known_values)
+        new._keep_known = list(self._keep_known)
         return new
 
     def rename(self, old, new) -> None:
@@ -278,6 +334,45 @@ class FakeEnv:
     def proxy_of(self, fake: torch.Tensor) -> TensorProxy | None:
         return self._proxy_of.get(id(fake))
 
+    def known_value(self, fake: Any) -> tuple[torch.Tensor, frozenset] | None:
+        """The real value of ``fake`` and the :class:`ValueSource` inputs it is computed from, when known: a fake of
+        an integer input of the trace, or the result of aten calls on such fakes only (:meth:`propagate_values`)."""
+        return self.known_values.get(id(fake))
+
+    def propagate_values(self, func, args, kwargs, out) -> None:
+        """After aten call ``func`` on fakes returned ``out``: when every tensor argument has a known value, run
+        ``func`` on the real values too, so its results' values are known (the lengths NestedTensor's dispatch
+        computes from its offsets, then reads with ``.tolist()``). Calls that write to their arguments are not run
+        (they would change the caller's tensors); their arguments' values are no longer known."""
+        flat = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
+        if getattr(func, "_schema", None) is not None and func._schema.is_mutable:
+            for a in flat:
+                self.known_values.pop(id(a), None)
+            return
+        if not flat:
+            return
+        known = [self.known_values.get(id(a)) for a in flat]
+        if any(k is None for k in known):
+            return
+        real_of = {id(a): k[0] for a, k in zip(flat, known)}
+        sources = frozenset().union(*(k[1] for k in known))
+        def real(a):
+            return real_of.get(id(a), a) if isinstance(a, torch.Tensor) else a
+
+        real_args, real_kwargs = pytree.tree_map(real, (args, kwargs))
+        try:
+            with real_execution():
+                real_out = func(*real_args, **real_kwargs)
+        except Exception:
+            return
+        fakes = [o for o in pytree.tree_leaves(out) if isinstance(o, torch.Tensor)]
+        reals = [o for o in pytree.tree_leaves(real_out) if isinstance(o, torch.Tensor)]
+        if len(fakes) == len(reals):
+            for f, r in zip(fakes, reals):
+                if tuple(f.shape) == tuple(r.shape):
+                    self.known_values[id(f)] = (r, sources)
+                    self._keep_known.append(f)  # ids stay unique while the value is known
+
     def to_fake(self, x: Any, requires_grad: bool | None = None, outer_size: tuple | None = None) -> Any:
         """The fake standing for ``x`` (made once per environment). ``requires_grad`` (default: the proxy's) is
         applied when the fake is made: a fake that requires grad is a leaf only for an input of the compiled
@@ -313,6 +408,10 @@ class FakeEnv:
             nested_int = nested_int_of(x)
             if nested_int is not None:  # the offsets of NestedTensors: those built on it share their ragged size
                 set_fake_nested_int(fake, nested_int)
+            source = value_source(x)
+            real = source.value() if source is not None else None
+            if real is not None:
+                self.known_values[id(fake)] = (real, frozenset((source,)))
         if requires_grad != fake.requires_grad and fake.is_leaf:
             fake.requires_grad_(requires_grad)
         if fake.requires_grad and fake.is_leaf and not is_marked_leaf(x):

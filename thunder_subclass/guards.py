@@ -38,6 +38,9 @@ from thunder_subclass.errors import SubclassProtocolError, UnsupportedSubclassOp
 from thunder_subclass.executor import subclass_executor
 from thunder_subclass.fake import (
     FakeEnv,
+    ValueSource,
+    real_execution,
+    remember_value_source,
     recorded_stride,
     remember_input_stride,
     remember_stride,
@@ -540,6 +543,7 @@ def proxify_input(jit_ctx, value, original):
         _trace_flags(jit_ctx, first_input=p)
         if type(t) is torch.Tensor and is_ragged_source_candidate(t):
             add_nested_sizes_guard(jit_ctx, p, t)
+            _remember_values(jit_ctx, p, t, p, ())
     add_plain_tensor_guard(jit_ctx, p)
     return p
 
@@ -554,6 +558,7 @@ def _proxify_subclass(jit_ctx, value) -> SubclassTensorProxy:
     _thunder_internals.register_input_proxy(value, p)
     mark_leaf(p, t)
     _remember_inner_strides(p, t)
+    _remember_inner_values(jit_ctx, p, t, p, ())
     _trace_flags(jit_ctx, first_input=p).involves_subclasses = True  # its first operation raises under a mode
     add_subclass_guards(jit_ctx, p)
     if p.nested_sizes:
@@ -570,6 +575,58 @@ def _remember_inner_strides(p: SubclassTensorProxy, t: torch.Tensor) -> None:
             _remember_inner_strides(q, x)
         elif isinstance(q, TensorProxy) and x.layout is torch.strided and all(type(d) is int for d in q._shape):
             remember_stride(q, x)
+
+
+def _remember_inner_values(jit_ctx, p: SubclassTensorProxy, t: torch.Tensor, root, path: tuple) -> None:
+    """The integer inner tensors of subclass input ``t`` (a jagged NestedTensor's offsets and lengths) get a
+    :class:`ValueSource`: dispatch that reads their values while tracing gets them, guarded."""
+    for a, q in p.inner.items():
+        x = getattr(t, a)
+        if isinstance(q, SubclassTensorProxy):
+            _remember_inner_values(jit_ctx, q, x, root, (*path, a))
+        elif isinstance(q, TensorProxy) and type(x) is torch.Tensor and is_ragged_source_candidate(x):
+            _remember_values(jit_ctx, q, x, root, (*path, a))
+
+
+def _remember_values(jit_ctx, p: TensorProxy, t: torch.Tensor, root, path: tuple) -> None:
+    def add_guard():
+        with real_execution():  # called in a fake run
+            expected = t.detach().clone()
+        jit_ctx.add_constraint((check_input_values, root, InputValuesSpec(path, expected)))
+
+    remember_value_source(p, ValueSource(t, add_guard, p.name))
+
+
+class InputValuesSpec:
+    """The values an integer input tensor had when traced (``path``: the attribute names from the input to it, for
+    an inner tensor of a subclass input), which dispatch read while tracing: another value is a cache miss."""
+
+    __slots__ = ("path", "expected")
+
+    def __init__(self, path: tuple, expected: torch.Tensor):
+        self.path, self.expected = path, expected
+
+    def __repr__(self) -> str:
+        where = "".join(f".{a}" for a in self.path)
+        return f"InputValuesSpec({where or 'the input'} == {self.expected.tolist()})"
+
+    def matches(self, t) -> bool:
+        for a in self.path:
+            t = getattr(t, a, None)
+        return isinstance(t, torch.Tensor) and t.shape == self.expected.shape and t.dtype == self.expected.dtype \
+            and bool(torch.equal(t.to(self.expected.device), self.expected))
+
+
+def _check_input_values_impl(t, spec: InputValuesSpec) -> None:
+    if not spec.matches(t):
+        raise SubclassGuardFailure(
+            explain=lambda: f"the values of an integer input that dispatch read while tracing changed ({spec!r})"
+        )
+
+
+check_input_values = subclass_executor.register_operator(
+    "check_input_values", meta=lambda t, spec: None, fn=_check_input_values_impl, tags=[prims.OpTags.DONT_DCE],
+)
 
 
 class NestedSizesSpec:

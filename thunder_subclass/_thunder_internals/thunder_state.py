@@ -116,18 +116,22 @@ def source_location(skip_files: tuple[str, ...] = ()) -> tuple[str | None, int |
     user code whose file is not one of ``skip_files``)."""
     from thunder.core.trace import get_tracectx
 
+    import os
+
+    import thunder
+
+    thunder_dir = os.path.dirname(thunder.__file__)
     trace = get_tracectx()
-    if trace is not None and trace._current_source_filename is not None and not skip_files:
+    # (a position inside thunder's own files: a thunder lookaside being traced, e.g. its DTensor-aware
+    # scaled_dot_product_attention wrapper; the user's line is the innermost frame outside thunder)
+    if trace is not None and trace._current_source_filename is not None and not skip_files \
+            and not trace._current_source_filename.startswith(thunder_dir):
         positions = trace._current_source_positions
         return trace._current_source_filename, getattr(positions, "lineno", None)
     if not is_interpreting():
         return None, None
-    import os
-
-    import thunder
     from thunder.core.interpreter import get_interpreterruntimectx
 
-    thunder_dir = os.path.dirname(thunder.__file__)
     for frame in reversed(get_interpreterruntimectx().frame_stack):
         if not frame.code.co_filename.startswith(thunder_dir) and frame.code.co_filename not in skip_files:
             return frame.code.co_filename, getattr(frame.positions, "lineno", None)
