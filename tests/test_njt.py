@@ -351,3 +351,78 @@ def test_offsets_tensor_passed_next_to_a_nested_tensor_built_on_it():
         assert shared is eshared is False
         assert_njt_equal(y, expected)
     assert (thunder.cache_hits(jf), thunder.cache_misses(jf)) == (2, 2)
+
+
+def _sdpa(q, k, v, **kwargs):
+    # as PyTorch's NJT tests call it: (B, j, H, D) inputs, attention over the ragged dim
+    return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), **kwargs).transpose(1, 2)
+
+
+def _heads(lengths, requires_grad=False, h=2, d=4):
+    return torch.nested.nested_tensor([torch.randn(n, h, d, dtype=torch.float64) for n in lengths], layout=torch.jagged,
+                                      requires_grad=requires_grad)
+
+
+def test_scaled_dot_product_attention_forward_backward_and_cache():
+    # on CPU eager takes the math backend, per component; the trace computes the same on each component's slice of
+    # the values (by the inputs' offsets, guarded): exactly eager's values and gradients
+    jf = thunder_subclass.jit(_sdpa, fullgraph=True)
+    for lengths in ((2, 3, 4), (2, 3, 4), (5, 1, 3)):
+        q, k, v = (_heads(lengths, requires_grad=True) for _ in range(3))
+        eq, ek, ev = (t.detach().clone().requires_grad_() for t in (q, k, v))
+        y, expected = jf(q, k, v), _sdpa(eq, ek, ev)
+        assert_njt_equal(y, expected)
+        assert y._ragged_idx == expected._ragged_idx == 1 and y.offsets() is q.offsets()  # the query's ragged size
+        torch.testing.assert_close(y.values(), expected.values(), rtol=0, atol=0)
+        grad = torch.randn_like(expected.values())
+        y.values().backward(grad)
+        expected.values().backward(grad)
+        for got, want in ((q, eq), (k, ek), (v, ev)):
+            assert type(got.grad) is NestedTensor
+            torch.testing.assert_close(got.grad.values(), want.grad.values())
+    assert (thunder.cache_hits(jf), thunder.cache_misses(jf)) == (1, 2)
+    # one attention per component (three), on plain tensors
+    assert str(thunder.last_traces(jf)[-1]).count("aten__safe_softmax_default(") == 3
+
+
+def test_scaled_dot_product_attention_in_a_module_and_cross_attention():
+    class Attention(torch.nn.Module):
+        def __init__(self, e=8, heads=2):
+            super().__init__()
+            self.heads = heads
+            self.qkv = torch.nn.Linear(e, 3 * e, dtype=torch.float64)
+            self.out = torch.nn.Linear(e, e, dtype=torch.float64)
+
+        def forward(self, x):
+            q, k, v = (t.contiguous().unflatten(-1, (self.heads, -1)).transpose(1, 2)
+                       for t in self.qkv(x).chunk(3, dim=-1))
+            y = F.scaled_dot_product_attention(q, k, v, scale=0.3)
+            return self.out(y.transpose(1, 2).flatten(-2))
+
+    m = Attention()
+    x = njt((2, 3, 4), 8, requires_grad=True)
+    ex = x.detach().clone().requires_grad_()
+    y = thunder_subclass.jit(m, fullgraph=True)(x)
+    assert_njt_equal(y, m(ex))
+    y.values().sum().backward()
+    grads = [p.grad.clone() for p in m.parameters()]
+    m.zero_grad()
+    m(ex).values().sum().backward()
+    for got, p in zip(grads, m.parameters()):
+        torch.testing.assert_close(got, p.grad)
+    torch.testing.assert_close(x.grad.values(), ex.grad.values())
+    # keys and values of other lengths than the queries
+    q, kv = _heads((2, 3)), _heads((5, 1))
+    y, expected = thunder_subclass.jit(_sdpa, fullgraph=True)(q, kv, kv), _sdpa(q, kv, kv)
+    assert_njt_equal(y, expected)
+    assert y.shape[1] == q.shape[1]
+
+
+def test_scaled_dot_product_attention_that_eager_refuses_is_a_typed_error_at_the_users_line():
+    q = _heads((2, 3))
+    with pytest.raises(RuntimeError, match="No viable backend"):  # eager: no causal attention on NJTs
+        _sdpa(q, q, q, is_causal=True)
+    with pytest.raises(thunder_subclass.errors.SubclassDispatchError,
+                       match=r"scaled_dot_product_attention on NestedTensor failed while tracing at .*test_njt.py:\d+: "
+                             r"RuntimeError: No viable backend"):
+        thunder_subclass.jit(lambda t: _sdpa(t, t, t, is_causal=True), fullgraph=True)(q)

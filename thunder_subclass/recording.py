@@ -37,7 +37,13 @@ from thunder.core.pytree import tree_flatten, tree_map, tree_unflatten
 from thunder.core.symbol import Symbol
 from thunder.core.trace import get_tracectx
 
-from thunder_subclass._thunder_internals import jit_state, real_script_object, source_location, torch_to_thunder_symbols
+from thunder_subclass._thunder_internals import (
+    fake_run_replacement,
+    jit_state,
+    real_script_object,
+    source_location,
+    torch_to_thunder_symbols,
+)
 from thunder_subclass.aten_symbols import record_aten_call
 from thunder_subclass.errors import (
     SubclassDispatchError,
@@ -256,6 +262,7 @@ def run_on_fakes(fn: Callable, args, kwargs, what: str, subclasses: str, *, env:
     except SubclassProtocolError as e:  # e.g. __tensor_unflatten__ rebuilding the wrong thing
         filename, lineno = source_location()
         raise SubclassProtocolError(f"{e} (while tracing {what} at {format_location(filename, lineno)})") from e
+    fn = fake_run_replacement(fn, fargs, fkwargs) or fn  # eager's computation where its own code cannot run on fakes
     recorder = RecordingMode(env)
     grad_mode = torch.enable_grad() if wants_grad is not None else torch.set_grad_enabled(is_traced_grad_enabled())
     try:

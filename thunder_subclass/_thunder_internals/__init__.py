@@ -112,6 +112,7 @@ from thunder_subclass._thunder_internals.torch_state import (  # noqa: F401
     active_dispatch_modes,
     is_user_dispatch_mode_active,
     data_dependent_exception_types,
+    fake_run_replacement,
     fake_tensor_mode_class,
     has_no_global_module_hooks,
     is_nested_int,

@@ -14,7 +14,10 @@
   :func:`module_has_backward_hooks`, :func:`has_no_global_module_hooks`, :func:`module_has_no_own_hooks_expression`)
   and ``Module._call_impl``;
 * fake-tensor execution's data-dependence exceptions (``torch._subclasses.fake_tensor``:
-  :func:`data_dependent_exception_types`), which ``graph_breaks`` reads as graph breaks.
+  :func:`data_dependent_exception_types`), which ``graph_breaks`` reads as graph breaks;
+* jagged NestedTensor attention for fake runs (``torch.nested._internal.sdpa``'s checks and backend choice:
+  :func:`fake_run_replacement`): where eager takes its math backend (on CPU), which runs on strided nested tensors
+  that fake tensors cannot make, the same computation per component on the values.
 """
 
 from __future__ import annotations
@@ -266,3 +269,60 @@ def data_dependent_exception_types() -> tuple[type, ...]:
                     getattr(fake_tensor, "DataDependentOutputException", None))
         if isinstance(t, type)
     )
+
+
+def fake_run_replacement(fn: Callable, args: tuple, kwargs: dict) -> Callable | None:
+    """A function that computes what ``fn(*args, **kwargs)`` computes in eager, for running it on fakes where
+    ``fn``'s own implementation cannot run there; None: run ``fn`` itself.
+
+    ``F.scaled_dot_product_attention`` on jagged NestedTensors of shape ``(B, H, j, D)`` (ragged dim 2) with no mask,
+    no dropout, not causal and no holes, when eager chooses the math backend (CPU): eager splits each of query, key
+    and value into a strided nested tensor by its offsets (``.tolist()``), runs
+    ``torch._scaled_dot_product_attention_math`` on those, and views the result as a NestedTensor of the query's
+    offsets and cached lengths. Fake tensors cannot make strided nested tensors; the replacement runs the same math
+    kernel on each component's ``(H, len_i, D)`` slice of the values (read by offsets, which fake runs know for
+    inputs, guarded) and concatenates them: the same values, a NestedTensor result of eager's metadata, and a
+    backward PyTorch's autograd derives from those operations."""
+    if fn is not torch._C._nn.scaled_dot_product_attention:
+        return None
+    from torch.nested._internal.nested_tensor import NestedTensor
+
+    names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+    bound = dict(zip(names, args))
+    if set(kwargs) - set(names) or set(kwargs) & set(bound):
+        return None
+    bound.update(kwargs)
+    q, k, v = bound.get("query"), bound.get("key"), bound.get("value")
+    if not all(type(t) is NestedTensor and t.dim() == 4 and t._ragged_idx == 2 and t._lengths is None
+               and t.device.type == "cpu" for t in (q, k, v)):
+        return None
+    if bound.get("attn_mask") is not None or bound.get("dropout_p", 0.0) != 0.0 or bound.get("is_causal", False) \
+            or bound.get("enable_gqa", False):
+        return None
+    return _njt_sdpa_math
+
+
+def _njt_sdpa_math(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    from torch.nested._internal import sdpa
+    from torch.nested._internal.nested_tensor import nested_view_from_values_offsets_lengths
+    from torch.nn.attention import SDPBackend
+
+    query, key, value, attn_mask = sdpa._autocast(query, key, value, attn_mask)
+    sdpa._validate_sdpa_input(query, key, value, attn_mask, dropout_p, is_causal, scale)
+    if sdpa._select_sdp_backend(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa) != SDPBackend.MATH:
+        return torch._C._nn.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal,
+                                                        scale=scale, enable_gqa=enable_gqa)
+    # ragged dim 2: the values are (H, total length, D); component i is values[:, offsets[i]:offsets[i + 1]]
+    qo, ko, vo = (t.offsets().tolist() for t in (query, key, value))
+    qv, kv, vv = query.values(), key.values(), value.values()
+    parts = []
+    for i in range(len(qo) - 1):
+        out = torch._scaled_dot_product_attention_math(
+            qv[:, qo[i]:qo[i + 1]], kv[:, ko[i]:ko[i + 1]], vv[:, vo[i]:vo[i + 1]], None, 0.0, False, scale=scale
+        )[0]
+        parts.append(out.transpose(0, 1))  # (len_i, H, Dv)
+    values = torch.cat(parts, 0)
+    return nested_view_from_values_offsets_lengths(
+        values, query.offsets(), lengths=None, min_seqlen=query._maybe_min_seqlen,
+        max_seqlen=query._maybe_max_seqlen,
+    ).transpose(1, 2)
