@@ -426,3 +426,34 @@ def test_scaled_dot_product_attention_that_eager_refuses_is_a_typed_error_at_the
                        match=r"scaled_dot_product_attention on NestedTensor failed while tracing at .*test_njt.py:\d+: "
                              r"RuntimeError: No viable backend"):
         thunder_subclass.jit(lambda t: _sdpa(t, t, t, is_causal=True), fullgraph=True)(q)
+
+
+def test_rms_norm_forward_and_backward_also_with_holes():
+    # an NJT with holes: torch counts its elements from lengths.sum().item() (its own code refuses fake lengths);
+    # the lengths of an input are known while tracing, guarded
+    f = lambda t: F.rms_norm(t, (5,)) * 3
+    jf = thunder_subclass.jit(f, fullgraph=True)
+    for lengths in ([2, 3, 1], [2, 3, 1], [3, 1, 4]):
+        v = torch.randn(10, 5, dtype=torch.float64, requires_grad=True)
+        ev = v.detach().clone().requires_grad_()
+        offsets = torch.tensor([0, 3, 6, 10])
+        x = torch.nested.nested_tensor_from_jagged(v, offsets, lengths=torch.tensor(lengths))
+        ex = torch.nested.nested_tensor_from_jagged(ev, offsets, lengths=torch.tensor(lengths))
+        y, expected = jf(x), f(ex)
+        torch.testing.assert_close(y.values(), expected.values())
+        torch.testing.assert_close(y.lengths(), expected.lengths())
+        (g,) = torch.autograd.grad(y.values().pow(2).sum(), v)
+        (eg,) = torch.autograd.grad(expected.values().pow(2).sum(), ev)
+        torch.testing.assert_close(g, eg)
+    assert (thunder.cache_hits(jf), thunder.cache_misses(jf)) == (1, 2)
+    # nn.RMSNorm over the last two dims of a (B, j, H, D) NJT, with its weight
+    m = torch.nn.RMSNorm((3, 4), dtype=torch.float64)
+    x = torch.nested.nested_tensor([torch.randn(n, 3, 4, dtype=torch.float64) for n in (2, 3, 4)],
+                                   layout=torch.jagged, requires_grad=True)
+    ex = x.detach().clone().requires_grad_()
+    y = thunder_subclass.jit(m, fullgraph=True)(x)
+    assert_njt_equal(y, m(ex))
+    (gx, gw), (egx, egw) = (torch.autograd.grad(out.values().pow(2).sum(), (inp, m.weight))
+                            for out, inp in ((y, x), (m(ex), ex)))
+    torch.testing.assert_close(gx.values(), egx.values())
+    torch.testing.assert_close(gw, egw)

@@ -39,6 +39,8 @@ from thunder.core.trace import get_tracectx
 
 from thunder_subclass._thunder_internals import (
     fake_run_replacement,
+    holes_lengths,
+    jagged_numel,
     jit_state,
     real_script_object,
     source_location,
@@ -84,6 +86,11 @@ class RecordingMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func in _NUMEL and self.env is not None and len(args) == 1 and holes_lengths(args[0]) is not None:
+            known = self.env.known_value(holes_lengths(args[0]))
+            if known is not None and all(source.guard() for source in known[1]):  # the lengths' values, guarded
+                with real_execution():
+                    return jagged_numel(args[0], int(known[0].sum()))
         if any(is_traceable_wrapper_subclass_type(t) for t in types_):
             self.saw_subclass = True
             return NotImplemented
@@ -105,6 +112,7 @@ class RecordingMode(TorchDispatchMode):
 
 
 _READS_VALUE = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default)
+_NUMEL = (torch.ops.aten.sym_numel.default, torch.ops.aten.numel.default)
 
 
 def _read_value(env: FakeEnv, fake: Any) -> Any:

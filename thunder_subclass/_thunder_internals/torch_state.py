@@ -17,7 +17,9 @@
   :func:`data_dependent_exception_types`), which ``graph_breaks`` reads as graph breaks;
 * jagged NestedTensor attention for fake runs (``torch.nested._internal.sdpa``'s checks and backend choice:
   :func:`fake_run_replacement`): where eager takes its math backend (on CPU), which runs on strided nested tensors
-  that fake tensors cannot make, the same computation per component on the values.
+  that fake tensors cannot make, the same computation per component on the values; the element count of a
+  NestedTensor with holes from known lengths (:func:`holes_lengths`, :func:`jagged_numel`; torch's own raises for
+  fake lengths).
 """
 
 from __future__ import annotations
@@ -326,3 +328,20 @@ def _njt_sdpa_math(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=F
         values, query.offsets(), lengths=None, min_seqlen=query._maybe_min_seqlen,
         max_seqlen=query._maybe_max_seqlen,
     ).transpose(1, 2)
+
+
+def holes_lengths(t: Any) -> torch.Tensor | None:
+    """The lengths of jagged NestedTensor ``t`` when it has holes (``nested_tensor_from_jagged(..., lengths=)``), whose
+    element count torch computes from their values (``lengths.sum().item()``, refused for fake lengths); else None."""
+    from torch.nested._internal.nested_tensor import NestedTensor
+
+    return t._lengths if type(t) is NestedTensor else None
+
+
+def jagged_numel(t: Any, total_length: int) -> int:
+    """``t.numel()`` of jagged NestedTensor ``t`` with holes whose lengths sum to ``total_length``, as torch counts it
+    (the total length times the sizes of the other non-batch dims)."""
+    import math
+
+    size, ragged = t._size, t._ragged_idx
+    return total_length * math.prod((*size[1:ragged], *size[ragged + 1:]))
