@@ -192,13 +192,14 @@ def torch_device(p: TensorProxy) -> torch.device:
 class ValueSource:
     """An integer tensor input of the trace (a plain argument, or an inner tensor of a subclass input: a jagged
     NestedTensor's offsets / lengths) whose values dispatch may read while tracing (``.item()``, ``.tolist()``). Holds
-    the value weakly (the call being traced keeps it alive); ``add_guard()`` adds the prologue check that a later
-    call's tensor has the same values (called the first time a fake run reads them, while interpreting): a trace made
-    for these values is never reused for others."""
+    the value weakly (the call being traced keeps it alive; a cached trace keeps no input alive);
+    ``add_guard(value)`` adds the prologue check that a later call's tensor has these values (called the first time
+    a fake run reads them, while interpreting, then dropped): a trace made for these values is never reused for
+    others."""
 
     __slots__ = ("_ref", "_add_guard", "guarded", "name")
 
-    def __init__(self, t: torch.Tensor, add_guard: Callable[[], None], name: str):
+    def __init__(self, t: torch.Tensor, add_guard: Callable[[torch.Tensor], None], name: str):
         import weakref
 
         self._ref = weakref.ref(t)
@@ -213,9 +214,11 @@ class ValueSource:
         """Add the prologue check (once); False when it can no longer be added (the prologue is made: a backward
         being recorded)."""
         if not self.guarded:
-            if not is_interpreting():
+            value = self.value()
+            if value is None or self._add_guard is None or not is_interpreting():
                 return False
-            self._add_guard()
+            self._add_guard(value)
+            self._add_guard = None
             self.guarded = True
         return True
 
@@ -410,7 +413,9 @@ class FakeEnv:
                 set_fake_nested_int(fake, nested_int)
             source = value_source(x)
             real = source.value() if source is not None else None
-            if real is not None:
+            if real is not None:  # a copy: environments kept for a backward keep no input alive
+                with real_execution():
+                    real = real.detach().clone()
                 self.known_values[id(fake)] = (real, frozenset((source,)))
         if requires_grad != fake.requires_grad and fake.is_leaf:
             fake.requires_grad_(requires_grad)

@@ -589,9 +589,9 @@ def _remember_inner_values(jit_ctx, p: SubclassTensorProxy, t: torch.Tensor, roo
 
 
 def _remember_values(jit_ctx, p: TensorProxy, t: torch.Tensor, root, path: tuple) -> None:
-    def add_guard():
+    def add_guard(value: torch.Tensor):
         with real_execution():  # called in a fake run
-            expected = t.detach().clone()
+            expected = value.detach().clone()
         jit_ctx.add_constraint((check_input_values, root, InputValuesSpec(path, expected)))
 
     remember_value_source(p, ValueSource(t, add_guard, p.name))
