@@ -457,3 +457,21 @@ def test_rms_norm_forward_and_backward_also_with_holes():
                             for out, inp in ((y, x), (m(ex), ex)))
     torch.testing.assert_close(gx.values(), egx.values())
     torch.testing.assert_close(gw, egw)
+
+
+def test_offsets_changed_in_place_in_the_trace_are_not_read_as_passed():
+    # the proxy of an input changed in place still stands for the input while tracing: its values as passed are not
+    # what later code reads, so dispatch reading them is the typed error (a trace for the old lengths would be wrong)
+    def f(v, o):
+        o[1] = 4
+        return torch.nested.nested_tensor_from_jagged(v, o).unbind()
+
+    v = torch.randn(9, 2)
+    with pytest.raises(UnsupportedSubclassOperationError, match=r"unbind on NestedTensor .* data-dependent"):
+        thunder_subclass.jit(f, fullgraph=True)(v, torch.tensor([0, 2, 5, 9]))
+    o, eo = torch.tensor([0, 2, 5, 9]), torch.tensor([0, 2, 5, 9])
+    with pytest.warns(thunder_subclass.GraphBreakWarning):
+        parts = thunder_subclass.jit(f)(v, o)
+    for got, expected in zip(parts, f(v, eo), strict=True):
+        torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(o, eo)

@@ -3,6 +3,11 @@
 In: thunder proxies (plain and subclass). Out: fake tensors with the same metadata (subclass fakes are rebuilt with
 ``__tensor_unflatten__`` on fake inner tensors), and proxies for fake results. Used by interpretation (running an
 operation on fake subclass instances) and by the metas of aten-level symbols.
+
+Known values: fakes of integer inputs (a jagged NestedTensor's offsets and lengths, 1-D integer arguments) know their
+real values (:class:`ValueSource`, :meth:`FakeEnv.known_value`), and so do results of aten calls on such fakes only
+(:meth:`FakeEnv.propagate_values`); dispatch that reads them (``.tolist()``) gets them, and the inputs they come from
+are then guarded by value in the prologue.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from thunder_subclass._thunder_internals import (
     registered_nested_int,
     set_fake_nested_int,
     tensor_producer,
+    trace_wrote_integer_tensors,
     traced_autocast_states,
 )
 from thunder_subclass.errors import SubclassProtocolError
@@ -413,6 +419,8 @@ class FakeEnv:
                 set_fake_nested_int(fake, nested_int)
             source = value_source(x)
             real = source.value() if source is not None else None
+            if real is not None and trace_wrote_integer_tensors():  # the input's values may have changed since
+                real = None
             if real is not None:  # a copy: environments kept for a backward keep no input alive
                 with real_execution():
                     real = real.detach().clone()

@@ -17,6 +17,9 @@ or a plain offsets-like input (1-D integer) after the first such input: which of
 earlier inputs' (NestedTensors sharing offsets; an offsets tensor passed twice, or next to a NestedTensor built on it),
 as when traced. A ragged dim itself is not part of ``check_subclass``'s outer-shape check.
 
+``check_input_values(x, spec)``, for an integer input (or integer inner tensor of a subclass input: NJT offsets and
+lengths) whose values dispatch read while tracing (``thunder_subclass.fake.ValueSource``): the same values.
+
 A failing check makes the prologue raise, which thunder treats as a cache miss: a new trace, never a stale one.
 """
 

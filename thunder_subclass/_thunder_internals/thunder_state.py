@@ -13,6 +13,8 @@
   function under the interpreter from a lookaside (``_interpret_call``: :func:`interpret_call`,
   :func:`interpret_native_call`), raising in the traced program (``do_raise``), rebinding a wrapped value, the
   arguments of ``super()``, whether the interpreter is running;
+* whether the trace being interpreted changed an integer tensor in place so far (thunder's
+  ``update_aliases._is_inplace_op``: :func:`trace_wrote_integer_tensors`; known input values are then stale);
 * the jit context (``jit_ext.get_jit_ctx``): a per-trace dict for the plugin (:func:`jit_state`), calls appended to
   the epilogue (:func:`call_in_epilogue`, run by :mod:`.interpreter_fixes`' ``process_recorded_modifications``
   hook), names and registration of input proxies, provenance records the prologue can unpack (the jitted module
@@ -162,6 +164,41 @@ def jit_state() -> dict | None:
     except LookupError:
         return None
     return ctx.__dict__.setdefault("_thunder_subclass_state", {})
+
+
+def trace_wrote_integer_tensors() -> bool:
+    """Whether the trace being interpreted has recorded, so far, an operation that changes an integer tensor in place
+    (thunder's ``_is_inplace_op``, in every open scope and their subsymbols): after ``o[1] = 4`` on an offsets input
+    the proxy ``o`` still stands for the input (thunder renames later uses only after tracing), so its values as
+    passed are no longer what later operations read. Scanned incrementally; the scan state lives in :func:`jit_state`.
+    True when no trace is being interpreted (nothing is known then)."""
+    from thunder.core.proxies import TensorProxy
+    from thunder.core.trace import get_tracectx
+    from thunder.core.update_aliases import _is_inplace_op
+
+    import thunder.core.dtypes as dtypes
+
+    trace, state = get_tracectx(), jit_state()
+    if trace is None or state is None:
+        return True
+    scanned = state.setdefault("inplace_integer_scan", {})  # id(scope list) -> (its length scanned, found)
+
+    def writes_integer(bsym) -> bool:
+        if _is_inplace_op(bsym):
+            args = [a for a in bsym.flat_proxy_args if isinstance(a, TensorProxy)]
+            if args and (dtypes.is_integer_dtype(args[0].dtype) or dtypes.is_boolean_dtype(args[0].dtype)):
+                return True
+        return any(writes_integer(sub) for sub in bsym.subsymbols)
+
+    found = False
+    for scope in trace.scopes:
+        done, was_found = scanned.get(id(scope), (0, False))
+        if len(scope) < done:  # a scope list reused by id: rescan it
+            done, was_found = 0, False
+        now_found = was_found or any(writes_integer(b) for b in scope[done:])
+        scanned[id(scope)] = (len(scope), now_found)
+        found = found or now_found
+    return found
 
 
 class _TraceUndo(threading.local):
