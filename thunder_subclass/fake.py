@@ -203,7 +203,7 @@ class ValueSource:
     a fake run reads them, while interpreting, then dropped): a trace made for these values is never reused for
     others."""
 
-    __slots__ = ("_ref", "_add_guard", "guarded", "name")
+    __slots__ = ("_ref", "_add_guard", "guarded", "stale", "name")
 
     def __init__(self, t: torch.Tensor, add_guard: Callable[[torch.Tensor], None], name: str):
         import weakref
@@ -211,7 +211,18 @@ class ValueSource:
         self._ref = weakref.ref(t)
         self._add_guard = add_guard
         self.guarded = False
+        self.stale = False  # the trace changed an integer tensor in place: the values as passed may be stale
         self.name = name
+
+    def usable(self) -> bool:
+        """Whether fakes of the input may know its values now: while interpreting, until the trace changes an integer
+        tensor in place (the input's proxy then still stands for it, its values as passed are not what later code
+        reads); afterwards (an operation recorded again for autodiff), only values already read, and so guarded."""
+        if is_interpreting():
+            if not self.stale and trace_wrote_integer_tensors():
+                self.stale = True
+            return not self.stale
+        return self.guarded and not self.stale
 
     def value(self) -> torch.Tensor | None:
         return self._ref()
@@ -419,7 +430,7 @@ class FakeEnv:
                 set_fake_nested_int(fake, nested_int)
             source = value_source(x)
             real = source.value() if source is not None else None
-            if real is not None and trace_wrote_integer_tensors():  # the input's values may have changed since
+            if real is not None and not source.usable():
                 real = None
             if real is not None:  # a copy: environments kept for a backward keep no input alive
                 with real_execution():

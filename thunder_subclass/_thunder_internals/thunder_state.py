@@ -170,7 +170,7 @@ def trace_wrote_integer_tensors() -> bool:
     """Whether the trace being interpreted has recorded, so far, an operation that changes an integer tensor in place
     (thunder's ``_is_inplace_op``, in every open scope and their subsymbols): after ``o[1] = 4`` on an offsets input
     the proxy ``o`` still stands for the input (thunder renames later uses only after tracing), so its values as
-    passed are no longer what later operations read. Scanned incrementally; the scan state lives in :func:`jit_state`.
+    passed are no longer what later operations read. The scan state lives in :func:`jit_state`.
     True when no trace is being interpreted (nothing is known then)."""
     from thunder.core.proxies import TensorProxy
     from thunder.core.trace import get_tracectx
@@ -181,7 +181,6 @@ def trace_wrote_integer_tensors() -> bool:
     trace, state = get_tracectx(), jit_state()
     if trace is None or state is None:
         return True
-    scanned = state.setdefault("inplace_integer_scan", {})  # id(scope list) -> (its length scanned, found)
 
     def writes_integer(bsym) -> bool:
         if _is_inplace_op(bsym):
@@ -190,15 +189,15 @@ def trace_wrote_integer_tensors() -> bool:
                 return True
         return any(writes_integer(sub) for sub in bsym.subsymbols)
 
-    found = False
-    for scope in trace.scopes:
-        done, was_found = scanned.get(id(scope), (0, False))
-        if len(scope) < done:  # a scope list reused by id: rescan it
-            done, was_found = 0, False
-        now_found = was_found or any(writes_integer(b) for b in scope[done:])
-        scanned[id(scope)] = (len(scope), now_found)
-        found = found or now_found
-    return found
+    # the trace's top-level list grows as it is interpreted: scanned once per symbol (the scan state: that list, how
+    # far, whether found); the open inner scopes (an operation being recorded) are short and scanned whole
+    top = trace.scopes[0]
+    scanned_list, done, found = state.get("inplace_integer_scan", (None, 0, False))
+    if scanned_list is not top:
+        done, found = 0, False
+    found = found or any(writes_integer(b) for b in top[done:])
+    state["inplace_integer_scan"] = (top, len(top), found)
+    return found or any(writes_integer(b) for scope in trace.scopes[1:] for b in scope)
 
 
 class _TraceUndo(threading.local):
