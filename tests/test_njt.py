@@ -355,7 +355,8 @@ def test_offsets_tensor_passed_next_to_a_nested_tensor_built_on_it():
 
 def _sdpa(q, k, v, **kwargs):
     # as PyTorch's NJT tests call it: (B, j, H, D) inputs, attention over the ragged dim
-    return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), **kwargs).transpose(1, 2)
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), **kwargs)
+    return out.transpose(1, 2)
 
 
 def _heads(lengths, requires_grad=False, h=2, d=4):

@@ -376,6 +376,7 @@ class FakeEnv:
             return
         real_of = {id(a): k[0] for a, k in zip(flat, known)}
         sources = frozenset().union(*(k[1] for k in known))
+
         def real(a):
             return real_of.get(id(a), a) if isinstance(a, torch.Tensor) else a
 
