@@ -17,7 +17,7 @@
   :func:`data_dependent_exception_types`), which ``graph_breaks`` reads as graph breaks;
 * jagged NestedTensor attention for fake runs (``torch.nested._internal.sdpa``'s checks and backend choice:
   :func:`fake_run_replacement`): where eager takes its math backend (on CPU), which runs on strided nested tensors
-  that fake tensors cannot make, the same computation per component on the values; the element count of a
+  that fake tensors cannot make, a custom operator computing the same per component; the element count of a
   NestedTensor with holes from known lengths (:func:`holes_lengths`, :func:`jagged_numel`; torch's own raises for
   fake lengths).
 """
@@ -25,6 +25,7 @@
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -281,10 +282,10 @@ def fake_run_replacement(fn: Callable, args: tuple, kwargs: dict) -> Callable | 
     no dropout, not causal and no holes, when eager chooses the math backend (CPU): eager splits each of query, key
     and value into a strided nested tensor by its offsets (``.tolist()``), runs
     ``torch._scaled_dot_product_attention_math`` on those, and views the result as a NestedTensor of the query's
-    offsets and cached lengths. Fake tensors cannot make strided nested tensors; the replacement runs the same math
-    kernel on each component's ``(H, len_i, D)`` slice of the values (read by offsets, which fake runs know for
-    inputs, guarded) and concatenates them: the same values, a NestedTensor result of eager's metadata, and a
-    backward PyTorch's autograd derives from those operations."""
+    offsets and cached lengths. Fake tensors cannot make strided nested tensors; the replacement calls
+    ``thunder_subclass::njt_attention`` on the values and offsets, which runs the same math kernel on each component's
+    ``(H, len_i, D)`` slice when it runs (its backward operator: the derivative written out), and views the result as
+    eager does: the same values, eager's result metadata, and a trace that holds for any lengths."""
     if fn is not torch._C._nn.scaled_dot_product_attention:
         return None
     from torch.nested._internal.nested_tensor import NestedTensor
@@ -314,20 +315,88 @@ def _njt_sdpa_math(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=F
     if sdpa._select_sdp_backend(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa) != SDPBackend.MATH:
         return torch._C._nn.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal,
                                                         scale=scale, enable_gqa=enable_gqa)
-    # ragged dim 2: the values are (H, total length, D); component i is values[:, offsets[i]:offsets[i + 1]]
-    qo, ko, vo = (t.offsets().tolist() for t in (query, key, value))
-    qv, kv, vv = query.values(), key.values(), value.values()
-    parts = []
-    for i in range(len(qo) - 1):
-        out = torch._scaled_dot_product_attention_math(
-            qv[:, qo[i]:qo[i + 1]], kv[:, ko[i]:ko[i + 1]], vv[:, vo[i]:vo[i + 1]], None, 0.0, False, scale=scale
-        )[0]
-        parts.append(out.transpose(0, 1))  # (len_i, H, Dv)
-    values = torch.cat(parts, 0)
+    # ragged dim 2: the values are (H, total length, D); the offsets stay tensors (read when the op runs): one trace
+    # for any lengths
+    values = _njt_attention_ops()[0](query.values(), query.offsets(), key.values(), key.offsets(), value.values(),
+                                     value.offsets(), scale)
     return nested_view_from_values_offsets_lengths(
         values, query.offsets(), lengths=None, min_seqlen=query._maybe_min_seqlen,
         max_seqlen=query._maybe_max_seqlen,
     ).transpose(1, 2)
+
+
+def _components(offsets: torch.Tensor, total: int, what: str) -> list[tuple[int, int]]:
+    bounds = offsets.tolist()
+    if not bounds or bounds[0] != 0 or bounds[-1] != total:  # eager splits the values by the lengths: the same error
+        raise RuntimeError(f"split_with_sizes expects the lengths of the {what} to sum exactly to {total}")
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+def _njt_attention_forward(q, q_offsets, k, k_offsets, v, v_offsets, scale):
+    """Eager's math-backend attention of one jagged batch: ``q`` / ``k`` / ``v`` are the ``(H, total length, D)``
+    values, each component attends within its own ``offsets`` range; returns the ``(total, H, Dv)`` values."""
+    parts = []
+    for (a, b), (c, d), (e, f) in zip(_components(q_offsets, q.shape[1], "query"),
+                                      _components(k_offsets, k.shape[1], "key"),
+                                      _components(v_offsets, v.shape[1], "value"), strict=True):
+        out = torch._scaled_dot_product_attention_math(q[:, a:b], k[:, c:d], v[:, e:f], None, 0.0, False, scale=scale)
+        parts.append(out[0].transpose(0, 1))
+    return torch.cat(parts, 0) if parts else q.new_empty(0, q.shape[0], v.shape[2])
+
+
+def _njt_attention_backward(grad, q, q_offsets, k, k_offsets, v, v_offsets, scale):
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    for (a, b), (c, d), (e, f) in zip(_components(q_offsets, q.shape[1], "query"),
+                                      _components(k_offsets, k.shape[1], "key"),
+                                      _components(v_offsets, v.shape[1], "value"), strict=True):
+        # (autograd does not run inside an operator's kernel: the derivative of softmax(s * q k^T) v, written out)
+        qi, ki, vi, go = q[:, a:b], k[:, c:d], v[:, e:f], grad[a:b].transpose(0, 1)
+        s = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+        p = torch.softmax(s * qi @ ki.transpose(-2, -1), dim=-1)
+        dv[:, e:f] += p.transpose(-2, -1) @ go
+        dp = go @ vi.transpose(-2, -1)
+        ds = p * (dp - (dp * p).sum(-1, keepdim=True))
+        dq[:, a:b] += s * ds @ ki
+        dk[:, c:d] += s * ds.transpose(-2, -1) @ qi
+    return dq, dk, dv
+
+
+@functools.cache
+def _njt_attention_ops() -> tuple:
+    """``thunder_subclass::njt_attention`` and its backward, custom operators (registered on first use) that take the
+    offsets as tensors: a trace holds them as one call each, valid for any lengths."""
+    from torch.library import custom_op
+
+    @custom_op("thunder_subclass::njt_attention", mutates_args=())
+    def forward(q: torch.Tensor, q_offsets: torch.Tensor, k: torch.Tensor, k_offsets: torch.Tensor,
+                v: torch.Tensor, v_offsets: torch.Tensor, scale: float | None) -> torch.Tensor:
+        return _njt_attention_forward(q, q_offsets, k, k_offsets, v, v_offsets, scale)
+
+    @forward.register_fake
+    def _(q, q_offsets, k, k_offsets, v, v_offsets, scale):
+        return q.new_empty(q.shape[1], q.shape[0], v.shape[2])
+
+    @custom_op("thunder_subclass::njt_attention_backward", mutates_args=())
+    def backward(grad: torch.Tensor, q: torch.Tensor, q_offsets: torch.Tensor, k: torch.Tensor,
+                 k_offsets: torch.Tensor, v: torch.Tensor, v_offsets: torch.Tensor,
+                 scale: float | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return _njt_attention_backward(grad, q, q_offsets, k, k_offsets, v, v_offsets, scale)
+
+    @backward.register_fake
+    def _(grad, q, q_offsets, k, k_offsets, v, v_offsets, scale):
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs[:6])
+        ctx.scale = inputs[6]
+
+    def grad_rule(ctx, grad):
+        q, qo, k, ko, v, vo = ctx.saved_tensors
+        dq, dk, dv = backward(grad.contiguous(), q, qo, k, ko, v, vo, ctx.scale)
+        return dq, None, dk, None, dv, None, None
+
+    forward.register_autograd(grad_rule, setup_context=setup_context)
+    return forward, backward
 
 
 def holes_lengths(t: Any) -> torch.Tensor | None:
