@@ -478,3 +478,19 @@ def test_offsets_changed_in_place_in_the_trace_are_not_read_as_passed():
     for got, expected in zip(parts, f(v, eo), strict=True):
         torch.testing.assert_close(got, expected)
     torch.testing.assert_close(o, eo)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_scaled_dot_product_attention_in_half_precision_as_eager(dtype):
+    # eager's math backend computes nested half-precision inputs in their own dtype: so do we, bit for bit
+    q, k, v = (torch.nested.nested_tensor([torch.randn(n, 2, 8) for n in (3, 5)], layout=torch.jagged, dtype=dtype,
+                                          requires_grad=True) for _ in range(3))
+    eq, ek, ev = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    y, expected = thunder_subclass.jit(_sdpa, fullgraph=True)(q, k, v, scale=0.5), _sdpa(eq, ek, ev, scale=0.5)
+    assert y.dtype == expected.dtype == dtype
+    assert torch.equal(y.values(), expected.values())
+    grad = torch.randn_like(expected.values())
+    y.values().backward(grad)
+    expected.values().backward(grad)
+    for got, want in ((q, eq), (k, ek), (v, ev)):
+        assert torch.equal(got.grad.values(), want.grad.values())

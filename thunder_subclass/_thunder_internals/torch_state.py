@@ -283,9 +283,9 @@ def fake_run_replacement(fn: Callable, args: tuple, kwargs: dict) -> Callable | 
     and value into a strided nested tensor by its offsets (``.tolist()``), runs
     ``torch._scaled_dot_product_attention_math`` on those, and views the result as a NestedTensor of the query's
     offsets and cached lengths. Fake tensors cannot make strided nested tensors; the replacement calls
-    ``thunder_subclass::njt_attention`` on the values and offsets, which runs the same math kernel on each component's
-    ``(H, len_i, D)`` slice when it runs (its backward operator: the derivative written out), and views the result as
-    eager does: the same values, eager's result metadata, and a trace that holds for any lengths."""
+    ``thunder_subclass::njt_attention`` on the values and offsets, which runs the math backend's operations on each
+    component's ``(H, len_i, D)`` slice when it runs (its backward operator: their derivative written out), and views
+    the result as eager does: the same values, eager's result metadata, and a trace that holds for any lengths."""
     if fn is not torch._C._nn.scaled_dot_product_attention:
         return None
     from torch.nested._internal.nested_tensor import NestedTensor
@@ -332,32 +332,39 @@ def _components(offsets: torch.Tensor, total: int, what: str) -> list[tuple[int,
     return list(zip(bounds[:-1], bounds[1:]))
 
 
+def _scale_factor(q: torch.Tensor, scale: float | None) -> float:
+    # the math backend scales query and key by the square root of the scale each
+    return math.sqrt(scale if scale is not None else 1.0 / math.sqrt(q.shape[-1]))
+
+
 def _njt_attention_forward(q, q_offsets, k, k_offsets, v, v_offsets, scale):
     """Eager's math-backend attention of one jagged batch: ``q`` / ``k`` / ``v`` are the ``(H, total length, D)``
-    values, each component attends within its own ``offsets`` range; returns the ``(total, H, Dv)`` values."""
+    values, each component attends within its own ``offsets`` range; returns the ``(total, H, Dv)`` values. The same
+    operations as ``torch._scaled_dot_product_attention_math`` on the nested components (which, unlike its dense
+    form on CPU, computes half-precision inputs in their own dtype): eager's values exactly."""
+    sf = _scale_factor(q, scale)
     parts = []
     for (a, b), (c, d), (e, f) in zip(_components(q_offsets, q.shape[1], "query"),
                                       _components(k_offsets, k.shape[1], "key"),
                                       _components(v_offsets, v.shape[1], "value"), strict=True):
-        out = torch._scaled_dot_product_attention_math(q[:, a:b], k[:, c:d], v[:, e:f], None, 0.0, False, scale=scale)
-        parts.append(out[0].transpose(0, 1))
+        attn = torch._safe_softmax((q[:, a:b] * sf) @ (k[:, c:d].transpose(-2, -1) * sf), -1)
+        parts.append((attn @ v[:, e:f]).transpose(0, 1))
     return torch.cat(parts, 0) if parts else q.new_empty(0, q.shape[0], v.shape[2])
 
 
 def _njt_attention_backward(grad, q, q_offsets, k, k_offsets, v, v_offsets, scale):
+    # (autograd does not run inside an operator's kernel: the derivative of the forward's operations, written out)
+    sf = _scale_factor(q, scale)
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     for (a, b), (c, d), (e, f) in zip(_components(q_offsets, q.shape[1], "query"),
                                       _components(k_offsets, k.shape[1], "key"),
                                       _components(v_offsets, v.shape[1], "value"), strict=True):
-        # (autograd does not run inside an operator's kernel: the derivative of softmax(s * q k^T) v, written out)
-        qi, ki, vi, go = q[:, a:b], k[:, c:d], v[:, e:f], grad[a:b].transpose(0, 1)
-        s = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
-        p = torch.softmax(s * qi @ ki.transpose(-2, -1), dim=-1)
-        dv[:, e:f] += p.transpose(-2, -1) @ go
-        dp = go @ vi.transpose(-2, -1)
-        ds = p * (dp - (dp * p).sum(-1, keepdim=True))
-        dq[:, a:b] += s * ds @ ki
-        dk[:, c:d] += s * ds.transpose(-2, -1) @ qi
+        qs, ks, vi, go = q[:, a:b] * sf, k[:, c:d] * sf, v[:, e:f], grad[a:b].transpose(0, 1)
+        attn = torch._safe_softmax(qs @ ks.transpose(-2, -1), -1)
+        dv[:, e:f] += attn.transpose(-2, -1) @ go
+        ds = torch._softmax_backward_data(go @ vi.transpose(-2, -1), attn, -1, attn.dtype)
+        dq[:, a:b] += (ds @ ks) * sf
+        dk[:, c:d] += (ds.transpose(-2, -1) @ qs) * sf
     return dq, dk, dv
 
 
