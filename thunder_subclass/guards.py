@@ -654,6 +654,11 @@ class NestedSizesSpec:
     def __repr__(self) -> str:
         return f"NestedSizesSpec({len(self.pairs)} pairs)"
 
+    def __eq__(self, other) -> bool:  # value equality: an on-disk cache entry stores a pickled copy
+        return type(other) is NestedSizesSpec and other.pairs == self.pairs
+
+    __hash__ = None
+
     def matches(self, t, others) -> bool:
         return all(ragged_sizes_equal(t, d, others[j], e) is equal for d, j, e, equal in self.pairs)
 

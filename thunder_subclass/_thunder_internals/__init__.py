@@ -129,6 +129,7 @@ from thunder_subclass._thunder_internals.torch_state import (  # noqa: F401
     opaque_attributes_unavailable,
     opaque_guard_fn,
     real_script_object,
+    register_plugin_operators,
     registered_nested_int,
     set_fake_nested_int,
     tensor_metadata_guard,

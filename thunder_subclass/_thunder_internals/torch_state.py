@@ -17,7 +17,8 @@
   :func:`data_dependent_exception_types`), which ``graph_breaks`` reads as graph breaks;
 * jagged NestedTensor attention for fake runs (``torch.nested._internal.sdpa``'s checks and backend choice:
   :func:`fake_run_replacement`): where eager takes its math backend (on CPU), which runs on strided nested tensors
-  that fake tensors cannot make, a custom operator computing the same per component; the element count of a
+  that fake tensors cannot make, a custom operator computing the same per component (registered on first use or by
+  :func:`register_plugin_operators`); the element count of a
   NestedTensor with holes from known lengths (:func:`holes_lengths`, :func:`jagged_numel`; torch's own raises for
   fake lengths).
 """
@@ -404,6 +405,12 @@ def _njt_attention_ops() -> tuple:
 
     forward.register_autograd(grad_rule, setup_context=setup_context)
     return forward, backward
+
+
+def register_plugin_operators() -> None:
+    """Register the plugin's custom operators (``thunder_subclass::njt_attention`` and its backward) now, as their
+    first use does: a trace loaded from disk names them."""
+    _njt_attention_ops()
 
 
 def holes_lengths(t: Any) -> torch.Tensor | None:
