@@ -5,6 +5,7 @@ eager does, and are guarded as before (a changed Python input is a cache miss)."
 
 from __future__ import annotations
 
+import thunder
 import torch
 from torch.testing import assert_close
 from torch.testing._internal.two_tensor import TwoTensor
@@ -153,9 +154,92 @@ def test_a_longer_list_or_a_dict_with_other_keys_is_a_cache_miss_not_the_shorter
             assert any(expected_reason[i] in r for r in reasons), reasons
 
 
+class _InterpretedFrames:
+    """Counts the Python functions thunder's interpreter runs frame by frame, by name, while in the block."""
+
+    def __enter__(self):
+        import collections
+
+        import thunder.core.interpreter as interpreter
+
+        self.counts = collections.Counter()
+        self._interpreter = interpreter
+        self._original = original = interpreter._setup_frame_and_run_python_function
+
+        def counting(compilectx, runtimectx, wrapped_fn, /, *args, **kwargs):
+            fn = interpreter.unwrap(wrapped_fn)
+            self.counts[getattr(fn, "__qualname__", None)] += 1
+            return original(compilectx, runtimectx, wrapped_fn, *args, **kwargs)
+
+        interpreter._setup_frame_and_run_python_function = counting
+        return self
+
+    def __exit__(self, *exc):
+        self._interpreter._setup_frame_and_run_python_function = self._original
+
+
+def test_module_attributes_are_read_as_module_getattr_reads_them_and_stay_guarded():
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(3, 3)
+            self.register_buffer("shift", torch.ones(3))
+            self.scale = torch.nn.Parameter(_tt(3))
+
+        def forward(self, x):
+            extra = getattr(self, "missing", None)
+            has = hasattr(self, "also_missing")
+            return self.lin(x) * self.scale + self.shift + (0.0 if extra is None or has else 1.0)
+
+    m = Block()
+    x = _tt(2, 3)
+    jm = thunder_subclass.jit(m)
+    with _InterpretedFrames() as frames:
+        assert_close(jm(x), m(x))
+    # lin, scale, shift, lin.weight, lin.bias are read without interpreting Module.__getattr__; names no dict holds
+    # (the AttributeError path: "missing", "also_missing") are interpreted
+    assert 1 <= frames.counts["Module.__getattr__"] <= 2
+    with torch.no_grad():
+        m.lin.weight.mul_(2.0)
+    assert_close(jm(x), m(x))  # the same parameter object changed in place: the same trace, the new values
+    assert thunder.cache_misses(jm) == 1
+    m.scale = torch.nn.Parameter(_tt(3) + 5)  # a new parameter object, as eager reads it
+    m.lin.bias = torch.nn.Parameter(torch.zeros(3))
+    assert_close(jm(x), m(x))
+    m.register_buffer("shift", torch.full((4,), 2.0)[:3])
+    assert_close(jm(x), m(x))
+
+    class Overridden(Block):
+        def __getattr__(self, name):  # a module's own __getattr__ is interpreted: its reads are its own
+            return super().__getattr__(name) if name != "scale" else 2.0 * super().__getattr__(name)
+
+    o = Overridden()
+    assert_close(thunder_subclass.jit(o)(x), o(x))
+
+
+def test_transformers_config_reads_are_native_and_guarded_by_value():
+    transformers = __import__("pytest").importorskip("transformers")
+
+    config = transformers.GPT2Config(n_layer=2, n_embd=8, n_head=2)  # num_hidden_layers is n_layer (attribute_map)
+
+    def f(x, cfg):
+        layers = cfg.num_hidden_layers
+        window = getattr(cfg, "sliding_window_that_gpt2_lacks", 3)
+        return x * layers + window + cfg.n_embd + (1.0 if cfg.use_cache else 0.0)
+
+    jfn = thunder_subclass.jit(f)
+    x = _tt(2)
+    with _InterpretedFrames() as frames:
+        assert_close(jfn(x, config), f(x, config))
+    assert frames.counts["PreTrainedConfig.__getattribute__"] == 0
+    config.num_hidden_layers = 5  # writes n_layer through attribute_map: the prologue's read sees it
+    assert_close(jfn(x, config), f(x, config))
+    assert thunder.cache_misses(jfn) == 2
+    assert any("== 2)" in r for r in thunder_subclass.last_miss_reasons(jfn))  # the layer count read before
+
+
 def test_uninstall_restores_thunders_handlers_and_plain_thunder_runs_loops():
     thunder_subclass.jit(lambda x: x)
-    import thunder
     import thunder.core.interpreter as interpreter
 
     hooked = ("BINARY_SUBSCR", "FOR_ITER", "CONTAINS_OP", "STORE_ATTR", "STORE_SUBSCR")

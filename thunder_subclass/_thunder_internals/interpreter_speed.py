@@ -34,6 +34,23 @@ would find for the object, no provenance tracking, no plugin jit tracing) goes t
   sequence wrapper and advances the position natively; a step of a ``MappingKeysIterator`` calls its own lookaside
   ``__next__``. The last step (``StopIteration``) goes to thunder's handler.
 
+Attribute reads that thunder runs as interpreted Python calls (through the ``general_jit_lookaside`` hook of
+:mod:`.tracing`, :func:`speed_lookaside`):
+
+* ``torch.nn.Module.__getattr__`` (not overridden) for a name held in the module's ``_parameters``, ``_buffers`` or
+  ``_modules`` dict: the operations of its body (``self.__dict__``, ``"_parameters" in ...``, ``... [name]``) are made
+  here through the same interpreter calls its bytecode would make (``getattr`` through the lookasides, the dict
+  wrapper's ``__contains__`` / ``__getitem__``), so the value and its provenance are the interpreted body's. Any other
+  name (the ``AttributeError`` path) is interpreted.
+* ``getattr(obj, name[, default])`` where every Python ``__getattribute__`` in ``type(obj).__mro__`` is one known to only read
+  (``_READ_ONLY_GETATTRIBUTE``: transformers' configuration classes, whose ``__getattribute__`` maps aliases through
+  ``attribute_map`` and checks per-layer attributes; interpreted, each config read cost ~20 ms, ~30 reads per Llama
+  forward): read natively and, when the value is a ``None``/``bool``/``int``/``float``/``str``/``torch.dtype``,
+  wrapped as the attribute ``obj.name`` (the prologue reads it back with ``getattr`` and checks it, as it checks any
+  value read from the inputs); a missing attribute gives the default as thunder's ``getattr`` does (neither path
+  guards an attribute's absence). Other values (objects a property makes, methods, tensors) and any other exception:
+  interpreted.
+
 Measured on a tiny int8 Llama (1 decoder layer, first call): interpreted frames 35,338 before the globals path,
 8,028 after it (see ``benchmarks/bench_cold_start.py`` for times).
 """
@@ -55,6 +72,15 @@ _NOT_HANDLED = object()
 # code: run as Python instead of interpreted (``dataclasses.fields`` builds its tuple from a generator, which the
 # interpreter steps through frame by frame: 16 ms per call, ~100 calls per Hugging Face forward for its ModelOutputs)
 PURE_NATIVE_FUNCTIONS = frozenset({dataclasses.fields, dataclasses.is_dataclass})
+
+
+# Python ``__getattribute__`` methods (module, qualified name) known to only read the object: transformers'
+# configurations (``attribute_map`` aliases; per-layer attribute checks that raise or warn once)
+_READ_ONLY_GETATTRIBUTE = frozenset({
+    ("transformers.configuration_utils", "PreTrainedConfig.__getattribute__"),
+    ("transformers.configuration_utils", "PretrainedConfig.__getattribute__"),
+    ("transformers.integrations.heterogeneity.configuration_utils", "HeterogeneousConfigMixin.__getattribute__"),
+})
 
 
 def _interp():
@@ -318,6 +344,104 @@ def _hook_next_lookaside(original):
         return original(iterator, *default)
 
     return next_lookaside
+
+
+def _read_only_getattribute(typ: type) -> bool:
+    """Every Python ``__getattribute__`` along ``typ``'s MRO is in ``_READ_ONLY_GETATTRIBUTE`` (and there is one)."""
+    import types
+
+    found = False
+    for klass in typ.__mro__:
+        method = klass.__dict__.get("__getattribute__")
+        if type(method) is types.FunctionType:
+            if (method.__module__, method.__qualname__) not in _READ_ONLY_GETATTRIBUTE:
+                return False
+            found = True
+    return found
+
+
+def _plain_value(value) -> bool:
+    import torch
+
+    return value is None or type(value) in (bool, int, float, str) or isinstance(value, torch.dtype)
+
+
+def _native_read_lookaside(value):
+    def lookaside(wobj, wname, *default):
+        return _interp().wrap_attribute(value, wobj, wname)
+
+    return lookaside
+
+
+def _module_getattr_lookaside(wself, wname):
+    """``Module.__getattr__(self, name)`` for a name :func:`speed_lookaside` found in one of the three dicts: its
+    body's steps, each through the interpreter call its bytecode makes."""
+    interpreter = _interp()
+    raised = interpreter.INTERPRETER_SIGNALS.EXCEPTION_RAISED
+    name = wname.value
+    wdict = interpreter._interpret_call(getattr, wself, interpreter.wrap_const("__dict__"))
+    if wdict is raised:
+        return wdict
+    for member in ("_parameters", "_buffers", "_modules"):
+        wmember = interpreter.wrap_const(member)
+        plugin_state.handlers.compared("in", member, wdict.value)
+        if not interpreter.MutMappingWrapperMethods.__contains__(wdict, wmember).value:
+            continue
+        wsub = _fast_getitem(wdict, wmember)
+        if wsub is _NOT_HANDLED:
+            wsub = interpreter._interpret_call(lambda d, k: d[k], wdict, wmember)
+            if wsub is raised:
+                return wsub
+        plugin_state.handlers.compared("in", name, wsub.value)
+        if type(wsub.value) is dict and name in wsub.value:
+            res = _fast_getitem(wsub, wname)
+            if res is _NOT_HANDLED:
+                res = interpreter._interpret_call(lambda d, k: d[k], wsub, wname)
+            return res
+    raise AssertionError(f"{name!r} was in {type(wself.value).__name__}'s parameters, buffers or modules")
+
+
+def speed_lookaside(fn, wrapped_args: tuple) -> Callable | None:
+    """A shorter path for an attribute read the interpreter would run as interpreted Python (see the module
+    docstring), or None."""
+    import torch
+
+    if fn is torch.nn.Module.__getattr__ and len(wrapped_args) == 2:
+        module, name = (getattr(a, "value", a) for a in wrapped_args)
+        if type(name) is not str or type(module).__getattr__ is not torch.nn.Module.__getattr__ or not _tracking():
+            return None
+        if type(wrapped_args[0]) is not _interp().WrappedValue or not _is_known_wrapper(wrapped_args[0]):
+            return None
+        d = getattr(module, "__dict__", None)
+        if type(d) is not dict:
+            return None
+        for member in ("_parameters", "_buffers", "_modules"):
+            sub = d.get(member)
+            if sub is not None and type(sub) is not dict:
+                return None
+            if sub is not None and name in sub:
+                return _module_getattr_lookaside
+        return None
+    if fn is getattr and len(wrapped_args) in (2, 3):
+        interpreter = _interp()
+        wobj, wname = wrapped_args[:2]
+        if type(wobj) is not interpreter.WrappedValue or type(wname) is not interpreter.WrappedValue:
+            return None
+        obj, name = wobj.value, wname.value
+        if type(name) is not str or isinstance(obj, type) or not _read_only_getattribute(type(obj)):
+            return None
+        if not _tracking() or not _is_known_wrapper(wobj):
+            return None
+        try:
+            value = getattr(obj, name)
+        except AttributeError:
+            # getattr(obj, name, default): the default, as thunder's getattr gives it; without one, interpreted (the
+            # program sees the interpreted read raise)
+            return (lambda wobj, wname, wdefault: wdefault) if len(wrapped_args) == 3 else None
+        except Exception:  # noqa: BLE001 - the interpreted read raises it where the program would
+            return None
+        return _native_read_lookaside(value) if _plain_value(value) else None
+    return None
 
 
 def _nested_code(fn, pred) -> Any:

@@ -361,7 +361,12 @@ def is_unpackable_provenance(record) -> bool:
         return isinstance(record.value, (int, str))
     if inst not in _UNPACKABLE_PROVENANCE:
         return False
-    return all(is_unpackable_provenance(i) for i in record.inputs)
+    # asked for every value the interpreter wraps (the plugin's wrap hooks): the answer for a record of reads is kept
+    # on it (its inputs do not change once made)
+    known = record.__dict__.get("_thunder_subclass_unpackable")
+    if known is None:
+        known = record.__dict__["_thunder_subclass_unpackable"] = all(is_unpackable_provenance(i) for i in record.inputs)
+    return known
 
 
 def hooked_module_provenance(module, provenance):
