@@ -35,7 +35,7 @@ def test_every_helper_of_thunder_0_2_6_is_recognised():
     thunder_subclass.jit(lambda x: x)  # installs the hooks
     import thunder.core.interpreter as interpreter
 
-    assert interpreter._interpret_call.fast_helpers == 6
+    assert interpreter._interpret_call.fast_helpers == 8
     assert interpreter.globals_lookup.__wrapped__ is not None
 
 

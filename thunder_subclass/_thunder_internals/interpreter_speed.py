@@ -471,6 +471,28 @@ def _helper_table() -> dict:
             return interpreter._interpret_call(dict.update, b, a)
         return _NOT_HANDLED
 
+    def update_from_keys(self, other):  # dict.update's ``impl_other_keys``: ``for k in other.keys(): self[k] = other[k]``
+        W = interpreter.WrappedValue
+        if not (type(self) is W and type(other) is W and type(self.value) is dict and type(other.value) is dict
+                and _is_known_wrapper(self) and _is_known_wrapper(other)):
+            return _NOT_HANDLED
+        other.track_items()
+        for key in list(other.value):
+            wkey = other.key_wrappers[key]  # the key wrapper thunder's MappingKeysIterator gives
+            item = interpreter.MutMappingWrapperMethods.__getitem__(other, wkey)
+            if item is interpreter.INTERPRETER_SIGNALS.EXCEPTION_RAISED:
+                return item
+            res = interpreter._interpret_call(dict.__setitem__, self, wkey, item)
+            if res is interpreter.INTERPRETER_SIGNALS.EXCEPTION_RAISED:
+                return res
+        return interpreter.wrap_const(None)
+
+    def set_item(self, k, v):  # ``setitem`` of dict.update's keyword arguments: ``self[k] = v``
+        W = interpreter.WrappedValue
+        if type(self) is W and type(self.value) is dict and _is_known_wrapper(self):
+            return interpreter._interpret_call(dict.__setitem__, self, k, v)
+        return _NOT_HANDLED
+
     def list_extend(l1, l2):  # ``lambda l1, l2: l1.extend(l2)`` of LIST_EXTEND
         if type(l1) is interpreter.WrappedValue and type(l1.value) is list and _is_known_wrapper(l1):
             return interpreter._interpret_call(list.extend, l1, l2)
@@ -491,6 +513,9 @@ def _helper_table() -> dict:
                      lambda c: c.co_varnames == ("d", "k") and c.co_name == "<lambda>"): subscript,
         _nested_code(handlers["DICT_MERGE"], lambda c: c.co_names == ("update",)): dict_update,
         _nested_code(handlers["LIST_EXTEND"], lambda c: c.co_names == ("extend",)): list_extend,
+        _nested_code(interpreter.MutMappingWrapperMethods.update, lambda c: c.co_name == "impl_other_keys"):
+            update_from_keys,
+        _nested_code(interpreter.MutMappingWrapperMethods.update, lambda c: c.co_name == "setitem"): set_item,
         _nested_code(interpreter._iter_lookaside, lambda c: c.co_name == "nosentinel_impl"): iter_of,
         _nested_code(_unhooked(handlers["FOR_ITER"]), lambda c: c.co_name == "_next_impl"): next_of,
     }
