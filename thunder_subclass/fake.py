@@ -8,7 +8,6 @@ operation on fake subclass instances) and by the metas of aten-level symbols.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import threading
 from typing import Any, Callable
 
@@ -406,18 +405,31 @@ def check_unflattened(cls: type, t: Any, shape: tuple) -> None:
         )
 
 
+# what a subclass of a wrapper subclass may define and still be traced as the base instance its inherited
+# ``__tensor_unflatten__`` rebuilds: nothing that changes how its values behave in traced code
+_REBUILD_NEUTRAL_NAMES = frozenset({
+    "__metadata_guard__", "__init__", "__new__", "__repr__", "__module__", "__qualname__", "__doc__", "__dict__",
+    "__weakref__", "__annotations__", "__slots__", "__firstlineno__", "__static_attributes__", "__parameters__",
+    "__orig_bases__",
+})
+
+
 def is_inherited_rebuild(cls: type, rebuilt: type) -> bool:
-    """True when ``rebuilt`` is a base class of ``cls`` from which ``cls`` inherits both ``__tensor_unflatten__`` and
-    ``__torch_dispatch__``: the base's ``__tensor_unflatten__`` rebuilds a base instance, which dispatches as the
-    ``cls`` instance would."""
-    return (
-        rebuilt is not cls
-        and isinstance(cls, type)
-        and issubclass(cls, rebuilt)
-        and inspect.getattr_static(cls, "__tensor_unflatten__") is inspect.getattr_static(rebuilt, "__tensor_unflatten__")
-        and inspect.getattr_static(cls, "__torch_dispatch__", None)
-        is inspect.getattr_static(rebuilt, "__torch_dispatch__", None)
-    )
+    """True when ``rebuilt`` is a base class of ``cls`` from which ``cls`` inherits ``__tensor_unflatten__`` and
+    everything else that decides how its values behave: the classes from ``cls`` down to ``rebuilt`` define nothing
+    but a ``__metadata_guard__``, constructors and ``__repr__`` (no ``__torch_function__``, ``__torch_dispatch__``,
+    methods or properties of their own). The base's ``__tensor_unflatten__`` rebuilds a base instance, which then
+    behaves in traced code as the ``cls`` instance does in eager; a class that adds behaviour (its own
+    ``__torch_function__`` post-processing results, an overridden method) is not traced as its base (that was a
+    silently different result) but must rebuild itself."""
+    if rebuilt is cls or not isinstance(cls, type) or not issubclass(cls, rebuilt):
+        return False
+    for klass in cls.__mro__:
+        if klass is rebuilt:
+            return True
+        if any(name not in _REBUILD_NEUTRAL_NAMES for name in vars(klass)):
+            return False
+    return False
 
 
 @contextlib.contextmanager

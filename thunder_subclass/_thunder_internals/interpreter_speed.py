@@ -34,6 +34,11 @@ would find for the object, no provenance tracking, no plugin jit tracing) goes t
   sequence wrapper and advances the position natively; a step of a ``MappingKeysIterator`` calls its own lookaside
   ``__next__``. The last step (``StopIteration``) goes to thunder's handler.
 
+* ``core/interpreter.py`` ``_interpret_call`` — thunder's own helper functions, recognised by their code objects
+  (``_helper_table``: subscripts, dict merges/updates/``|``, list extends, ``iter``/``next``, ``len``, bound method
+  calls, ``functools.partial`` calls, the binary operators' ``outofplace_impl``), are replaced by the calls each
+  makes, for the types listed at each (``docs/internals.md`` lists them); other arguments run the helper.
+
 Attribute reads that thunder runs as interpreted Python calls (through the ``general_jit_lookaside`` hook of
 :mod:`.tracing`, :func:`speed_lookaside`):
 
@@ -51,8 +56,8 @@ Attribute reads that thunder runs as interpreted Python calls (through the ``gen
   guards an attribute's absence). Other values (objects a property makes, methods, tensors) and any other exception:
   interpreted.
 
-Measured on a tiny int8 Llama (1 decoder layer, first call): interpreted frames 35,338 before the globals path,
-8,028 after it (see ``benchmarks/bench_cold_start.py`` for times).
+Measured on a tiny int8 Llama (1 decoder layer, first call): interpreted frames 35,338 before these paths, 685 with
+them (272 per further layer); see ``benchmarks/bench_cold_start.py`` for times.
 """
 
 from __future__ import annotations
@@ -60,6 +65,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import sys
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -493,6 +499,99 @@ def _helper_table() -> dict:
             return interpreter._interpret_call(dict.__setitem__, self, k, v)
         return _NOT_HANDLED
 
+    W = interpreter.WrappedValue
+    raised = interpreter.INTERPRETER_SIGNALS.EXCEPTION_RAISED
+    wrap_const = interpreter.wrap_const
+
+    import torch
+    from thunder.core.proxies import Proxy
+
+    def plain_type(cls) -> bool:  # a class whose attribute reads are type's own (no metaclass __getattr__ etc.)
+        return type(cls) is type or type(cls) is torch._C._TensorMeta
+
+    def plain_object(v) -> bool:  # not a proxy (whose type() and methods thunder and the plugin answer) of such a class
+        return not isinstance(v, Proxy) and plain_type(type(v)) and not isinstance(v, torch.Tensor)
+
+    def bound_method(fn, *args, **kwargs):  # ``_impl`` of a bound method call: ``fn.__func__(fn.__self__, ...)``
+        if type(fn) is not W or not isinstance(fn.value, types.MethodType):
+            return _NOT_HANDLED
+        func = interpreter._interpret_call(getattr, fn, wrap_const("__func__"))
+        if func is raised:
+            return func
+        self_ = interpreter._interpret_call(getattr, fn, wrap_const("__self__"))
+        if self_ is raised:
+            return self_
+        return interpreter._interpret_call(func, self_, *args, **kwargs)
+
+    def binary_op(a, b, left_method, right_method, binop_name):  # ``outofplace_impl`` of the binary operators
+        # ``type(a).<left>(a, b)``, then ``type(b).<right>(b, a)`` when that is NotImplemented, then TypeError; the
+        # types as the interpreted ``type()`` gives them (a subclass proxy's is its subclass: its __torch_function__)
+        if type(a) is not W or type(b) is not W:
+            return _NOT_HANDLED
+        types_ = [interpreter._interpret_call(type, x) for x in (a, b)]
+        if any(t is raised or not plain_type(t.value) for t in types_):
+            return _NOT_HANDLED
+        for x, y, cls, name in ((a, b, types_[0].value, left_method.value), (b, a, types_[1].value, right_method.value)):
+            method = getattr(cls, name, None)
+            if method is None:
+                continue
+            res = interpreter._interpret_call(wrap_const(method), x, y)
+            if res is raised or res.value is not NotImplemented:
+                return res
+        return interpreter.do_raise(TypeError(
+            f"unsupported operand type(s) for {binop_name.value}: '{types_[0].value}' and '{types_[1].value}'"))
+
+    def partial_call(partial_function, *args, **kwargs):  # ``partial_call_impl``
+        # ``partial_function.func(*partial_function.args, *args, **(partial_function.keywords | kwargs))``
+        if type(partial_function) is not W or type(partial_function.value) is not functools.partial:
+            return _NOT_HANDLED
+        parts = [interpreter._interpret_call(getattr, partial_function, wrap_const(n))
+                 for n in ("func", "args", "keywords")]
+        if any(p is raised for p in parts):
+            return next(p for p in parts if p is raised)
+        func, pargs, keywords = parts
+        if type(pargs.value) is not tuple or type(keywords.value) is not dict or not _is_known_wrapper(keywords):
+            return _NOT_HANDLED
+        pargs.track_items()
+        keywords.track_items()
+        items = [interpreter.SequenceWrapperMethods.__getitem__(pargs, wrap_const(i)) for i in range(len(pargs.value))]
+        merged = {k: interpreter.MutMappingWrapperMethods.__getitem__(keywords, keywords.key_wrappers[k])
+                  for k in keywords.value}
+        merged.update(kwargs)
+        return interpreter._interpret_call(func, *items, *args, **merged)
+
+    def length(obj):  # ``impl`` of ``len()``: ``obj.__len__()`` checked
+        if type(obj) is W and type(obj.value) in (list, tuple, dict) and _is_known_wrapper(obj):
+            return interpreter._interpret_call(type(obj.value).__len__, obj)  # thunder's tracking __len__
+        return _NOT_HANDLED
+
+    def dict_or(self, other):  # ``impl`` of ``dict | other``: a copy updated with ``other``
+        if not (type(self) is W and type(other) is W and type(self.value) is dict and type(other.value) is dict
+                and _is_known_wrapper(self) and _is_known_wrapper(other)):
+            return _NOT_HANDLED
+        new = interpreter._interpret_call(dict.copy, self)
+        if new is raised:
+            return new
+        res = interpreter._interpret_call(dict.update, new, other)
+        return res if res is raised else new
+
+    def next_step(iterator):  # ``impl`` of ``next()``: ``iterator.__next__()``
+        if type(iterator) is not W or not plain_object(iterator.value):
+            return _NOT_HANDLED
+        method = getattr(type(iterator.value), "__next__", None)
+        if method is None or "__next__" in getattr(iterator.value, "__dict__", ()):
+            return _NOT_HANDLED
+        return interpreter._interpret_call(wrap_const(method), iterator)
+
+    def getitem(obj, index):  # ``getitem_impl`` of BINARY_SUBSCR: ``obj.__getitem__(index)``
+        res = _fast_getitem(obj, index)
+        if res is not _NOT_HANDLED or type(obj) is not W or not plain_object(obj.value):
+            return res
+        method = getattr(type(obj.value), "__getitem__", None)
+        if method is None or "__getitem__" in getattr(obj.value, "__dict__", ()):
+            return _NOT_HANDLED
+        return interpreter._interpret_call(wrap_const(method), obj, index)
+
     def list_extend(l1, l2):  # ``lambda l1, l2: l1.extend(l2)`` of LIST_EXTEND
         if type(l1) is interpreter.WrappedValue and type(l1.value) is list and _is_known_wrapper(l1):
             return interpreter._interpret_call(list.extend, l1, l2)
@@ -518,6 +617,13 @@ def _helper_table() -> dict:
         _nested_code(interpreter.MutMappingWrapperMethods.update, lambda c: c.co_name == "setitem"): set_item,
         _nested_code(interpreter._iter_lookaside, lambda c: c.co_name == "nosentinel_impl"): iter_of,
         _nested_code(_unhooked(handlers["FOR_ITER"]), lambda c: c.co_name == "_next_impl"): next_of,
+        _nested_code(interpreter._call_dispatch, lambda c: c.co_name == "_impl"): bound_method,
+        _nested_code(interpreter._binary_op, lambda c: c.co_name == "outofplace_impl"): binary_op,
+        _nested_code(interpreter.partial_call_lookaside, lambda c: c.co_name == "partial_call_impl"): partial_call,
+        _nested_code(interpreter._len_lookaside, lambda c: c.co_name == "impl"): length,
+        _nested_code(interpreter.MutMappingWrapperMethods.__or__, lambda c: c.co_name == "impl"): dict_or,
+        _nested_code(interpreter._next_lookaside, lambda c: c.co_name == "impl"): next_step,
+        _nested_code(_unhooked(handlers["BINARY_SUBSCR"]), lambda c: c.co_name == "getitem_impl"): getitem,
     }
     found.pop(None, None)
     return found
@@ -529,12 +635,13 @@ def _unhooked(fn):
 
 def _hook_interpret_call(original):
     table = _helper_table()
+    takes_keywords = {fast for fast in table.values() if fast.__name__ in ("bound_method", "partial_call")}
 
     @functools.wraps(original)
     def _interpret_call(fn, /, *args, **kwargs):
-        fast = table.get(getattr(fn, "__code__", None)) if not kwargs else None
-        if fast is not None and _tracking():
-            res = fast(*args)
+        fast = table.get(getattr(fn, "__code__", None))
+        if fast is not None and (not kwargs or fast in takes_keywords) and _tracking():
+            res = fast(*args, **kwargs)
             if res is not _NOT_HANDLED:
                 return res
         return original(fn, *args, **kwargs)
