@@ -366,7 +366,7 @@ def record_backward(recipe: GradRecipe, grads, saved=None) -> tuple[list, list]:
     fake_grads = [env.to_fake(g, outer_size=_ragged_size_of(g, out)) for g, out in zip(grads, recipe.fake_outputs)]
     recorder = RecordingMode()
     try:
-        with fake_execution(), torch.enable_grad(), recorder:
+        with fake_execution(env=env), torch.enable_grad(), recorder:
             fake_input_grads = torch.autograd.grad(
                 recipe.fake_outputs, recipe.fake_inputs, fake_grads, retain_graph=True, allow_unused=True
             )

@@ -22,7 +22,11 @@ from thunder.core.proxies import NumberProxy, TensorProxy
 
 from thunder_subclass._thunder_internals import (
     fake_tensor_mode_class,
+    holds_mask,
     is_interpreting,
+    isolated_mask_buffers,
+    newest_version,
+    own_mask_buffers,
     pin_numbers,
     registered_nested_int,
     set_fake_nested_int,
@@ -199,6 +203,8 @@ class FakeEnv:
         self.subclass_inputs: list[SubclassTensorProxy] = []
         self.mutated: set[int] = set()  # ids of fakes that in-place ops wrote to
         self._leaf_of: dict[int, torch.Tensor] = {}  # id(non-leaf fake) -> the leaf it was made from
+        self.context_states: dict = {}  # what the last fake run left of torch state outside tensors (fake_execution)
+        self._owned_contexts: dict = {}  # copies own_context made, per placement (values of one env share them)
 
     def bind(self, p: TensorProxy, fake: torch.Tensor) -> None:
         if id(fake) in self._proxy_of and self._proxy_of[id(fake)] is not p:
@@ -214,6 +220,12 @@ class FakeEnv:
         for p, fake in self._keep:
             if isinstance(p, TensorProxy) and isinstance(fake, torch.Tensor):
                 remember_nested_int(p, registered_nested_int(fake))
+
+    def own_context(self, ctx: Any) -> Any:
+        """The flatten context for a proxy of a result of this environment's fake run: with state that torch keeps in
+        it outside tensors (DTensor's ``_MaskPartial`` mask) as the run left it, owned by the value
+        (``_thunder_internals.own_mask_buffers``)."""
+        return own_mask_buffers(ctx, self.context_states, self._owned_contexts)
 
     def copy(self) -> FakeEnv:
         """A new environment that starts with this one's bindings (for recording a backward on a forward)."""
@@ -302,7 +314,8 @@ class FakeEnv:
         requires_grad = bool(x.requires_grad) if requires_grad is None else requires_grad
         if isinstance(x, SubclassTensorProxy):
             inner = {a: self.to_fake(p) for a, p in x.inner.items()}
-            fake = unflatten_fake(x.subclass_type, inner, x.flatten_ctx, outer_size or x.outer_size, x.outer_stride)
+            fake = unflatten_fake(x.subclass_type, inner, _current_context(x), outer_size or x.outer_size,
+                                  x.outer_stride)
             restore_python_attributes(fake, x.python_attrs)
             self.subclass_inputs.append(x)
         else:
@@ -333,6 +346,18 @@ class FakeEnv:
                     inner = getattr(fake, a)
                     self._bind_inner(p, inner)
                     self.bind(p, inner)
+
+
+def _current_context(x: SubclassTensorProxy) -> Any:
+    """The flatten context a fake of ``x`` is rebuilt with: ``x``'s own, except where it holds state outside tensors
+    that a later recording of ``x``'s value replaced (DTensor's ``_MaskPartial`` mask: while autodiff records the
+    forward again, the mask is computed again under a new proxy, found in the new value's context)."""
+    ctx = x.flatten_ctx
+    if holds_mask(ctx, unreduced=False):
+        newer = newest_version(x)
+        if newer is not x and isinstance(newer, SubclassTensorProxy) and newer.subclass_type is x.subclass_type:
+            return newer.flatten_ctx
+    return ctx
 
 
 class _NonLeaf(torch.autograd.Function):
@@ -421,14 +446,19 @@ def is_inherited_rebuild(cls: type, rebuilt: type) -> bool:
 
 
 @contextlib.contextmanager
-def fake_execution(*, autocast: bool = False):
-    """Run torch code on fakes: the shared fake mode, with real (non-fake) constants allowed.
+def fake_execution(*, autocast: bool = False, env: FakeEnv | None = None):
+    """Run torch code on fakes: the shared fake mode, with real (non-fake) constants allowed. State that torch keeps
+    outside tensors and that a fake run changes (DTensor's ``_MaskPartial`` mask buffers) is put back at the end;
+    ``env`` (whose fakes the run uses) learns the states the run left, for the results made from it
+    (:meth:`FakeEnv.own_context`).
 
     Autocast: with ``autocast=True`` (running a user-level torch operation, as eager would run it at this point of
     the traced code), torch's autocast state is the traced code's (:func:`traced_autocast`); otherwise none (aten
     calls already recorded, backward graphs: what they compute is fixed, as when the trace runs them, which thunder
     does with autocast off)."""
-    with fake_mode(), traced_autocast(enabled=autocast):
+    with fake_mode(), traced_autocast(enabled=autocast), isolated_mask_buffers() as states:
+        if env is not None:
+            env.context_states = states
         yield
 
 

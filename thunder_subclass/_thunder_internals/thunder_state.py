@@ -160,6 +160,16 @@ def jit_state() -> dict | None:
     return ctx.__dict__.setdefault("_thunder_subclass_state", {})
 
 
+def trace_state() -> dict | None:
+    """A dict the plugin keeps on the trace being built (``thunder.core.trace.get_tracectx()``), or None outside
+    one: for what must outlive one operation while no jit interprets (autodiff building the joint trace). Freed with
+    the trace."""
+    from thunder.core.trace import get_tracectx
+
+    trace = get_tracectx()
+    return None if trace is None else trace.__dict__.setdefault("_thunder_subclass_state", {})
+
+
 class _TraceUndo(threading.local):
     """Per thread: for each trace being made (innermost last), the calls that undo what tracing did to the caller's
     objects, run if the trace fails (:func:`undo_if_trace_fails`); owned by :func:`undoing_on_trace_failure`."""
