@@ -62,7 +62,7 @@ def _mask_partial_classes() -> tuple[type, type] | None:
     try:  # the constructor own_mask_buffers calls
         buffer_class = type(_MaskPartial(offset_shape=None, offset_dim=0).mask_buffer)
         _MaskPartial(reduce_op="sum", mask_buffer=buffer_class(), offset_shape=None, offset_dim=0)
-    except Exception:
+    except (TypeError, AttributeError):
         return None
     if not all(callable(getattr(buffer_class, m, None)) for m in ("materialize_mask", "release_mask")):
         return None

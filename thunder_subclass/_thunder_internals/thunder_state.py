@@ -6,7 +6,9 @@
   :func:`traced_autocast_states`, replayed by the fake runs of subclass operations);
 * thunder's torch-callable -> symbol table (``thunder.torch._torch_to_thunder_function_map``:
   :func:`torch_to_thunder_symbols`) and whether thunder resolves a tensor method (``core/langctxs.py``);
-* traces: an empty trace with a signature (``TraceCtx._siginfo``: :func:`new_trace`); the table of proxy producers of
+* traces: an empty trace with a signature (``TraceCtx._siginfo``: :func:`new_trace`); a dict the plugin keeps on the
+  trace being built, for when no jit interprets (:func:`trace_state`: autodiff recording again); the table of proxy
+  producers of
   the computation trace being built (:func:`tensor_producer`, kept on the trace, indexed as it grows; used by the
   stride inference of fakes and by the symbolic-values number pins);
 * the interpreter: the user's source line (:func:`source_location`), whether a call comes from user code, calling a
