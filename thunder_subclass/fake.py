@@ -22,10 +22,8 @@ from thunder.core.proxies import NumberProxy, TensorProxy
 
 from thunder_subclass._thunder_internals import (
     fake_tensor_mode_class,
-    holds_mask,
     is_interpreting,
     isolated_mask_buffers,
-    newest_version,
     own_mask_buffers,
     pin_numbers,
     registered_nested_int,
@@ -314,8 +312,7 @@ class FakeEnv:
         requires_grad = bool(x.requires_grad) if requires_grad is None else requires_grad
         if isinstance(x, SubclassTensorProxy):
             inner = {a: self.to_fake(p) for a, p in x.inner.items()}
-            fake = unflatten_fake(x.subclass_type, inner, _current_context(x), outer_size or x.outer_size,
-                                  x.outer_stride)
+            fake = unflatten_fake(x.subclass_type, inner, x.flatten_ctx, outer_size or x.outer_size, x.outer_stride)
             restore_python_attributes(fake, x.python_attrs)
             self.subclass_inputs.append(x)
         else:
@@ -346,18 +343,6 @@ class FakeEnv:
                     inner = getattr(fake, a)
                     self._bind_inner(p, inner)
                     self.bind(p, inner)
-
-
-def _current_context(x: SubclassTensorProxy) -> Any:
-    """The flatten context a fake of ``x`` is rebuilt with: ``x``'s own, except where it holds state outside tensors
-    that a later recording of ``x``'s value replaced (DTensor's ``_MaskPartial`` mask: while autodiff records the
-    forward again, the mask is computed again under a new proxy, found in the new value's context)."""
-    ctx = x.flatten_ctx
-    if holds_mask(ctx, unreduced=False):
-        newer = newest_version(x)
-        if newer is not x and isinstance(newer, SubclassTensorProxy) and newer.subclass_type is x.subclass_type:
-            return newer.flatten_ctx
-    return ctx
 
 
 class _NonLeaf(torch.autograd.Function):

@@ -426,24 +426,21 @@ def emit_calls(env: FakeEnv, calls: list, out: Any, scope: list, what: str, subc
 
 
 _PRODUCED = "produced_fakes"
-_PRODUCED_AS = "_thunder_subclass_produced_as"
 
 
 def _remember_produced(env: FakeEnv) -> None:
-    """Keep, for the trace being interpreted, the fakes ``env`` bound to proxies (the results of the aten calls just
+    """Keep, for the trace being built, the fakes ``env`` bound to proxies (the results of the aten calls just
     recorded), so that a later operation's fake run that reads one of them finds its proxy (:func:`_produced_earlier`):
     a tensor a subclass keeps in its flatten context and uses in a later operation (DTensor's ``_MaskPartial`` keeps
     the mask that ``embedding`` made, and ``redistribute`` applies it). Owned by the trace's jit state while a jit
-    interprets, else (autodiff recording the forward again) by the trace being built: freed with it. Each fake also
-    names its proxy itself, for the traces made from that one (the flatten pass tracing an operation again reads the
-    mask autodiff's recording made; the proxy is in the trace it flattens)."""
+    interprets (freed with it), else by the trace being built (``trace_state``: autodiff's joint trace recording again,
+    whose grad recipes keep these fakes alive anyway)."""
     state = _produced_store()
-    produced = state.setdefault(_PRODUCED, {}) if state is not None else None
+    if state is None:
+        return
+    produced = state.setdefault(_PRODUCED, {})
     for fake, p in env.bound_fakes():
-        if produced is not None:
-            produced[id(fake)] = (fake, p)  # the fake is kept alive with its entry: its id is not reused
-        if isinstance(fake, torch.Tensor):
-            fake.__dict__[_PRODUCED_AS] = p
+        produced[id(fake)] = (fake, p)  # the fake is kept alive with its entry: its id is not reused
 
 
 def _produced_store() -> dict | None:
@@ -454,9 +451,7 @@ def _produced_store() -> dict | None:
 def _produced_earlier(x: torch.Tensor):
     state = _produced_store()
     found = state.get(_PRODUCED, {}).get(id(x)) if state is not None else None
-    if found is not None and found[0] is x:
-        return found[1]
-    return x.__dict__.get(_PRODUCED_AS)
+    return found[1] if found is not None and found[0] is x else None
 
 
 def _mark_detached_if_grad_disabled(bsyms) -> None:

@@ -19,7 +19,8 @@ use afterwards. Two rules make every fake run see the state eager would see at t
 * **a traced value owns its mask** (:func:`own_mask_buffers`): the flatten context of a DTensor result of a fake run
   gets, for each ``_MaskPartial`` it holds that is not already a traced value's, a copy with a buffer of its own in
   the state the run left it (one copy per placement per run, so values that eager shares a placement share it); fakes
-  rebuilt from that context for later runs start from that state.
+  rebuilt from that context for later runs start from that state. (While autodiff records the forward again, grad
+  rules get the newest version of such a value, whose mask the joint trace computes: ``autograd_hooks.newest_version``.)
 
 What the compiled code does at run time does not read these buffers: the mask is computed and applied by the recorded
 aten operations (the fake mask is found through the trace's fake -> proxy map). The hook acts only while a plugin

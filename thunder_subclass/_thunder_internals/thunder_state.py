@@ -162,13 +162,13 @@ def jit_state() -> dict | None:
     return ctx.__dict__.setdefault("_thunder_subclass_state", {})
 
 
-def trace_state() -> dict | None:
-    """A dict the plugin keeps on the trace being built (``thunder.core.trace.get_tracectx()``), or None outside
-    one: for what must outlive one operation while no jit interprets (autodiff building the joint trace). Freed with
-    the trace."""
+def trace_state(trace=None) -> dict | None:
+    """A dict the plugin keeps on ``trace`` (default: the trace being built, ``thunder.core.trace.get_tracectx()``),
+    or None outside one: for what must outlive one operation (values recorded in the trace that later recordings
+    read). Freed with the trace."""
     from thunder.core.trace import get_tracectx
 
-    trace = get_tracectx()
+    trace = trace if trace is not None else get_tracectx()
     return None if trace is None else trace.__dict__.setdefault("_thunder_subclass_state", {})
 
 
