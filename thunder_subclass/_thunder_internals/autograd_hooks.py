@@ -50,6 +50,7 @@ from thunder_subclass._thunder_internals.plugin_state import (
     NOT_HANDLED,
     is_plugin_active,
 )
+from thunder_subclass._thunder_internals.thunder_state import trace_state
 
 
 def _hook_operator_executor_execution(original):
@@ -376,8 +377,7 @@ def _hook_add_to_swap_map(original):
 
             if (isinstance(old, TensorProxy) and isinstance(new, TensorProxy) and old.name != new.name
                     and variableify(new) not in self.env):
-                state = self.new_trace.__dict__.setdefault("_thunder_subclass_state", {})
-                state.setdefault(_SUCCESSORS, {})[old.name] = new
+                trace_state(self.new_trace).setdefault(_SUCCESSORS, {})[old.name] = new
         return original(self, old, new)
 
     return add_to_swap_map
@@ -386,10 +386,7 @@ def _hook_add_to_swap_map(original):
 def newest_version(p):
     """The proxy that stands for ``p`` in the trace being built (autodiff's joint trace), where a grad rule recorded
     ``p``'s value again under a new proxy; else ``p``."""
-    from thunder.core.trace import get_tracectx
-
-    trace = get_tracectx()
-    successors = {} if trace is None else trace.__dict__.get("_thunder_subclass_state", {}).get(_SUCCESSORS, {})
+    successors = (trace_state() or {}).get(_SUCCESSORS, {})
     seen = set()
     while p.name in successors and p.name not in seen:
         seen.add(p.name)
