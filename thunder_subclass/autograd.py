@@ -380,7 +380,7 @@ def record_backward(recipe: GradRecipe, grads, saved=None) -> tuple[list, list]:
         env.rename(old, new)
     mark = len(env.subclass_inputs)
     fake_grads = [env.to_fake(g, outer_size=_ragged_size_of(g, out)) for g, out in zip(grads, recipe.fake_outputs)]
-    recorder = RecordingMode()
+    recorder = RecordingMode(env)
     try:
         with fake_execution(env=env), torch.enable_grad(), recorder:
             fake_input_grads = torch.autograd.grad(

@@ -371,6 +371,8 @@ def _decode(x: Any) -> Any:
         return sys.modules.get(x[1]) or importlib.import_module(x[1])
     if tag == "op":
         namespace, _, name = x[1].partition("::")
+        if namespace == "thunder_subclass":  # the plugin's own operators are registered on first use
+            _thunder_internals.register_plugin_operators()
         return getattr(getattr(getattr(torch.ops, namespace), name), x[2])
     if tag == "oppacket":
         namespace, _, name = x[1].partition("::")

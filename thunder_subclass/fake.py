@@ -3,6 +3,11 @@
 In: thunder proxies (plain and subclass). Out: fake tensors with the same metadata (subclass fakes are rebuilt with
 ``__tensor_unflatten__`` on fake inner tensors), and proxies for fake results. Used by interpretation (running an
 operation on fake subclass instances) and by the metas of aten-level symbols.
+
+Known values: fakes of integer inputs (a jagged NestedTensor's offsets and lengths, 1-D integer arguments) know their
+real values (:class:`ValueSource`, :meth:`FakeEnv.known_value`), and so do results of aten calls on such fakes only
+(:meth:`FakeEnv.propagate_values`); dispatch that reads them (``.tolist()``) gets them, and the inputs they come from
+are then guarded by value in the prologue.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from thunder_subclass._thunder_internals import (
     registered_nested_int,
     set_fake_nested_int,
     tensor_producer,
+    trace_wrote_integer_tensors,
     traced_autocast_states,
 )
 from thunder_subclass.errors import SubclassProtocolError
@@ -190,6 +196,70 @@ def torch_device(p: TensorProxy) -> torch.device:
     return devices.to_torch_device(p.device)
 
 
+class ValueSource:
+    """An integer tensor input of the trace (a plain argument, or an inner tensor of a subclass input: a jagged
+    NestedTensor's offsets / lengths) whose values dispatch may read while tracing (``.item()``, ``.tolist()``). Holds
+    the value weakly (the call being traced keeps it alive; a cached trace keeps no input alive);
+    ``add_guard(value)`` adds the prologue check that a later call's tensor has these values (called the first time
+    a fake run reads them, while interpreting, then dropped): a trace made for these values is never reused for
+    others."""
+
+    __slots__ = ("_ref", "_add_guard", "guarded", "stale", "name")
+
+    def __init__(self, t: torch.Tensor, add_guard: Callable[[torch.Tensor], None], name: str):
+        import weakref
+
+        self._ref = weakref.ref(t)
+        self._add_guard = add_guard
+        self.guarded = False
+        self.stale = False  # the trace changed an integer tensor in place: the values as passed may be stale
+        self.name = name
+
+    def usable(self) -> bool:
+        """Whether fakes of the input may know its values now: while interpreting, until the trace changes an integer
+        tensor in place (the input's proxy then still stands for it, its values as passed are not what later code
+        reads); afterwards (an operation recorded again for autodiff), only values already read, and so guarded."""
+        if is_interpreting():
+            if not self.stale and trace_wrote_integer_tensors():
+                self.stale = True
+            return not self.stale
+        return self.guarded and not self.stale
+
+    def value(self) -> torch.Tensor | None:
+        return self._ref()
+
+    def guard(self) -> bool:
+        """Add the prologue check (once); False when it can no longer be added (the prologue is made: a backward
+        being recorded)."""
+        if not self.guarded:
+            value = self.value()
+            if value is None or self._add_guard is None or not is_interpreting():
+                return False
+            self._add_guard(value)
+            self._add_guard = None
+            self.guarded = True
+        return True
+
+
+_VALUE_SOURCE_ATTR = "_thunder_subclass_value_source"
+
+
+def real_execution() -> contextlib.AbstractContextManager:
+    """Run torch code on real tensors inside a fake run (no fake mode active)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    return unset_fake_temporarily()
+
+
+def remember_value_source(p: TensorProxy, source: ValueSource) -> None:
+    """Fakes of input ``p`` know its values (:class:`ValueSource`), for dispatch that reads them."""
+    p.__dict__[_VALUE_SOURCE_ATTR] = source
+
+
+def value_source(p: Any) -> ValueSource | None:
+    return p.__dict__.get(_VALUE_SOURCE_ATTR) if isinstance(p, TensorProxy) else None
+
+
 class FakeEnv:
     """Maps proxies to fake tensors (for running an operation) and fake results back to proxies."""
 
@@ -200,6 +270,10 @@ class FakeEnv:
         self.subclass_inputs: list[SubclassTensorProxy] = []
         self.mutated: set[int] = set()  # ids of fakes that in-place ops wrote to
         self._leaf_of: dict[int, torch.Tensor] = {}  # id(non-leaf fake) -> the leaf it was made from
+        # id(fake) -> (its real value, the ValueSources it is computed from): fakes of integer inputs and what
+        # aten calls compute from them alone (see known_value)
+        self.known_values: dict[int, tuple[torch.Tensor, frozenset]] = {}
+        self._keep_known: list[torch.Tensor] = []
         self.context_states: dict = {}  # what the last fake run left of torch state outside tensors (fake_execution)
         self._owned_contexts: dict = {}  # copies own_context made, per placement (values of one env share them)
 
@@ -233,6 +307,8 @@ class FakeEnv:
         new.subclass_inputs = list(self.subclass_inputs)
         new.mutated = set(self.mutated)
         new._leaf_of = dict(self._leaf_of)
+        new.known_values = dict(self.known_values)
+        new._keep_known = list(self._keep_known)
         return new
 
     def rename(self, old, new) -> None:
@@ -287,6 +363,46 @@ class FakeEnv:
     def proxy_of(self, fake: torch.Tensor) -> TensorProxy | None:
         return self._proxy_of.get(id(fake))
 
+    def known_value(self, fake: Any) -> tuple[torch.Tensor, frozenset] | None:
+        """The real value of ``fake`` and the :class:`ValueSource` inputs it is computed from, when known: a fake of
+        an integer input of the trace, or the result of aten calls on such fakes only (:meth:`propagate_values`)."""
+        return self.known_values.get(id(fake))
+
+    def propagate_values(self, func, args, kwargs, out) -> None:
+        """After aten call ``func`` on fakes returned ``out``: when every tensor argument has a known value, run
+        ``func`` on the real values too, so its results' values are known (the lengths NestedTensor's dispatch
+        computes from its offsets, then reads with ``.tolist()``). Calls that write to their arguments are not run
+        (they would change the caller's tensors); their arguments' values are no longer known."""
+        flat = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
+        if getattr(func, "_schema", None) is not None and func._schema.is_mutable:
+            for a in flat:
+                self.known_values.pop(id(a), None)
+            return
+        if not flat:
+            return
+        known = [self.known_values.get(id(a)) for a in flat]
+        if any(k is None for k in known):
+            return
+        real_of = {id(a): k[0] for a, k in zip(flat, known)}
+        sources = frozenset().union(*(k[1] for k in known))
+
+        def real(a):
+            return real_of.get(id(a), a) if isinstance(a, torch.Tensor) else a
+
+        real_args, real_kwargs = pytree.tree_map(real, (args, kwargs))
+        try:
+            with real_execution():
+                real_out = func(*real_args, **real_kwargs)
+        except Exception:
+            return
+        fakes = [o for o in pytree.tree_leaves(out) if isinstance(o, torch.Tensor)]
+        reals = [o for o in pytree.tree_leaves(real_out) if isinstance(o, torch.Tensor)]
+        if len(fakes) == len(reals):
+            for f, r in zip(fakes, reals):
+                if tuple(f.shape) == tuple(r.shape):
+                    self.known_values[id(f)] = (r, sources)
+                    self._keep_known.append(f)  # ids stay unique while the value is known
+
     def to_fake(self, x: Any, requires_grad: bool | None = None, outer_size: tuple | None = None) -> Any:
         """The fake standing for ``x`` (made once per environment). ``requires_grad`` (default: the proxy's) is
         applied when the fake is made: a fake that requires grad is a leaf only for an input of the compiled
@@ -322,6 +438,14 @@ class FakeEnv:
             nested_int = nested_int_of(x)
             if nested_int is not None:  # the offsets of NestedTensors: those built on it share their ragged size
                 set_fake_nested_int(fake, nested_int)
+            source = value_source(x)
+            real = source.value() if source is not None else None
+            if real is not None and not source.usable():
+                real = None
+            if real is not None:  # a copy: environments kept for a backward keep no input alive
+                with real_execution():
+                    real = real.detach().clone()
+                self.known_values[id(fake)] = (real, frozenset((source,)))
         if requires_grad != fake.requires_grad and fake.is_leaf:
             fake.requires_grad_(requires_grad)
         if fake.requires_grad and fake.is_leaf and not is_marked_leaf(x):

@@ -13,8 +13,12 @@ dtype, device and requires_grad they had (thunder's usual tensor check, done her
 for nested subclasses; inner tensors must be plain tensors.
 
 ``check_nested_sizes(x, earlier, spec)``, for a subclass input with ragged sizes (nested ints: a jagged NestedTensor)
-after the first such input: which of its ragged sizes equal which of the earlier inputs' (NestedTensors sharing
-offsets), as when traced. A ragged dim itself is not part of ``check_subclass``'s outer-shape check.
+or a plain offsets-like input (1-D integer) after the first such input: which of its ragged sizes equal which of the
+earlier inputs' (NestedTensors sharing offsets; an offsets tensor passed twice, or next to a NestedTensor built on it),
+as when traced. A ragged dim itself is not part of ``check_subclass``'s outer-shape check.
+
+``check_input_values(x, spec)``, for an integer input (or integer inner tensor of a subclass input: NJT offsets and
+lengths) whose values dispatch read while tracing (``thunder_subclass.fake.ValueSource``): the same values.
 
 A failing check makes the prologue raise, which thunder treats as a cache miss: a new trace, never a stale one.
 """
@@ -37,6 +41,9 @@ from thunder_subclass.errors import SubclassProtocolError, UnsupportedSubclassOp
 from thunder_subclass.executor import subclass_executor
 from thunder_subclass.fake import (
     FakeEnv,
+    ValueSource,
+    real_execution,
+    remember_value_source,
     recorded_stride,
     remember_input_stride,
     remember_stride,
@@ -51,6 +58,8 @@ from thunder_subclass.proxy import (
     is_subclass_value,
     mark_leaf,
     mark_protocol_error,
+    nested_int_of,
+    remember_nested_int,
     opaque_guard_values,
     subclass_proxy_from_tensor,
 )
@@ -535,6 +544,9 @@ def proxify_input(jit_ctx, value, original):
             # fakes of this input get its strides; the first fake made while tracing adds the prologue check
             remember_input_stride(p, strides, lambda: jit_ctx.add_constraint((check_tensor_strides, p, strides)))
         _trace_flags(jit_ctx, first_input=p)
+        if type(t) is torch.Tensor and is_ragged_source_candidate(t):
+            add_nested_sizes_guard(jit_ctx, p, t)
+            _remember_values(jit_ctx, p, t, p, ())
     add_plain_tensor_guard(jit_ctx, p)
     return p
 
@@ -549,10 +561,11 @@ def _proxify_subclass(jit_ctx, value) -> SubclassTensorProxy:
     _thunder_internals.register_input_proxy(value, p)
     mark_leaf(p, t)
     _remember_inner_strides(p, t)
+    _remember_inner_values(jit_ctx, p, t, p, ())
     _trace_flags(jit_ctx, first_input=p).involves_subclasses = True  # its first operation raises under a mode
     add_subclass_guards(jit_ctx, p)
     if p.nested_sizes:
-        add_nested_sizes_guard(jit_ctx, p)
+        add_nested_sizes_guard(jit_ctx, p, t)
     return p
 
 
@@ -567,10 +580,71 @@ def _remember_inner_strides(p: SubclassTensorProxy, t: torch.Tensor) -> None:
             remember_stride(q, x)
 
 
+def _remember_inner_values(jit_ctx, p: SubclassTensorProxy, t: torch.Tensor, root, path: tuple) -> None:
+    """The integer inner tensors of subclass input ``t`` (a jagged NestedTensor's offsets and lengths) get a
+    :class:`ValueSource`: dispatch that reads their values while tracing gets them, guarded."""
+    for a, q in p.inner.items():
+        x = getattr(t, a)
+        if isinstance(q, SubclassTensorProxy):
+            _remember_inner_values(jit_ctx, q, x, root, (*path, a))
+        elif isinstance(q, TensorProxy) and type(x) is torch.Tensor and is_ragged_source_candidate(x):
+            _remember_values(jit_ctx, q, x, root, (*path, a))
+
+
+def _remember_values(jit_ctx, p: TensorProxy, t: torch.Tensor, root, path: tuple) -> None:
+    def add_guard(value: torch.Tensor):
+        with real_execution():  # called in a fake run
+            expected = value.detach().clone()
+        jit_ctx.add_constraint((check_input_values, root, InputValuesSpec(path, expected)))
+
+    remember_value_source(p, ValueSource(t, add_guard, p.name))
+
+
+class InputValuesSpec:
+    """The values an integer input tensor had when traced (``path``: the attribute names from the input to it, for
+    an inner tensor of a subclass input), which dispatch read while tracing: another value is a cache miss."""
+
+    __slots__ = ("path", "expected")
+
+    def __init__(self, path: tuple, expected: torch.Tensor):
+        self.path, self.expected = path, expected
+
+    def __repr__(self) -> str:
+        where = "".join(f".{a}" for a in self.path)
+        return f"InputValuesSpec({where or 'the input'} == {self.expected.tolist()})"
+
+    def __eq__(self, other) -> bool:  # value equality: an on-disk cache entry stores a pickled copy
+        return type(other) is InputValuesSpec and other.path == self.path and other.expected.dtype == \
+            self.expected.dtype and bool(torch.equal(other.expected.cpu(), self.expected.cpu()))
+
+    __hash__ = None
+
+    def matches(self, t) -> bool:
+        for a in self.path:
+            t = getattr(t, a, None)
+        return isinstance(t, torch.Tensor) and t.shape == self.expected.shape and t.dtype == self.expected.dtype \
+            and bool(torch.equal(t.to(self.expected.device), self.expected))
+
+
+def _check_input_values_impl(t, spec: InputValuesSpec) -> None:
+    if not spec.matches(t):
+        raise SubclassGuardFailure(
+            explain=lambda: f"the values of an integer input that dispatch read while tracing changed ({spec!r})"
+        )
+
+
+check_input_values = subclass_executor.register_operator(
+    "check_input_values", meta=lambda t, spec: None, fn=_check_input_values_impl, tags=[prims.OpTags.DONT_DCE],
+)
+
+
 class NestedSizesSpec:
-    """Which ragged sizes of a subclass input equal which of the inputs before it, as when traced: for each pair
-    (own dim, index of an earlier input, its dim), whether the nested ints were equal (NestedTensors sharing offsets
-    have equal ragged sizes; ``a.shape == b.shape`` and ``a + b`` depend on it)."""
+    """Which ragged sizes of an input equal which of the inputs' before it, as when traced: for each pair (own dim,
+    index of an earlier input, its dim), whether the nested ints were equal. A dim is None for a plain offsets-like
+    input (a 1-D integer tensor, :func:`is_ragged_source_candidate`), whose nested int is the one torch associates
+    with the tensor object (none: a NestedTensor built on it makes a new one; the same object passed twice shares
+    it). NestedTensors sharing offsets, or built inside on an offsets tensor that is also an input, have equal ragged
+    sizes: ``a.shape == b.shape`` and ``a + b`` depend on it."""
 
     __slots__ = ("pairs",)
 
@@ -580,8 +654,24 @@ class NestedSizesSpec:
     def __repr__(self) -> str:
         return f"NestedSizesSpec({len(self.pairs)} pairs)"
 
+    def __eq__(self, other) -> bool:  # value equality: an on-disk cache entry stores a pickled copy
+        return type(other) is NestedSizesSpec and other.pairs == self.pairs
+
+    __hash__ = None
+
     def matches(self, t, others) -> bool:
-        return all(bool(t.shape[d] == others[j].shape[e]) is equal for d, j, e, equal in self.pairs)
+        return all(ragged_sizes_equal(t, d, others[j], e) is equal for d, j, e, equal in self.pairs)
+
+
+def ragged_sizes_equal(x, d: int | None, y, e: int | None) -> bool:
+    """Whether ragged size ``d`` of ``x`` equals ragged size ``e`` of ``y`` (a None dim: the nested int torch
+    associates with plain tensor ``x`` itself, the offsets or lengths of NestedTensors; an identical tensor object
+    counts as equal even when it has none yet)."""
+    if d is None and e is None and x is y:
+        return True
+    a = x.shape[d] if d is not None else _thunder_internals.registered_nested_int(x)
+    b = y.shape[e] if e is not None else _thunder_internals.registered_nested_int(y)
+    return a is not None and b is not None and bool(a == b)
 
 
 def _check_nested_sizes_impl(t, others, spec: NestedSizesSpec) -> None:
@@ -596,21 +686,45 @@ check_nested_sizes = subclass_executor.register_operator(
 )
 
 
-def add_nested_sizes_guard(jit_ctx, p: SubclassTensorProxy) -> None:
-    """Input ``p`` has ragged sizes (nested ints): a call whose inputs share ragged sizes differently (NestedTensors
-    with the same offsets, or not) is a cache miss. Its lengths themselves are not guarded: fake runs know no
-    tensor values, so the trace holds for any offsets of the same shape (the inner tensors' shapes are checked)."""
+def is_ragged_source_candidate(t: torch.Tensor) -> bool:
+    """A plain tensor that could be the offsets or lengths of a jagged NestedTensor: 1-D, of an integer dtype."""
+    return t.dim() == 1 and t.layout is torch.strided and not t.dtype.is_floating_point and not t.dtype.is_complex \
+        and t.dtype is not torch.bool
+
+
+def add_nested_sizes_guard(jit_ctx, p: TensorProxy, t: torch.Tensor) -> None:
+    """Input ``p`` (value ``t``) has ragged sizes (a jagged NestedTensor), or is a plain offsets-like tensor
+    (:func:`is_ragged_source_candidate`): a call whose inputs share ragged sizes differently (NestedTensors with the
+    same offsets, or not; an offsets tensor passed next to a NestedTensor built on it, or twice) is a cache miss.
+
+    A plain one gets the nested int eager would give NestedTensors built on it: torch's for the tensor object, or
+    the one of an earlier input that is the same object (a new nested int for both), so fake runs share the ragged
+    size as eager does. Lengths themselves are not guarded: fake runs know no tensor values, so the trace holds for
+    any offsets of the same shape (the inner tensors' shapes are checked)."""
+    import weakref
+
     state = _thunder_internals.jit_state()
     earlier = state.setdefault("ragged_inputs", []) if state is not None else []
-    pairs = tuple(
-        (d, j, e, bool(s == s2))
-        for d, s in p.nested_sizes.items()
-        for j, q in enumerate(earlier)
-        for e, s2 in q.nested_sizes.items()
-    )
+    dims = (None,) if not isinstance(p, SubclassTensorProxy) else tuple(p.nested_sizes)
+    pairs = []
+    for j, (q, ref, q_dims) in enumerate(earlier):
+        other = ref()
+        for d in dims:
+            for e in q_dims:
+                equal = other is not None and ragged_sizes_equal(t, d, other, e)
+                pairs.append((d, j, e, equal))
+                if equal and d is None and e is None and nested_int_of(p) is None:
+                    # the same offsets object, unknown to torch yet: one new nested int for both
+                    shared = nested_int_of(q)
+                    if shared is None:
+                        shared = _thunder_internals.new_nested_int()
+                        remember_nested_int(q, shared)
+                    remember_nested_int(p, shared)
+    if not isinstance(p, SubclassTensorProxy):
+        remember_nested_int(p, _thunder_internals.registered_nested_int(t))
     if pairs:
-        jit_ctx.add_constraint((check_nested_sizes, p, tuple(earlier), NestedSizesSpec(pairs)))
-    earlier.append(p)
+        jit_ctx.add_constraint((check_nested_sizes, p, tuple(q for q, _, _ in earlier), NestedSizesSpec(tuple(pairs))))
+    earlier.append((p, weakref.ref(t), dims))
 
 
 def _check_buffer_flag_impl(t, flag: bool) -> None:

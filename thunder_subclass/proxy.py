@@ -383,6 +383,19 @@ def record_opaque_constant(obj: Any, scope: list) -> OpaqueObjectProxy:
     return p
 
 
+def _inner_tensor_proxy(t: torch.Tensor, name: str, history) -> TensorProxy:
+    """The proxy of inner tensor ``t``. An inner tensor of no input (``history`` None: a result's, a gradient's made
+    after interpretation) has static sizes: thunder's ``tensorproxy`` makes input-size proxies under
+    ``cache="symbolic values"``, which need the interpreter's context (``LookupError: interpretercompilectx`` when a
+    gradient kind is made after interpretation) and would name no input."""
+    if history is None and all(type(s) is int for s in t.shape):
+        return TensorProxy(
+            name, shape=tuple(t.shape), device=devices.to_device(t.device), dtype=dtypes.to_dtype(t.dtype),
+            requires_grad=t.requires_grad,
+        )
+    return tensorproxy(t, name=name, history=history)
+
+
 def subclass_proxy_from_tensor(t: torch.Tensor, *, name: str | None, history, inner_history=None) -> SubclassTensorProxy:
     """A proxy for the real (or fake) subclass ``t``. ``inner_history(attr)`` gives provenance for inner proxies."""
     attrs, fctx = flatten_tensor(t)
@@ -399,7 +412,7 @@ def subclass_proxy_from_tensor(t: torch.Tensor, *, name: str | None, history, in
                 it, name=iname, history=h, inner_history=None if h is None else attribute_provenance(h)
             )
         else:
-            inner[a] = tensorproxy(it, name=iname, history=h)
+            inner[a] = _inner_tensor_proxy(it, iname, h)
             remember_nested_int(inner[a], registered_nested_int(it))
             if it.layout is torch.strided and all(type(s) is int for s in (*it.shape, *it.stride())):
                 # the inner layout of this value, with the outer strides below: one layout (a DTensor's outer and

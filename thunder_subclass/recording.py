@@ -38,6 +38,9 @@ from thunder.core.symbol import Symbol
 from thunder.core.trace import get_tracectx
 
 from thunder_subclass._thunder_internals import (
+    fake_run_replacement,
+    holes_lengths,
+    jagged_numel,
     jit_state,
     real_script_object,
     source_location,
@@ -52,7 +55,7 @@ from thunder_subclass.errors import (
     UnsupportedSubclassOperationError,
     format_location,
 )
-from thunder_subclass.fake import FakeEnv, fake_execution
+from thunder_subclass.fake import FakeEnv, fake_execution, real_execution
 from thunder_subclass.proxy import (
     SubclassTensorProxy,
     flatten_tensor,
@@ -76,16 +79,26 @@ class RecordingMode(TorchDispatchMode):
     """Records aten calls on plain (fake) tensors; steps aside (``NotImplemented``) when a wrapper subclass is an
     argument, so that the subclass's ``__torch_dispatch__`` runs and its inner calls come back here."""
 
-    def __init__(self):
+    def __init__(self, env: FakeEnv | None = None):
         super().__init__()
         self.calls: list[tuple[OpOverload, tuple, dict, Any]] = []
         self.saw_subclass = False  # some op ran a wrapper subclass's __torch_dispatch__
+        self.env = env  # its known values answer .item() (see _read_value)
 
     def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func in _NUMEL and self.env is not None and len(args) == 1 and holes_lengths(args[0]) is not None:
+            known = self.env.known_value(holes_lengths(args[0]))
+            if known is not None and all(source.guard() for source in known[1]):  # the lengths' values, guarded
+                with real_execution():
+                    return jagged_numel(args[0], int(known[0].sum()))
         if any(is_traceable_wrapper_subclass_type(t) for t in types_):
             self.saw_subclass = True
             return NotImplemented
+        if func in _READS_VALUE and self.env is not None:
+            value = _read_value(self.env, args[0])
+            if value is not None:
+                return value
         try:
             out = func(*args, **kwargs)
         except Exception as e:
@@ -94,7 +107,30 @@ class RecordingMode(TorchDispatchMode):
             raise
         if isinstance(func, OpOverload) and any(isinstance(o, torch.Tensor) for o in pytree.tree_leaves(out)):
             self.calls.append((func, args, kwargs, out))
+            if self.env is not None and self.env.known_values:
+                self.env.propagate_values(func, args, kwargs, out)
         return out
+
+
+_READS_VALUE = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default)
+_NUMEL = (torch.ops.aten.sym_numel.default, torch.ops.aten.numel.default)
+
+
+def _read_value(env: FakeEnv, fake: Any) -> Any:
+    """The Python number ``.item()`` of ``fake`` gives, when its value is known (computed from integer inputs of the
+    trace only: a jagged NestedTensor's offsets or lengths, which its dispatch reads with ``.tolist()`` for
+    ``unbind``, indexing, ``clone`` of one with holes): the trace then holds for these input values only, and each
+    input it is computed from gets a prologue check of its values (a call with other values is a new trace). None
+    when unknown, or when the check can no longer be added (a backward recorded after the prologue was made, reading
+    values the forward did not): the fake run raises its data-dependent error."""
+    known = env.known_value(fake)
+    if known is None:
+        return None
+    real, sources = known
+    if not all(source.guard() for source in sources):
+        return None
+    with real_execution():
+        return real.item()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -235,7 +271,8 @@ def run_on_fakes(fn: Callable, args, kwargs, what: str, subclasses: str, *, env:
     except SubclassProtocolError as e:  # e.g. __tensor_unflatten__ rebuilding the wrong thing
         filename, lineno = source_location()
         raise SubclassProtocolError(f"{e} (while tracing {what} at {format_location(filename, lineno)})") from e
-    recorder = RecordingMode()
+    fn = fake_run_replacement(fn, fargs, fkwargs) or fn  # eager's computation where its own code cannot run on fakes
+    recorder = RecordingMode(env)
     grad_mode = torch.enable_grad() if wants_grad is not None else torch.set_grad_enabled(is_traced_grad_enabled())
     try:
         with fake_execution(autocast=True, env=env), grad_mode, recorder:

@@ -86,6 +86,7 @@ from thunder_subclass._thunder_internals.symbolic_values import (  # noqa: F401
     symbolic_values_lookaside,
 )
 from thunder_subclass._thunder_internals.thunder_state import (  # noqa: F401
+    trace_wrote_integer_tensors,
     attribute_provenance,
     call_in_epilogue,
     hooked_module_provenance,
@@ -121,9 +122,12 @@ from thunder_subclass._thunder_internals.torch_state import (  # noqa: F401
     active_dispatch_modes,
     is_user_dispatch_mode_active,
     data_dependent_exception_types,
+    fake_run_replacement,
     fake_tensor_mode_class,
     has_no_global_module_hooks,
+    holes_lengths,
     is_nested_int,
+    jagged_numel,
     is_opaque_reference_object,
     module_call_impl,
     module_forward_hooks,
@@ -134,6 +138,7 @@ from thunder_subclass._thunder_internals.torch_state import (  # noqa: F401
     opaque_attributes_unavailable,
     opaque_guard_fn,
     real_script_object,
+    register_plugin_operators,
     registered_nested_int,
     set_fake_nested_int,
     tensor_metadata_guard,

@@ -15,6 +15,8 @@
   function under the interpreter from a lookaside (``_interpret_call``: :func:`interpret_call`,
   :func:`interpret_native_call`), raising in the traced program (``do_raise``), rebinding a wrapped value, the
   arguments of ``super()``, whether the interpreter is running;
+* whether the trace being interpreted changed an integer tensor in place so far (thunder's
+  ``update_aliases._is_inplace_op``: :func:`trace_wrote_integer_tensors`; known input values are then stale);
 * the jit context (``jit_ext.get_jit_ctx``): a per-trace dict for the plugin (:func:`jit_state`), calls appended to
   the epilogue (:func:`call_in_epilogue`, run by :mod:`.interpreter_fixes`' ``process_recorded_modifications``
   hook), names and registration of input proxies, provenance records the prologue can unpack (the jitted module
@@ -118,18 +120,22 @@ def source_location(skip_files: tuple[str, ...] = ()) -> tuple[str | None, int |
     user code whose file is not one of ``skip_files``)."""
     from thunder.core.trace import get_tracectx
 
+    import os
+
+    import thunder
+
+    thunder_dir = os.path.dirname(thunder.__file__)
     trace = get_tracectx()
-    if trace is not None and trace._current_source_filename is not None and not skip_files:
+    # (a position inside thunder's own files: a thunder lookaside being traced, e.g. its DTensor-aware
+    # scaled_dot_product_attention wrapper; the user's line is the innermost frame outside thunder)
+    if trace is not None and trace._current_source_filename is not None and not skip_files \
+            and not trace._current_source_filename.startswith(thunder_dir):
         positions = trace._current_source_positions
         return trace._current_source_filename, getattr(positions, "lineno", None)
     if not is_interpreting():
         return None, None
-    import os
-
-    import thunder
     from thunder.core.interpreter import get_interpreterruntimectx
 
-    thunder_dir = os.path.dirname(thunder.__file__)
     for frame in reversed(get_interpreterruntimectx().frame_stack):
         if not frame.code.co_filename.startswith(thunder_dir) and frame.code.co_filename not in skip_files:
             return frame.code.co_filename, getattr(frame.positions, "lineno", None)
@@ -160,6 +166,40 @@ def jit_state() -> dict | None:
     except LookupError:
         return None
     return ctx.__dict__.setdefault("_thunder_subclass_state", {})
+
+
+def trace_wrote_integer_tensors() -> bool:
+    """Whether the trace being interpreted has recorded, so far, an operation that changes an integer tensor in place
+    (thunder's ``_is_inplace_op``, in every open scope and their subsymbols): after ``o[1] = 4`` on an offsets input
+    the proxy ``o`` still stands for the input (thunder renames later uses only after tracing), so its values as
+    passed are no longer what later operations read. The scan state lives in :func:`jit_state`.
+    True when no trace is being interpreted (nothing is known then)."""
+    from thunder.core.proxies import TensorProxy
+    from thunder.core.trace import get_tracectx
+    from thunder.core.update_aliases import _is_inplace_op
+
+    import thunder.core.dtypes as dtypes
+
+    trace, state = get_tracectx(), jit_state()
+    if trace is None or state is None:
+        return True
+
+    def writes_integer(bsym) -> bool:
+        if _is_inplace_op(bsym):
+            args = [a for a in bsym.flat_proxy_args if isinstance(a, TensorProxy)]
+            if args and (dtypes.is_integer_dtype(args[0].dtype) or dtypes.is_boolean_dtype(args[0].dtype)):
+                return True
+        return any(writes_integer(sub) for sub in bsym.subsymbols)
+
+    # the trace's top-level list grows as it is interpreted: scanned once per symbol (the scan state: that list, how
+    # far, whether found); the open inner scopes (an operation being recorded) are short and scanned whole
+    top = trace.scopes[0]
+    scanned_list, done, found = state.get("inplace_integer_scan", (None, 0, False))
+    if scanned_list is not top:
+        done, found = 0, False
+    found = found or any(writes_integer(b) for b in top[done:])
+    state["inplace_integer_scan"] = (top, len(top), found)
+    return found or any(writes_integer(b) for scope in trace.scopes[1:] for b in scope)
 
 
 def trace_state(trace=None) -> dict | None:

@@ -14,12 +14,19 @@
   :func:`module_has_backward_hooks`, :func:`has_no_global_module_hooks`, :func:`module_has_no_own_hooks_expression`)
   and ``Module._call_impl``;
 * fake-tensor execution's data-dependence exceptions (``torch._subclasses.fake_tensor``:
-  :func:`data_dependent_exception_types`), which ``graph_breaks`` reads as graph breaks.
+  :func:`data_dependent_exception_types`), which ``graph_breaks`` reads as graph breaks;
+* jagged NestedTensor attention for fake runs (``torch.nested._internal.sdpa``'s checks and backend choice:
+  :func:`fake_run_replacement`): where eager takes its math backend (on CPU), which runs on strided nested tensors
+  that fake tensors cannot make, a custom operator computing the same per component (registered on first use or by
+  :func:`register_plugin_operators`); the element count of a
+  NestedTensor with holes from known lengths (:func:`holes_lengths`, :func:`jagged_numel`; torch's own raises for
+  fake lengths).
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -266,3 +273,158 @@ def data_dependent_exception_types() -> tuple[type, ...]:
                     getattr(fake_tensor, "DataDependentOutputException", None))
         if isinstance(t, type)
     )
+
+
+def fake_run_replacement(fn: Callable, args: tuple, kwargs: dict) -> Callable | None:
+    """A function that computes what ``fn(*args, **kwargs)`` computes in eager, for running it on fakes where
+    ``fn``'s own implementation cannot run there; None: run ``fn`` itself.
+
+    ``F.scaled_dot_product_attention`` on jagged NestedTensors of shape ``(B, H, j, D)`` (ragged dim 2) with no mask,
+    no dropout, not causal and no holes, when eager chooses the math backend (CPU): eager splits each of query, key
+    and value into a strided nested tensor by its offsets (``.tolist()``), runs
+    ``torch._scaled_dot_product_attention_math`` on those, and views the result as a NestedTensor of the query's
+    offsets and cached lengths. Fake tensors cannot make strided nested tensors; the replacement calls
+    ``thunder_subclass::njt_attention`` on the values and offsets, which runs the math backend's operations on each
+    component's ``(H, len_i, D)`` slice when it runs (its backward operator: their derivative written out), and views
+    the result as eager does: the same values, eager's result metadata, and a trace that holds for any lengths."""
+    if fn is not torch._C._nn.scaled_dot_product_attention:
+        return None
+    from torch.nested._internal.nested_tensor import NestedTensor
+
+    names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+    bound = dict(zip(names, args))
+    if set(kwargs) - set(names) or set(kwargs) & set(bound):
+        return None
+    bound.update(kwargs)
+    q, k, v = bound.get("query"), bound.get("key"), bound.get("value")
+    if not all(type(t) is NestedTensor and t.dim() == 4 and t._ragged_idx == 2 and t._lengths is None
+               and t.device.type == "cpu" for t in (q, k, v)):
+        return None
+    if bound.get("attn_mask") is not None or bound.get("dropout_p", 0.0) != 0.0 or bound.get("is_causal", False) \
+            or bound.get("enable_gqa", False):
+        return None
+    return _njt_sdpa_math
+
+
+def _njt_sdpa_math(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    from torch.nested._internal import sdpa
+    from torch.nested._internal.nested_tensor import nested_view_from_values_offsets_lengths
+    from torch.nn.attention import SDPBackend
+
+    query, key, value, attn_mask = sdpa._autocast(query, key, value, attn_mask)
+    sdpa._validate_sdpa_input(query, key, value, attn_mask, dropout_p, is_causal, scale)
+    if sdpa._select_sdp_backend(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa) != SDPBackend.MATH:
+        return torch._C._nn.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal,
+                                                        scale=scale, enable_gqa=enable_gqa)
+    # ragged dim 2: the values are (H, total length, D); the offsets stay tensors (read when the op runs): one trace
+    # for any lengths
+    values = _njt_attention_ops()[0](query.values(), query.offsets(), key.values(), key.offsets(), value.values(),
+                                     value.offsets(), scale)
+    return nested_view_from_values_offsets_lengths(
+        values, query.offsets(), lengths=None, min_seqlen=query._maybe_min_seqlen,
+        max_seqlen=query._maybe_max_seqlen,
+    ).transpose(1, 2)
+
+
+def _components(offsets: torch.Tensor, total: int, what: str) -> list[tuple[int, int]]:
+    bounds = offsets.tolist()
+    if not bounds or bounds[0] != 0 or bounds[-1] != total:  # eager splits the values by the lengths: the same error
+        raise RuntimeError(f"split_with_sizes expects the lengths of the {what} to sum exactly to {total}")
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+def _scale_factor(q: torch.Tensor, scale: float | None) -> float:
+    # the math backend scales query and key by the square root of the scale each
+    return math.sqrt(scale if scale is not None else 1.0 / math.sqrt(q.shape[-1]))
+
+
+def _njt_attention_forward(q, q_offsets, k, k_offsets, v, v_offsets, scale):
+    """Eager's math-backend attention of one jagged batch: ``q`` / ``k`` / ``v`` are the ``(H, total length, D)``
+    values, each component attends within its own ``offsets`` range; returns the ``(total, H, Dv)`` values. The same
+    operations as ``torch._scaled_dot_product_attention_math`` on the nested components (which, unlike its dense
+    form on CPU, computes half-precision inputs in their own dtype): eager's values exactly."""
+    sf = _scale_factor(q, scale)
+    parts = []
+    for (a, b), (c, d), (e, f) in zip(_components(q_offsets, q.shape[1], "query"),
+                                      _components(k_offsets, k.shape[1], "key"),
+                                      _components(v_offsets, v.shape[1], "value"), strict=True):
+        attn = torch._safe_softmax((q[:, a:b] * sf) @ (k[:, c:d].transpose(-2, -1) * sf), -1)
+        parts.append((attn @ v[:, e:f]).transpose(0, 1))
+    return torch.cat(parts, 0) if parts else q.new_empty(0, q.shape[0], v.shape[2])
+
+
+def _njt_attention_backward(grad, q, q_offsets, k, k_offsets, v, v_offsets, scale):
+    # (autograd does not run inside an operator's kernel: the derivative of the forward's operations, written out)
+    sf = _scale_factor(q, scale)
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    for (a, b), (c, d), (e, f) in zip(_components(q_offsets, q.shape[1], "query"),
+                                      _components(k_offsets, k.shape[1], "key"),
+                                      _components(v_offsets, v.shape[1], "value"), strict=True):
+        qs, ks, vi, go = q[:, a:b] * sf, k[:, c:d] * sf, v[:, e:f], grad[a:b].transpose(0, 1)
+        attn = torch._safe_softmax(qs @ ks.transpose(-2, -1), -1)
+        dv[:, e:f] += attn.transpose(-2, -1) @ go
+        ds = torch._softmax_backward_data(go @ vi.transpose(-2, -1), attn, -1, attn.dtype)
+        dq[:, a:b] += (ds @ ks) * sf
+        dk[:, c:d] += (ds.transpose(-2, -1) @ qs) * sf
+    return dq, dk, dv
+
+
+@functools.cache
+def _njt_attention_ops() -> tuple:
+    """``thunder_subclass::njt_attention`` and its backward, custom operators (registered on first use) that take the
+    offsets as tensors: a trace holds them as one call each, valid for any lengths."""
+    from torch.library import custom_op
+
+    @custom_op("thunder_subclass::njt_attention", mutates_args=())
+    def forward(q: torch.Tensor, q_offsets: torch.Tensor, k: torch.Tensor, k_offsets: torch.Tensor,
+                v: torch.Tensor, v_offsets: torch.Tensor, scale: float | None) -> torch.Tensor:
+        return _njt_attention_forward(q, q_offsets, k, k_offsets, v, v_offsets, scale)
+
+    @forward.register_fake
+    def _(q, q_offsets, k, k_offsets, v, v_offsets, scale):
+        return q.new_empty(q.shape[1], q.shape[0], v.shape[2])
+
+    @custom_op("thunder_subclass::njt_attention_backward", mutates_args=())
+    def backward(grad: torch.Tensor, q: torch.Tensor, q_offsets: torch.Tensor, k: torch.Tensor,
+                 k_offsets: torch.Tensor, v: torch.Tensor, v_offsets: torch.Tensor,
+                 scale: float | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return _njt_attention_backward(grad, q, q_offsets, k, k_offsets, v, v_offsets, scale)
+
+    @backward.register_fake
+    def _(grad, q, q_offsets, k, k_offsets, v, v_offsets, scale):
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs[:6])
+        ctx.scale = inputs[6]
+
+    def grad_rule(ctx, grad):
+        q, qo, k, ko, v, vo = ctx.saved_tensors
+        dq, dk, dv = backward(grad.contiguous(), q, qo, k, ko, v, vo, ctx.scale)
+        return dq, None, dk, None, dv, None, None
+
+    forward.register_autograd(grad_rule, setup_context=setup_context)
+    return forward, backward
+
+
+def register_plugin_operators() -> None:
+    """Register the plugin's custom operators (``thunder_subclass::njt_attention`` and its backward) now, as their
+    first use does: a trace loaded from disk names them."""
+    _njt_attention_ops()
+
+
+def holes_lengths(t: Any) -> torch.Tensor | None:
+    """The lengths of jagged NestedTensor ``t`` when it has holes (``nested_tensor_from_jagged(..., lengths=)``), whose
+    element count torch computes from their values (``lengths.sum().item()``, refused for fake lengths); else None."""
+    from torch.nested._internal.nested_tensor import NestedTensor
+
+    return t._lengths if type(t) is NestedTensor else None
+
+
+def jagged_numel(t: Any, total_length: int) -> int:
+    """``t.numel()`` of jagged NestedTensor ``t`` with holes whose lengths sum to ``total_length``, as torch counts it
+    (the total length times the sizes of the other non-batch dims)."""
+    import math
+
+    size, ragged = t._size, t._ragged_idx
+    return total_length * math.prod((*size[1:ragged], *size[ragged + 1:]))
