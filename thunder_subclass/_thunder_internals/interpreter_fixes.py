@@ -246,6 +246,79 @@ def _object_setattr_lookaside(original):
     return lookaside
 
 
+def _is_data_descriptor(cls: type, name: str) -> bool:
+    attr = inspect.getattr_static(cls, name, None)
+    return attr is not None and (hasattr(type(attr), "__set__") or hasattr(type(attr), "__delete__"))
+
+
+def _stores_into_instance_dict(setattr_slot, obj, name) -> bool:
+    """Whether the C ``__setattr__`` slot of ``obj``'s class stores ``obj.<name> = v`` as ``object.__setattr__``
+    does, into ``obj.__dict__``: tried with a marker object on ``obj`` itself, then undone."""
+    d = getattr(obj, "__dict__", None)
+    if type(d) is not dict or type(name) is not str or _is_data_descriptor(type(obj), name):
+        return False
+    had, old, marker = name in d, d.get(name), object()
+    try:
+        setattr_slot(obj, name, marker)
+        return getattr(obj, "__dict__", None) is d and d.get(name) is marker
+    except Exception:  # noqa: BLE001 - the slot refuses the write: not a plain store
+        return False
+    finally:
+        if had:
+            d[name] = old
+        else:
+            d.pop(name, None)
+
+
+def _is_made_by_c_new(provenance) -> bool:
+    """An object the traced code made by calling a class whose ``__new__`` is a C function (``types.SimpleNamespace()``):
+    thunder records it as an opaque call of that ``__new__``."""
+    from thunder.core.interpreter import PseudoInst
+
+    if provenance.inst is not PseudoInst.OPAQUE or not provenance.inputs:
+        return False
+    fn = provenance.inputs[0]
+    return fn.inst is PseudoInst.CONSTANT and getattr(fn.value, "__name__", None) == "__new__"
+
+
+def _c_setattr_lookaside(setattr_slot):
+    """``obj.name = value`` where ``type(obj).__setattr__`` is a C slot other than ``object``'s (``types.
+    SimpleNamespace``, and classes deriving from such a type): thunder 0.2.6 takes the slot for an opaque torch-like
+    function and fails registering it ("'wrapper_descriptor' object has no attribute '__module__'", plain thunder
+    too). A slot that stores into the instance ``__dict__`` as ``object.__setattr__`` does (tried on the object) is
+    traced as ``object.__setattr__``: the write reaches the caller's object through the epilogue, as for any Python
+    object. Any other raises ``UnsupportedTracingError`` naming the line."""
+
+    def lookaside(obj, name, value):
+        from thunder.core.interpreter import unwrap
+        from thunder.core.jit_ext import _general_jit_lookaside_map
+
+        uobj, uname = unwrap(obj), unwrap(name)
+        owner = setattr_slot.__objclass__
+        if isinstance(uobj, owner) and _stores_into_instance_dict(setattr_slot, uobj, uname):
+            if _is_made_by_c_new(obj.provenance):
+                # made in the traced code (thunder's is_created_during_tracing knows object.__new__ only): stored as
+                # object.__setattr__ stores into such an object; the caller (thunder's setattr lookaside) records the
+                # attribute's wrapper, from which a returned object is rebuilt
+                from thunder.core.interpreter import wrap_const
+
+                uobj.__dict__[uname] = unwrap(value)
+                return wrap_const(None)
+            return _object_setattr_lookaside(_general_jit_lookaside_map[object.__setattr__])(obj, name, value)
+        from thunder.core.interpreter import do_raise
+
+        from thunder_subclass.errors import UnsupportedTracingError, format_location
+
+        return do_raise(UnsupportedTracingError(
+            f"setting attribute {uname!r} of a {type(uobj).__qualname__} at {format_location(*source_location())}: "
+            f"its class's __setattr__ is {owner.__qualname__}'s, written in C, and does not store the value in the "
+            "object's __dict__ as object.__setattr__ does, so thunder_subclass cannot trace what it does. Set the "
+            "attribute outside the compiled function (return the value), or use an object of a Python class."
+        ))
+
+    return lookaside
+
+
 def _class_getattribute(obj) -> Callable | None:
     """The Python ``__getattribute__`` that ``obj``'s class defines (or inherits from a Python class), or None when it
     is ``object``'s or a C type's (classes themselves are left to thunder)."""
@@ -343,6 +416,10 @@ def interpreter_fix_lookaside(fn, wrapped_args: tuple = ()):
         from thunder.core.jit_ext import _general_jit_lookaside_map
 
         return _object_setattr_lookaside(_general_jit_lookaside_map[object.__setattr__])
+    if (type(fn) is types.WrapperDescriptorType and fn.__name__ == "__setattr__" and len(wrapped_args) == 3
+            and fn.__objclass__.__module__ != "builtins"):
+        # (builtins' own: object's has its lookaside; type's, module's stay with thunder)
+        return _c_setattr_lookaside(fn)
     if is_hashable(fn):
         return _fixed_torch_functions().get(fn)
     return None
@@ -686,6 +763,166 @@ def _hook_keyed_lookup(original):
     return keyed_lookup
 
 
+def _list_index(i):
+    """``i`` (wrapped) as the int a list method takes (``operator.index``); a number proxy (symbolic values) is pinned:
+    which item moves depends on its value."""
+    from thunder.core.proxies import NumberProxy
+
+    value = getattr(i, "value", i)
+    if isinstance(value, NumberProxy):
+        pin_input_numbers(value)
+        value = value.value
+    return operator.index(value)
+
+
+def _hook_list_insert(original):
+    # replaces thunder's list.insert lookaside (core/interpreter.py MutSequenceWrapperMethods.insert: "NotImplementedError:
+    # Sequence.insert, please file an issue"): the list and its item wrappers get the item at the same position
+    def insert(self, i, x, /):
+        if not is_plugin_active():
+            return original(self, i, x)
+        from thunder.core.interpreter import do_raise, wrap_const
+
+        self.track_items()
+        try:
+            index = _list_index(i)
+        except TypeError as e:
+            return do_raise(e)
+        self.value.insert(index, x.value)
+        self.item_wrappers.insert(index, x)
+        return wrap_const(None)
+
+    return insert
+
+
+def _hook_list_clear(original):
+    # replaces thunder's list.clear lookaside (MutSequenceWrapperMethods.clear: "Sequence.clear, please file an issue")
+    def clear(self, /):
+        if not is_plugin_active():
+            return original(self)
+        from thunder.core.interpreter import wrap_const
+
+        self.track_items()
+        self.value.clear()
+        self.item_wrappers.clear()
+        return wrap_const(None)
+
+    return clear
+
+
+def _remove_impl(seq, value):
+    # list.remove as CPython runs it (PyObject_RichCompareBool: identity, then ==), interpreted: each comparison is one
+    # the trace depends on (reported and guarded like the user's own)
+    for i in range(len(seq)):
+        item = seq[i]
+        if item is value or item == value:
+            del seq[i]
+            return None
+    raise ValueError("list.remove(x): x not in list")
+
+
+def _count_impl(seq, value):
+    n = 0
+    for item in seq:
+        if item is value or item == value:
+            n += 1
+    return n
+
+
+def _hook_list_remove(original):
+    # replaces thunder's list.remove lookaside (MutSequenceWrapperMethods.remove: "Sequence.remove, please file an issue")
+    def remove(self, x, /):
+        if not is_plugin_active():
+            return original(self, x)
+        from thunder.core.interpreter import _interpret_call, wrap_const
+
+        self.track_items()
+        return _interpret_call(wrap_const(_remove_impl), self, x)
+
+    return remove
+
+
+def _hook_sequence_count(original):
+    # replaces thunder's list.count / tuple.count lookaside (SequenceWrapperMethods.count: "Sequence.count, please
+    # file an issue")
+    def count(self, x, /):
+        if not is_plugin_active():
+            return original(self, x)
+        from thunder.core.interpreter import _interpret_call, wrap_const
+
+        self.track_items()
+        return _interpret_call(wrap_const(_count_impl), self, x)
+
+    return count
+
+
+def _is_less(a, b):
+    # one comparison of list.sort, interpreted (a branch of the trace on its answer: guarded like the user's own)
+    return bool(a < b)
+
+
+class _ComparisonRaised(Exception):
+    pass
+
+
+def _hook_list_sort(original):
+    # replaces thunder's list.sort lookaside ("<class 'list'>.sort is not yet supported, please file an issue"). The
+    # permutation is the one CPython's sort gives (sorted() of the positions, whose `<` is the interpreted comparison
+    # of the items or keys: the same comparisons, in the same order, NaNs included); key is called once per item, in
+    # order, interpreted. The list and its item wrappers are permuted alike.
+    def sort(self, /, *args, key=None, reverse=False):
+        if not is_plugin_active():
+            return original(self, *args, key=key, reverse=reverse)
+        from thunder.core.interpreter import (
+            INTERPRETER_SIGNALS,
+            _interpret_call,
+            do_raise,
+            unwrap,
+            wrap_const,
+        )
+
+        if args:
+            return do_raise(TypeError("sort() takes no positional arguments"))
+        self.track_items()
+        items = list(self.item_wrappers)
+        keys = items
+        if key is not None and unwrap(key) is not None:
+            keys = []
+            for w in items:
+                k = _interpret_call(key, w)
+                if k is INTERPRETER_SIGNALS.EXCEPTION_RAISED:
+                    return k
+                keys.append(k)
+        try:
+            descending = bool(operator.index(unwrap(reverse)))
+        except TypeError as e:
+            return do_raise(e)
+        less = wrap_const(_is_less)
+
+        class Position:
+            __slots__ = ("i",)
+
+            def __init__(self, i):
+                self.i = i
+
+            def __lt__(self, other):
+                answer = _interpret_call(less, keys[self.i], keys[other.i])
+                if answer is INTERPRETER_SIGNALS.EXCEPTION_RAISED:
+                    raise _ComparisonRaised
+                return unwrap(answer)
+
+        try:
+            order = sorted(range(len(items)), key=Position, reverse=descending)
+        except _ComparisonRaised:
+            return INTERPRETER_SIGNALS.EXCEPTION_RAISED
+        values = list(self.value)
+        self.value[:] = [values[i] for i in order]
+        self.item_wrappers[:] = [items[i] for i in order]
+        return wrap_const(None)
+
+    return sort
+
+
 _RAISED_AT = "_thunder_subclass_raised_at"  # exception attribute: {id(interpreted frame): (file, line)}, innermost first
 
 
@@ -761,6 +998,12 @@ def hook_targets() -> list[tuple[Any, str, Callable]]:
         (handlers, "COMPARE_OP", _hook_comparison("==")),
         *((tracking, m, _hook_keyed_lookup) for m in (dict.__getitem__, dict.__contains__, dict.pop, dict.__delitem__)
           if m in tracking),
+        (tracking, list.insert, _hook_list_insert),
+        (tracking, list.clear, _hook_list_clear),
+        (tracking, list.remove, _hook_list_remove),
+        (tracking, list.sort, _hook_list_sort),
+        (tracking, list.count, _hook_sequence_count),
+        (tracking, tuple.count, _hook_sequence_count),
         (jit_ext, "Sequence", _hook_jit_ext_sequence),
         (clang, "_basic_indexing", _hook_basic_indexing),
         (jit_ext, "process_recorded_modifications", _hook_process_recorded_modifications),
