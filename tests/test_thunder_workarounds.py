@@ -564,3 +564,81 @@ def test_a_c_setattr_that_does_not_store_into_the_instance_dict_is_a_typed_error
                                                       rf"{re.escape(line)}: its class's __setattr__ is "
                                                       rf"SimpleNamespace's, written in C"):
         thunder_subclass.jit(f, fullgraph=True)(_NamespaceWithSlot(), torch.ones(2))
+
+
+# a module-level dict keyed by objects: thunder 0.2.6's prologue unpacks items only under int and str keys
+# ("Exception occured unpacking object from ProvenanceRecord(...)", plain thunder too); the dict's keys are guarded
+# (a global list or dict, as an argument's)
+
+class _Key:
+    def __init__(self, n):
+        self.n = n
+
+
+_K1, _K2, _K3 = _Key(1), _Key(2), _Key(3)
+_BY_KEY: dict = {}
+_TENSOR_BY_KEY: dict = {}
+
+GLOBAL_DICT_CASES = {
+    "items()": lambda x: sum((x * v for v in _BY_KEY.values()), x) + sum(v for k, v in _BY_KEY.items()),
+    "keys and lookups": lambda x: [x := x * _BY_KEY[k] for k in _BY_KEY][-1],
+    "in": lambda x: x * (2 if _K3 in _BY_KEY else 3),
+    "get": lambda x: x * _BY_KEY.get(_K2, 10.0),
+}
+_CHANGES = [
+    lambda d: None,
+    lambda d: d.__setitem__(_K1, 5.0),   # another value
+    lambda d: d.__setitem__(_K3, 7.0),   # another key
+    lambda d: d.pop(_K1),                # one key fewer
+    lambda d: (d.clear(), d.update({_K2: 2.0, _K1: 1.0})),  # other order
+    lambda d: (d.clear(), d.update({_K1: 1.0, _K2: 2.0})),  # the first contents again
+]
+
+
+@pytest.mark.parametrize("case", list(GLOBAL_DICT_CASES))
+def test_a_global_dict_keyed_by_objects(case):
+    f = GLOBAL_DICT_CASES[case]
+    _BY_KEY.clear()
+    _BY_KEY.update({_K1: 1.0, _K2: 2.0})
+    jf = thunder_subclass.jit(f)
+    for change in _CHANGES:
+        change(_BY_KEY)
+        torch.testing.assert_close(jf(torch.ones(2)), f(torch.ones(2)))
+    assert 1 < thunder.cache_misses(jf) < len(_CHANGES)  # changes traced anew; the first contents again reused
+
+
+def test_a_global_dict_keyed_by_objects_holding_tensors():
+    def f(x):
+        for k, v in _TENSOR_BY_KEY.items():
+            x = x + v * k.n
+        return x
+
+    _TENSOR_BY_KEY.clear()
+    _TENSOR_BY_KEY.update({_K1: torch.ones(2), _K2: torch.full((2,), 3.0)})
+    jf = thunder_subclass.jit(f)
+    torch.testing.assert_close(jf(torch.ones(2)), f(torch.ones(2)))
+    _TENSOR_BY_KEY[_K1] = torch.zeros(2)  # the tensor is an input of the trace: read each call
+    torch.testing.assert_close(jf(torch.ones(2)), f(torch.ones(2)))
+    _TENSOR_BY_KEY[_K3] = torch.ones(2)
+    torch.testing.assert_close(jf(torch.ones(2)), f(torch.ones(2)))
+    assert thunder.cache_misses(jf) == 2
+    with pytest.raises(NotImplementedError, match=r"Exception occured unpacking object"):
+        thunder.jit(f)(torch.ones(2))  # thunder 0.2.6 itself
+
+
+_GLOBAL_LIST: list = []
+
+
+def test_a_global_list_changed_in_the_compiled_function_is_changed_every_call():
+    # the trace appended a proxy to the global list once (and nothing on later calls); now each call appends the
+    # computed tensor as eager does, and the list's length is guarded like an argument's
+    def f(x):
+        _GLOBAL_LIST.append(x * 2)
+        return x * len(_GLOBAL_LIST)
+
+    _GLOBAL_LIST.clear()
+    jf = thunder_subclass.jit(f)
+    outs = [jf(torch.ones(2)) for _ in range(3)]
+    assert [type(v) for v in _GLOBAL_LIST] == [torch.Tensor] * 3
+    torch.testing.assert_close(_GLOBAL_LIST, [torch.full((2,), 2.0)] * 3)
+    torch.testing.assert_close(outs, [torch.full((2,), float(n)) for n in (1, 2, 3)])

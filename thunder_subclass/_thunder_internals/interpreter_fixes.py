@@ -60,7 +60,7 @@ import torch
 
 from thunder_subclass._thunder_internals import plugin_state
 from thunder_subclass._thunder_internals.plugin_state import is_plugin_active
-from thunder_subclass._thunder_internals.symbolic_values import pin_input_numbers
+from thunder_subclass._thunder_internals.symbolic_values import pin_input_numbers, unpacked_parameters_tagged
 from thunder_subclass._thunder_internals.thunder_state import (
     is_interpreting,
     source_location,
@@ -923,6 +923,130 @@ def _hook_list_sort(original):
     return sort
 
 
+@functools.cache
+def _constant_key_proxy_class():
+    from thunder.core.proxies import AnyProxy
+
+    class ConstantKeyProxy(AnyProxy):
+        """The prologue's name for an object used as a dict key (``TABLE[K1]``). thunder orders the prologue's
+        unpacked values by their paths, the keys of subscripts included, and proxies refuse comparisons: these
+        compare by creation order among themselves and after any other key."""
+
+        _DEFAULT_PREFIX = "key"
+        _made = 0
+
+        def __init__(self, o, /, **kwargs):
+            super().__init__(o, **kwargs)
+            ConstantKeyProxy._made += 1
+            self._order = ConstantKeyProxy._made
+
+        def __eq__(self, other):
+            return self is other
+
+        __hash__ = AnyProxy.__hash__
+
+        def __lt__(self, other):
+            return isinstance(other, ConstantKeyProxy) and self._order < other._order
+
+        def __gt__(self, other):
+            return not isinstance(other, ConstantKeyProxy) or self._order > other._order
+
+        def __le__(self, other):
+            return self is other or self < other
+
+        def __ge__(self, other):
+            return self is other or self > other
+
+        def replace(self, **changes):
+            kwargs = dict(name=self.name, history=self.history, tags=self.tags)
+            kwargs.update(changes)
+            return ConstantKeyProxy(self._o, **kwargs)
+
+    return ConstantKeyProxy
+
+
+@functools.cache
+def _constant_object_symbol():
+    def meta(obj):
+        return _constant_key_proxy_class()(obj)
+
+    def impl(obj):
+        return obj
+
+    sym = plugin_state.handlers.executor.register_operator("python_constant_object", meta=meta, fn=impl)
+    plugin_state.remember_symbol_origin(sym, impl, _constant_object_symbol)
+    return sym
+
+
+def _name_constant_keys(ctx, prologue_trace, inputs) -> None:
+    """Each object other than an int or str used as a dict key on the path of a value the prologue unpacks
+    (``TABLE[K1]``, K1 a module-level object: iterating ``TABLE`` reads its items that way) gets a proxy made from it
+    at the top of the prologue (``python_constant_object``), set as the key's provenance record's proxy. thunder's
+    ``unpack_inputs`` (``from_binary_subscr``) unpacks only int, str and proxy keys: "Exception occured unpacking
+    object from ProvenanceRecord(...)" (plain thunder too)."""
+    from thunder.core.interpreter import ProvenanceRecord, PseudoInst
+    from thunder.core.proxies import Proxy
+    from thunder.core.trace import tracectx
+
+    seen: set[int] = set()
+    made: dict[int, Any] = {}
+
+    def visit(record):
+        if not isinstance(record, ProvenanceRecord) or id(record) in seen:
+            return
+        seen.add(id(record))
+        if record.inst is PseudoInst.BINARY_SUBSCR and len(record.inputs) == 2:
+            key = record.inputs[1]
+            if (isinstance(key, ProvenanceRecord) and key.inst is PseudoInst.CONSTANT
+                    and not isinstance(key.value, (int, str, Proxy)) and getattr(key, "proxy", None) is None):
+                proxy = made.get(id(key.value))
+                if proxy is None:
+                    with tracectx(prologue_trace):
+                        proxy = made[id(key.value)] = _constant_key_proxy_class()(key.value)
+                        prologue_trace.bound_symbols.append(_constant_object_symbol().bind(key.value, output=proxy))
+                key.proxy = proxy
+        for i in record.inputs:
+            visit(i)
+
+    for v in inputs:
+        p = v if isinstance(v, Proxy) else getattr(v, "proxy", None)
+        visit(getattr(p, "history", None))
+    for _, *args in ctx._constraints:
+        for a in args:
+            if isinstance(a, Proxy):
+                visit(a.history)
+
+
+def _hook_name_postfix(original):
+    # wraps thunder.core.jit_ext._infer_name_postfix_from_provenance, which names a tensor read from the inputs after
+    # its path, with str() of each key: TABLE[K1] gave "t___globals___TABLE_<__main__.Key object at 0x...>", which
+    # the prologue's Python cannot hold ("SyntaxError: invalid syntax"). For a plugin jit such a name is not used (the
+    # tensor gets thunder's default name)
+    @functools.wraps(original)
+    def _infer_name_postfix_from_provenance(pr):
+        postfix = original(pr)
+        if postfix and is_plugin_active() and not f"t{postfix}".isidentifier():
+            return ""
+        return postfix
+
+    return _infer_name_postfix_from_provenance
+
+
+def _hook_unpack_inputs(original):
+    # wraps thunder.core.jit_ext.unpack_inputs (the prologue's unpacking of every value read from the inputs): for a
+    # plugin jit, object dict keys are named first (_name_constant_keys), and under symbolic values parameters are
+    # tagged meanwhile (symbolic_values.unpacked_parameters_tagged)
+    @functools.wraps(original)
+    def unpack_inputs(ctx, prologue_trace, pro_to_comp_inps, pro_to_epi_inps, *args, **kwargs):
+        if not is_plugin_active():
+            return original(ctx, prologue_trace, pro_to_comp_inps, pro_to_epi_inps, *args, **kwargs)
+        _name_constant_keys(ctx, prologue_trace, [*pro_to_comp_inps, *pro_to_epi_inps])
+        with unpacked_parameters_tagged():
+            return original(ctx, prologue_trace, pro_to_comp_inps, pro_to_epi_inps, *args, **kwargs)
+
+    return unpack_inputs
+
+
 _RAISED_AT = "_thunder_subclass_raised_at"  # exception attribute: {id(interpreted frame): (file, line)}, innermost first
 
 
@@ -1007,5 +1131,7 @@ def hook_targets() -> list[tuple[Any, str, Callable]]:
         (jit_ext, "Sequence", _hook_jit_ext_sequence),
         (clang, "_basic_indexing", _hook_basic_indexing),
         (jit_ext, "process_recorded_modifications", _hook_process_recorded_modifications),
+        (jit_ext, "unpack_inputs", _hook_unpack_inputs),
+        (jit_ext, "_infer_name_postfix_from_provenance", _hook_name_postfix),
         (jit_ext, "build_value_from_wrapped", _hook_build_value_from_wrapped),
     ]
