@@ -45,6 +45,12 @@ around:
   ``finally`` re-raised it, not the line that raised (CPython's). The line where an exception entered each frame is
   recorded (:func:`exception_source_lines`) and restored at ``RERAISE``; an exception raised while another is
   handled gets that one as ``__context__`` (thunder lost it).
+* ``core/interpreter.py`` ``_default_provenance_tracking_lookaside_map[list.insert / clear / remove / sort / count,
+  tuple.count]`` — list methods thunder lacks ("Sequence.insert, please file an issue"); comparisons interpreted.
+* a C ``__setattr__`` slot other than ``object``'s (``types.SimpleNamespace``; a lookaside) — thunder took it for an
+  opaque function ("'wrapper_descriptor' object has no attribute '__module__'").
+* ``core/jit_ext.py`` ``unpack_inputs`` and ``_infer_name_postfix_from_provenance`` — values under object dict keys
+  (a global dict keyed by objects, iterated) unpacked by the prologue, with valid names.
 """
 
 from __future__ import annotations
