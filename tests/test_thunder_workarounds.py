@@ -642,3 +642,17 @@ def test_a_global_list_changed_in_the_compiled_function_is_changed_every_call():
     assert [type(v) for v in _GLOBAL_LIST] == [torch.Tensor] * 3
     torch.testing.assert_close(_GLOBAL_LIST, [torch.full((2,), 2.0)] * 3)
     torch.testing.assert_close(outs, [torch.full((2,), float(n)) for n in (1, 2, 3)])
+
+
+def test_list_insert_at_a_number_argument_under_symbolic_values():
+    # the position is pinned: which item moves depends on its value
+    def f(lst, n, x):
+        lst.insert(n, 9)
+        return x * lst[1]
+
+    jf = thunder_subclass.jit(f, cache="symbolic values")
+    for n in (0, 1, 0, 2):
+        jit_list, eager_list = [1, 2, 3], [1, 2, 3]
+        torch.testing.assert_close(jf(jit_list, n, torch.ones(1)), f(eager_list, n, torch.ones(1)))
+        assert jit_list == eager_list
+    assert thunder.cache_misses(jf) == 3
