@@ -372,13 +372,28 @@ def async_collective_inputs(world, device):
         torch.testing.assert_close(full(got), full(expected))
 
 
+def _raises(exc_type, match: str, fn, *args):
+    import re
+
+    try:
+        fn(*args)
+    except exc_type as e:
+        assert re.search(match, str(e)), (match, str(e))
+        return
+    raise AssertionError(f"{fn} did not raise {exc_type.__name__}")
+
+
 def mask_partial_embedding(world, device):
     # embedding on a row-sharded weight gives a _MaskPartial DTensor, whose placement keeps the mask embedding made;
-    # the redistribute that follows applies it (a tensor of one operation's fake run read by a later one)
+    # the redistribute that follows applies it (a tensor of one operation's fake run read by a later one). The mask
+    # buffer is reference-counted state on a placement DTensor caches and shares with eager calls of the same shapes:
+    # fake runs (tracing, autodiff recording again, backward recording) must leave it as eager would see it
+    import thunder
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
     import thunder_subclass
+    from thunder_subclass.errors import SubclassDispatchError, UnsupportedSubclassOperationError
 
     mesh = init_device_mesh(device, (world,))
     torch.manual_seed(0)
@@ -388,8 +403,9 @@ def mask_partial_embedding(world, device):
         replicated = torch.nn.functional.embedding(ids, w).redistribute(mesh, [Replicate()]) * 2
         return replicated, torch.nn.functional.embedding(ids, w).redistribute(mesh, [Shard(0)]).sin()
 
-    def args():
-        return distribute_tensor(ids, mesh, [Replicate()]), distribute_tensor(weight.clone(), mesh, [Shard(0)])
+    def args(requires_grad=False):
+        w = distribute_tensor(weight.clone(), mesh, [Shard(0)]).requires_grad_(requires_grad)
+        return distribute_tensor(ids, mesh, [Replicate()]), w
 
     jf = thunder_subclass.jit(f)
     for _ in range(2):  # the second call is a cache hit
@@ -397,6 +413,40 @@ def mask_partial_embedding(world, device):
             assert got.placements == expected.placements, (got.placements, expected.placements)
             torch.testing.assert_close(got.to_local(), expected.to_local())
     torch.testing.assert_close(f(*args())[0].to_local(), torch.nn.functional.embedding(ids, weight) * 2)  # eager ok
+
+    # training: the weight's gradient (through redistribute / full_tensor and embedding's backward) equals eager's
+    def g(ids, w):
+        return (torch.nn.functional.embedding(ids, w).redistribute(mesh, [Replicate()]) * 2,
+                torch.nn.functional.embedding(ids, w).full_tensor().sin())
+
+    def step(fn):
+        ids_, w = args(requires_grad=True)
+        a, b = fn(ids_, w)
+        (a.full_tensor() * torch.arange(4.0, device=device)).sum().add(b.sum()).backward()
+        return a, b, w.grad
+
+    jg = thunder_subclass.jit(g)
+    for _ in range(2):
+        (a, b, grad), (ea, eb, egrad) = step(jg), step(g)
+        assert a.placements == ea.placements and type(b) is type(eb) is torch.Tensor, (a.placements, type(b))
+        torch.testing.assert_close(a.to_local(), ea.to_local())
+        torch.testing.assert_close(b, eb)
+        assert type(grad) is DTensor and grad.placements == egrad.placements, (grad.placements, egrad.placements)
+        torch.testing.assert_close(grad.full_tensor(), egrad.full_tensor())
+    assert thunder.cache_misses(jg) == 1, thunder.cache_misses(jg)
+    assert egrad.full_tensor().abs().sum() > 0  # the rows ids selects have a gradient
+    torch.testing.assert_close(f(*args())[0].to_local(), torch.nn.functional.embedding(ids, weight) * 2)  # eager ok
+
+    # a second reduction of one value fails as in eager; an unreduced one cannot be returned (its mask is computed
+    # inside the compiled code)
+    def twice(ids, w):
+        e = torch.nn.functional.embedding(ids, w)
+        return e.redistribute(mesh, [Replicate()]), e.redistribute(mesh, [Replicate()])
+
+    _raises(AssertionError, "", twice, *args())
+    _raises(SubclassDispatchError, "DTensor.redistribute", thunder_subclass.jit(twice), *args())
+    _raises(UnsupportedSubclassOperationError, "_MaskPartial placement that holds its mask",
+            thunder_subclass.jit(lambda ids, w: torch.nn.functional.embedding(ids, w)), *args(True))
 
 
 def tensor_parallel_cases(rank, world, backend):

@@ -102,3 +102,45 @@ def test_two_tensor_gradient_of_async_collective_tensors(mesh, f):
                                expected.a.wait() if hasattr(expected.a, "wait") else expected.a)
     torch.testing.assert_close(got.b.wait() if hasattr(got.b, "wait") else got.b,
                                expected.b.wait() if hasattr(expected.b, "wait") else expected.b)
+
+
+def test_fake_runs_leave_dtensor_mask_buffers_as_they_found_them():
+    # DTensor caches the _MaskPartial placement that embedding on a row-sharded weight makes, and shares it (with its
+    # reference-counted mask buffer) between calls of the same shapes, eager ones included; the plugin's fake runs
+    # journal the buffers they change and put them back, and a traced value gets a copy of its own in the state its
+    # fake run left (multi-process training: tests/distributed_cases.py mask_partial_embedding)
+    pytest.importorskip("torch.distributed.tensor")
+    from torch.distributed.tensor.placement_types import Replicate, _MaskPartial
+
+    from thunder_subclass._thunder_internals import dtensor_masks
+
+    assert dtensor_masks.mask_buffer_class() is not None, "this torch's _MaskPartial / MaskBuffer are not understood"
+    thunder_subclass.install_hooks()
+    buffer_class = dtensor_masks.mask_buffer_class()
+    assert getattr(buffer_class.materialize_mask, "_thunder_subclass_hook", False)
+    cached = _MaskPartial(offset_shape=torch.Size([10, 4]), offset_dim=0)
+    mask = torch.tensor([True, False])
+    with dtensor_masks.isolated_mask_buffers() as after:
+        cached.mask_buffer.materialize_mask(mask)
+        assert cached.mask_buffer.refcount == 1
+        ctx = ((cached, Replicate()), None)
+    assert cached.mask_buffer.data is None and cached.mask_buffer.refcount == 0  # as found
+    memo = {}
+    owned = dtensor_masks.own_mask_buffers(ctx, after, memo)
+    copy = owned[0][0]
+    assert type(copy) is _MaskPartial and copy is not cached and owned[0][1] is ctx[0][1]
+    assert copy.offset_shape == cached.offset_shape and copy.offset_dim == 0 and copy.reduce_op == cached.reduce_op
+    assert copy.mask_buffer.data is mask and copy.mask_buffer.refcount == 1  # the state the run left
+    assert dtensor_masks.holds_mask(owned) and not dtensor_masks.holds_mask(ctx)
+    assert dtensor_masks.own_mask_buffers(ctx, after, memo)[0][0] is copy  # one copy per placement per run
+    assert dtensor_masks.own_mask_buffers(owned, {}, {}) is owned  # a traced value's own copy stays
+    with dtensor_masks.isolated_mask_buffers():  # a later fake run reducing the value: its copy is put back too
+        copy.mask_buffer.release_mask()
+        assert copy.mask_buffer.data is None
+    assert copy.mask_buffer.data is mask and copy.mask_buffer.refcount == 1
+    cached.mask_buffer.materialize_mask(mask)  # outside a plugin fake run: torch's own behaviour
+    cached.mask_buffer.release_mask()
+    assert cached.mask_buffer.refcount == 0
+    thunder_subclass.uninstall_hooks()
+    assert not getattr(buffer_class.materialize_mask, "_thunder_subclass_hook", False)
+    thunder_subclass.install_hooks()

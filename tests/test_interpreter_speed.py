@@ -5,6 +5,7 @@ eager does, and are guarded as before (a changed Python input is a cache miss)."
 
 from __future__ import annotations
 
+import thunder
 import torch
 from torch.testing import assert_close
 from torch.testing._internal.two_tensor import TwoTensor
@@ -34,7 +35,7 @@ def test_every_helper_of_thunder_0_2_6_is_recognised():
     thunder_subclass.jit(lambda x: x)  # installs the hooks
     import thunder.core.interpreter as interpreter
 
-    assert interpreter._interpret_call.fast_helpers == 6
+    assert interpreter._interpret_call.fast_helpers == 15
     assert interpreter.globals_lookup.__wrapped__ is not None
 
 
@@ -153,9 +154,187 @@ def test_a_longer_list_or_a_dict_with_other_keys_is_a_cache_miss_not_the_shorter
             assert any(expected_reason[i] in r for r in reasons), reasons
 
 
+class _Vec:
+    """A Python number-like: __add__ gives NotImplemented for other types, __radd__ answers them."""
+
+    def __init__(self, v):
+        self.v = v
+
+    def __add__(self, other):
+        return _Vec(self.v + other.v) if isinstance(other, _Vec) else NotImplemented
+
+    def __radd__(self, other):
+        return _Vec(self.v + other)
+
+
+class _Countdown:
+    def __init__(self, n):
+        self.n = n
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.n == 0:
+            raise StopIteration
+        self.n -= 1
+        return self.n
+
+
+class _Table:
+    def __init__(self, d):
+        self.d = d
+
+    def __getitem__(self, key):
+        return self.d[key] * 10
+
+
+def test_operators_partials_methods_len_and_protocols_of_python_classes():
+    import functools
+
+    def scaled(x, a, *, b=1.0, c=0.0):
+        return x * a + b + c
+
+    class Holder:
+        def __init__(self):
+            self.k = 2.0
+
+        def method(self, x, *, m=1.0):
+            return x * self.k * m
+
+    def f(x, lst: list, tup: tuple, d: dict, holder):
+        p = functools.partial(scaled, a=2.0, b=0.5)
+        out = p(x, c=1.0) + holder.method(x, m=3.0)
+        merged = d | {"extra": 4.0}
+        v = 3 + _Vec(2)  # int.__add__ gives NotImplemented: _Vec.__radd__
+        w = _Vec(1) + _Vec(v.v)
+        steps = [i for i in _Countdown(3)] + [next(iter(_Countdown(2)))]
+        try:
+            _ = _Vec(1) + "s"
+            caught = 0.0
+        except TypeError as e:
+            caught = 1.0 if "unsupported operand" in str(e) else -1.0
+        return (out * (len(lst) + len(tup) + len(merged)) + w.v + sum(steps) + _Table({"a": 1.5})["a"]
+                + caught + merged["extra"])
+
+    _check(f, _tt(3), [1, 2], (3,), {"a": 1.0}, Holder())
+
+
+def test_binary_operators_on_subclass_values_keep_torch_function():
+    seen = []
+
+    class Logged(TwoTensor):
+        @staticmethod
+        def __tensor_unflatten__(inner, meta, outer_size, outer_stride):
+            return Logged(inner["a"], inner["b"])
+
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            seen.append(getattr(func, "__name__", str(func)))
+            return super().__torch_function__(func, types, args, kwargs or {})
+
+    def f(x, y):
+        return x + y * 2 - 1
+
+    a = torch.randn(3)
+    x, y = Logged(a, a + 1), Logged(a * 2, a * 3)
+    expected = f(x, y)
+    eager_seen, seen[:] = list(seen), []
+    out = thunder_subclass.jit(f)(x, y)
+    assert_close(out, expected)
+    # each operator reached Logged.__torch_function__ as in eager (tracing also shows it attribute reads: limits.md)
+    assert type(out) is type(expected)
+    # each operator reached Logged.__torch_function__ as in eager (tracing also shows it attribute reads: limits.md)
+    assert [name for name in seen if name in ("mul", "add", "sub")] == eager_seen == ["mul", "add", "sub"]
+
+
+class _InterpretedFrames:
+    """Counts the Python functions thunder's interpreter runs frame by frame, by name, while in the block."""
+
+    def __enter__(self):
+        import collections
+
+        import thunder.core.interpreter as interpreter
+
+        thunder_subclass.jit(lambda x: x)  # the plugin's hooks first (they look into thunder's own functions)
+        self.counts = collections.Counter()
+        self._interpreter = interpreter
+        self._original = original = interpreter._setup_frame_and_run_python_function
+
+        def counting(compilectx, runtimectx, wrapped_fn, /, *args, **kwargs):
+            fn = interpreter.unwrap(wrapped_fn)
+            self.counts[getattr(fn, "__qualname__", None)] += 1
+            return original(compilectx, runtimectx, wrapped_fn, *args, **kwargs)
+
+        interpreter._setup_frame_and_run_python_function = counting
+        return self
+
+    def __exit__(self, *exc):
+        self._interpreter._setup_frame_and_run_python_function = self._original
+
+
+def test_module_attributes_are_read_as_module_getattr_reads_them_and_stay_guarded():
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(3, 3)
+            self.register_buffer("shift", torch.ones(3))
+            self.scale = torch.nn.Parameter(_tt(3))
+
+        def forward(self, x):
+            extra = getattr(self, "missing", None)
+            has = hasattr(self, "also_missing")
+            return self.lin(x) * self.scale + self.shift + (0.0 if extra is None or has else 1.0)
+
+    m = Block()
+    x = _tt(2, 3)
+    jm = thunder_subclass.jit(m)
+    with _InterpretedFrames() as frames:
+        assert_close(jm(x), m(x))
+    # lin, scale, shift, lin.weight, lin.bias are read without interpreting Module.__getattr__; names no dict holds
+    # (the AttributeError path: "missing", "also_missing") are interpreted
+    assert 1 <= frames.counts["Module.__getattr__"] <= 2
+    with torch.no_grad():
+        m.lin.weight.mul_(2.0)
+    assert_close(jm(x), m(x))  # the same parameter object changed in place: the same trace, the new values
+    assert thunder.cache_misses(jm) == 1
+    m.scale = torch.nn.Parameter(_tt(3) + 5)  # a new parameter object, as eager reads it
+    m.lin.bias = torch.nn.Parameter(torch.zeros(3))
+    assert_close(jm(x), m(x))
+    m.register_buffer("shift", torch.full((4,), 2.0)[:3])
+    assert_close(jm(x), m(x))
+
+    class Overridden(Block):
+        def __getattr__(self, name):  # a module's own __getattr__ is interpreted: its reads are its own
+            return super().__getattr__(name) if name != "scale" else 2.0 * super().__getattr__(name)
+
+    o = Overridden()
+    assert_close(thunder_subclass.jit(o)(x), o(x))
+
+
+def test_transformers_config_reads_are_native_and_guarded_by_value():
+    transformers = __import__("pytest").importorskip("transformers")
+
+    config = transformers.GPT2Config(n_layer=2, n_embd=8, n_head=2)  # num_hidden_layers is n_layer (attribute_map)
+
+    def f(x, cfg):
+        layers = cfg.num_hidden_layers
+        window = getattr(cfg, "sliding_window_that_gpt2_lacks", 3)
+        return x * layers + window + cfg.n_embd + (1.0 if cfg.use_cache else 0.0)
+
+    jfn = thunder_subclass.jit(f)
+    x = _tt(2)
+    with _InterpretedFrames() as frames:
+        assert_close(jfn(x, config), f(x, config))
+    assert frames.counts["PreTrainedConfig.__getattribute__"] == 0
+    config.num_hidden_layers = 5  # writes n_layer through attribute_map: the prologue's read sees it
+    assert_close(jfn(x, config), f(x, config))
+    assert thunder.cache_misses(jfn) == 2
+    assert any("== 2)" in r for r in thunder_subclass.last_miss_reasons(jfn))  # the layer count read before
+
+
 def test_uninstall_restores_thunders_handlers_and_plain_thunder_runs_loops():
     thunder_subclass.jit(lambda x: x)
-    import thunder
     import thunder.core.interpreter as interpreter
 
     hooked = ("BINARY_SUBSCR", "FOR_ITER", "CONTAINS_OP", "STORE_ATTR", "STORE_SUBSCR")

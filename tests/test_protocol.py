@@ -6,7 +6,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
 import thunder_subclass
-from thunder_subclass import UnsupportedSubclassOperationError
+from thunder_subclass import SubclassProtocolError, UnsupportedSubclassOperationError
 from subclasses import ElemTensor, TwoTensor
 from test_training import _clone_leaf, assert_same, check_training
 
@@ -461,6 +461,25 @@ def test_inherited_tensor_unflatten_with_own_metadata_guard():
     # the base class itself is another type: a new trace, never the subclass's
     assert_same(jf(CtxTensor(x.a, 2)), f(CtxTensor(x.a, 2)))
     assert thunder.cache_misses(jf) == 3
+
+
+class CtxTensorDoubledAdd(CtxTensor):
+    """Inherits the base's __tensor_unflatten__ (which rebuilds a CtxTensor) but changes behaviour: its own
+    __torch_function__ doubles every add. Traced as its base, the doubling was silently lost."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        out = super().__torch_function__(func, types, args, kwargs or {})
+        return out * 2 if func is torch.Tensor.add else out
+
+
+def test_inherited_tensor_unflatten_of_a_class_that_adds_behaviour_is_a_protocol_error():
+    x = CtxTensorDoubledAdd(torch.randn(3), 2)
+    f = lambda x: x + 1  # noqa: E731
+    assert not torch.equal(f(x).a, f(CtxTensor(x.a, 2)).a)  # eager: its own __torch_function__ changes the result
+    with pytest.raises(SubclassProtocolError, match=r"CtxTensorDoubledAdd.__tensor_unflatten__ returned a CtxTensor, "
+                                                    r"not a CtxTensorDoubledAdd.*test_protocol.py:\d+"):
+        thunder_subclass.jit(f)(x)
 
 
 def test_inherited_tensor_unflatten_input_returned_and_differentiated():

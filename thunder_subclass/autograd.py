@@ -64,7 +64,7 @@ from thunder_subclass.interpretation import (
 )
 from thunder_subclass.rules import call_rule, find_grad_rule
 from thunder_subclass._thunder_internals import (
-    runs_natively, source_location, thunder_resolves_method, torch_to_thunder_symbols,
+    holds_mask, newest_version, runs_natively, source_location, thunder_resolves_method, torch_to_thunder_symbols,
 )
 from thunder_subclass.errors import SubclassDispatchError, UnsupportedSubclassOperationError, format_location
 
@@ -186,6 +186,9 @@ def differentiate_call(sym: Symbol, fn: Callable, args: tuple, kwargs: dict, wha
     """The grad transform: forward (one subclass-level bound symbol), then ``get_grad`` of the outputs,
     ``grad_<op>`` (the unrolled PyTorch derivative) and ``put_grad`` of the inputs. ``fn`` is called with
     ``call_args`` (positional, keyword) when given, else with ``args``/``kwargs`` (those of the bound symbol)."""
+    newest = _newest_versions(tree_flatten((args, kwargs))[0])
+    if newest:  # values a grad rule before this one recorded again (autodiff's joint trace): the new proxies
+        args, kwargs, call_args = tree_map(lambda x: newest.get(id(x), x), (args, kwargs, call_args))
     if call_args is None:
         def call_for(a, k):
             return fn, a, k
@@ -200,6 +203,19 @@ def differentiate_call(sym: Symbol, fn: Callable, args: tuple, kwargs: dict, wha
     if recipe is None:
         return result
     return record_gradient(recipe, result, sym.name)
+
+
+def _newest_versions(flat: list) -> dict:
+    """id -> newest proxy for the subclass arguments that autodiff has recorded again under a new proxy and whose
+    flatten context holds state outside tensors that the new recording made anew (DTensor's ``_MaskPartial`` mask:
+    the new mask is computed in the joint trace, the old one is not)."""
+    found = {}
+    for p in flat:
+        if isinstance(p, SubclassTensorProxy) and holds_mask(p.flatten_ctx, unreduced=False):
+            q = newest_version(p)
+            if q is not p and isinstance(q, SubclassTensorProxy) and q.subclass_type is p.subclass_type:
+                found[id(p)] = q
+    return found
 
 
 def record_forward(sym: Symbol, call_for: Callable, args: tuple, kwargs: dict, what: str, subclasses: str):
@@ -366,7 +382,7 @@ def record_backward(recipe: GradRecipe, grads, saved=None) -> tuple[list, list]:
     fake_grads = [env.to_fake(g, outer_size=_ragged_size_of(g, out)) for g, out in zip(grads, recipe.fake_outputs)]
     recorder = RecordingMode()
     try:
-        with fake_execution(), torch.enable_grad(), recorder:
+        with fake_execution(env=env), torch.enable_grad(), recorder:
             fake_input_grads = torch.autograd.grad(
                 recipe.fake_outputs, recipe.fake_inputs, fake_grads, retain_graph=True, allow_unused=True
             )

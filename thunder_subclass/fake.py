@@ -8,7 +8,6 @@ operation on fake subclass instances) and by the metas of aten-level symbols.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import threading
 from typing import Any, Callable
 
@@ -23,6 +22,8 @@ from thunder.core.proxies import NumberProxy, TensorProxy
 from thunder_subclass._thunder_internals import (
     fake_tensor_mode_class,
     is_interpreting,
+    isolated_mask_buffers,
+    own_mask_buffers,
     pin_numbers,
     registered_nested_int,
     set_fake_nested_int,
@@ -199,6 +200,8 @@ class FakeEnv:
         self.subclass_inputs: list[SubclassTensorProxy] = []
         self.mutated: set[int] = set()  # ids of fakes that in-place ops wrote to
         self._leaf_of: dict[int, torch.Tensor] = {}  # id(non-leaf fake) -> the leaf it was made from
+        self.context_states: dict = {}  # what the last fake run left of torch state outside tensors (fake_execution)
+        self._owned_contexts: dict = {}  # copies own_context made, per placement (values of one env share them)
 
     def bind(self, p: TensorProxy, fake: torch.Tensor) -> None:
         if id(fake) in self._proxy_of and self._proxy_of[id(fake)] is not p:
@@ -214,6 +217,12 @@ class FakeEnv:
         for p, fake in self._keep:
             if isinstance(p, TensorProxy) and isinstance(fake, torch.Tensor):
                 remember_nested_int(p, registered_nested_int(fake))
+
+    def own_context(self, ctx: Any) -> Any:
+        """The flatten context for a proxy of a result of this environment's fake run: with state that torch keeps in
+        it outside tensors (DTensor's ``_MaskPartial`` mask) as the run left it, owned by the value
+        (``_thunder_internals.own_mask_buffers``)."""
+        return own_mask_buffers(ctx, self.context_states, self._owned_contexts)
 
     def copy(self) -> FakeEnv:
         """A new environment that starts with this one's bindings (for recording a backward on a forward)."""
@@ -406,29 +415,47 @@ def check_unflattened(cls: type, t: Any, shape: tuple) -> None:
         )
 
 
+# what a subclass of a wrapper subclass may define and still be traced as the base instance its inherited
+# ``__tensor_unflatten__`` rebuilds: nothing that changes how its values behave in traced code
+_REBUILD_NEUTRAL_NAMES = frozenset({
+    "__metadata_guard__", "__init__", "__new__", "__repr__", "__module__", "__qualname__", "__doc__", "__dict__",
+    "__weakref__", "__annotations__", "__slots__", "__firstlineno__", "__static_attributes__", "__parameters__",
+    "__orig_bases__",
+})
+
+
 def is_inherited_rebuild(cls: type, rebuilt: type) -> bool:
-    """True when ``rebuilt`` is a base class of ``cls`` from which ``cls`` inherits both ``__tensor_unflatten__`` and
-    ``__torch_dispatch__``: the base's ``__tensor_unflatten__`` rebuilds a base instance, which dispatches as the
-    ``cls`` instance would."""
-    return (
-        rebuilt is not cls
-        and isinstance(cls, type)
-        and issubclass(cls, rebuilt)
-        and inspect.getattr_static(cls, "__tensor_unflatten__") is inspect.getattr_static(rebuilt, "__tensor_unflatten__")
-        and inspect.getattr_static(cls, "__torch_dispatch__", None)
-        is inspect.getattr_static(rebuilt, "__torch_dispatch__", None)
-    )
+    """True when ``rebuilt`` is a base class of ``cls`` from which ``cls`` inherits ``__tensor_unflatten__`` and
+    everything else that decides how its values behave: the classes from ``cls`` down to ``rebuilt`` define nothing
+    but a ``__metadata_guard__``, constructors and ``__repr__`` (no ``__torch_function__``, ``__torch_dispatch__``,
+    methods or properties of their own). The base's ``__tensor_unflatten__`` rebuilds a base instance, which then
+    behaves in traced code as the ``cls`` instance does in eager; a class that adds behaviour (its own
+    ``__torch_function__`` post-processing results, an overridden method) is not traced as its base (that was a
+    silently different result) but must rebuild itself."""
+    if rebuilt is cls or not isinstance(cls, type) or not issubclass(cls, rebuilt):
+        return False
+    for klass in cls.__mro__:
+        if klass is rebuilt:
+            return True
+        if any(name not in _REBUILD_NEUTRAL_NAMES for name in vars(klass)):
+            return False
+    return False
 
 
 @contextlib.contextmanager
-def fake_execution(*, autocast: bool = False):
-    """Run torch code on fakes: the shared fake mode, with real (non-fake) constants allowed.
+def fake_execution(*, autocast: bool = False, env: FakeEnv | None = None):
+    """Run torch code on fakes: the shared fake mode, with real (non-fake) constants allowed. State that torch keeps
+    outside tensors and that a fake run changes (DTensor's ``_MaskPartial`` mask buffers) is put back at the end;
+    ``env`` (whose fakes the run uses) learns the states the run left, for the results made from it
+    (:meth:`FakeEnv.own_context`).
 
     Autocast: with ``autocast=True`` (running a user-level torch operation, as eager would run it at this point of
     the traced code), torch's autocast state is the traced code's (:func:`traced_autocast`); otherwise none (aten
     calls already recorded, backward graphs: what they compute is fixed, as when the trace runs them, which thunder
     does with autocast off)."""
-    with fake_mode(), traced_autocast(enabled=autocast):
+    with fake_mode(), traced_autocast(enabled=autocast), isolated_mask_buffers() as states:
+        if env is not None:
+            env.context_states = states
         yield
 
 

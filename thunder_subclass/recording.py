@@ -37,7 +37,13 @@ from thunder.core.pytree import tree_flatten, tree_map, tree_unflatten
 from thunder.core.symbol import Symbol
 from thunder.core.trace import get_tracectx
 
-from thunder_subclass._thunder_internals import jit_state, real_script_object, source_location, torch_to_thunder_symbols
+from thunder_subclass._thunder_internals import (
+    jit_state,
+    real_script_object,
+    source_location,
+    torch_to_thunder_symbols,
+    trace_state,
+)
 from thunder_subclass.aten_symbols import record_aten_call
 from thunder_subclass.errors import (
     SubclassDispatchError,
@@ -232,7 +238,7 @@ def run_on_fakes(fn: Callable, args, kwargs, what: str, subclasses: str, *, env:
     recorder = RecordingMode()
     grad_mode = torch.enable_grad() if wants_grad is not None else torch.set_grad_enabled(is_traced_grad_enabled())
     try:
-        with fake_execution(autocast=True), grad_mode, recorder:
+        with fake_execution(autocast=True, env=env), grad_mode, recorder:
             out = fn(*fargs, **fkwargs)
     except TensorSubclassError:
         raise
@@ -336,6 +342,7 @@ def _proxy_for_result(x: Any, env: FakeEnv, scope: list, what: str) -> Any:
         return p
     if is_traceable_wrapper_subclass(x):
         attrs, ctx = flatten_tensor(x)
+        ctx = env.own_context(ctx)
         inner = {a: _proxy_for_result(getattr(x, a), env, scope, what) for a in attrs}
         out = SubclassTensorProxy(
             None,
@@ -422,12 +429,13 @@ _PRODUCED = "produced_fakes"
 
 
 def _remember_produced(env: FakeEnv) -> None:
-    """Keep, for the trace being interpreted, the fakes ``env`` bound to proxies (the results of the aten calls just
+    """Keep, for the trace being built, the fakes ``env`` bound to proxies (the results of the aten calls just
     recorded), so that a later operation's fake run that reads one of them finds its proxy (:func:`_produced_earlier`):
     a tensor a subclass keeps in its flatten context and uses in a later operation (DTensor's ``_MaskPartial`` keeps
-    the mask that ``embedding`` made, and ``redistribute`` applies it). Owned by the trace's jit state: freed with
-    it."""
-    state = jit_state()
+    the mask that ``embedding`` made, and ``redistribute`` applies it). Owned by the trace's jit state while a jit
+    interprets (freed with it), else by the trace being built (``trace_state``: autodiff's joint trace recording again,
+    whose grad recipes keep these fakes alive anyway)."""
+    state = _produced_store()
     if state is None:
         return
     produced = state.setdefault(_PRODUCED, {})
@@ -435,11 +443,14 @@ def _remember_produced(env: FakeEnv) -> None:
         produced[id(fake)] = (fake, p)  # the fake is kept alive with its entry: its id is not reused
 
 
-def _produced_earlier(x: torch.Tensor):
+def _produced_store() -> dict | None:
     state = jit_state()
-    if state is None:
-        return None
-    found = state.get(_PRODUCED, {}).get(id(x))
+    return state if state is not None else trace_state()
+
+
+def _produced_earlier(x: torch.Tensor):
+    state = _produced_store()
+    found = state.get(_PRODUCED, {}).get(id(x)) if state is not None else None
     return found[1] if found is not None and found[0] is x else None
 
 

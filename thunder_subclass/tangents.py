@@ -34,7 +34,12 @@ from thunder.core.trace import from_trace
 from thunder.core.transform_common import Transform
 
 from thunder_subclass import _thunder_internals
-from thunder_subclass.errors import HigherOrderGradientError, SubclassGradientError
+from thunder_subclass.errors import (
+    HigherOrderGradientError,
+    SubclassGradientError,
+    UnsupportedSubclassOperationError,
+    format_location,
+)
 from thunder_subclass.executor import register_symbol, subclass_executor
 from thunder_subclass.fake import FakeEnv, fake_execution, torch_device, torch_dtype
 from thunder_subclass.flatten import Flattener, flatten_subclasses, is_subclass_level
@@ -52,6 +57,7 @@ def flatten_for_executors(trace):
     (it holds ``get_grad``) also gets its :class:`BackwardVariants`, which the incoming gradients' kinds are coerced
     for, and which travels into the backward trace as the argument of ``backward_info`` (a no-op there: it makes the
     object a global of the compiled backward, where the ``ThunderFunction`` hooks find it)."""
+    _refuse_unreduced_mask_outputs(trace)
     if not any(b.sym is prims.get_grad for b in trace.bound_symbols):
         return flatten_subclasses(trace)
     variants = BackwardVariants(trace, *_thunder_internals.current_compile_data())
@@ -317,6 +323,29 @@ def coerced_tangent(gp: SubclassTensorProxy):
 
         return tensorproxy(tangent, name=None, history=None)
     return subclass_proxy_from_tensor(tangent, name=None, history=None)
+
+
+def _refuse_unreduced_mask_outputs(trace) -> None:
+    """A DTensor that leaves the compiled function with a ``_MaskPartial`` placement still holding its mask (the result
+    of ``embedding`` on a row-sharded weight, not reduced inside): the mask is computed by the trace's operations, and
+    the object returned would carry the fake mask of tracing in its placement, so a ``redistribute`` / ``full_tensor``
+    of it after the call would reduce with the wrong mask. Refused with the line that made it."""
+    ret = trace.bound_symbols[-1] if trace.bound_symbols else None
+    if ret is None or ret.sym.id != prims.PrimIDs.RETURN:
+        return
+    inputs = {p.name for p in tree_flatten((trace.args, trace.kwargs))[0] if isinstance(p, TensorProxy)}
+    for p in ret.flat_proxy_args:
+        if isinstance(p, SubclassTensorProxy) and p.name not in inputs and _thunder_internals.holds_mask(p.flatten_ctx):
+            producer = next((b for b in trace.bound_symbols if any(o.name == p.name for o in b.flat_proxy_outs)), None)
+            line = getattr(getattr(producer, "source_positions", None), "lineno", None)
+            where = format_location(getattr(producer, "source_filename", None), line)
+            raise UnsupportedSubclassOperationError(
+                f"a {p.subclass_type.__qualname__} with a _MaskPartial placement that holds its mask (the result of "
+                f"embedding on a row-sharded weight, made at {where}) is returned by the compiled function: "
+                "thunder_subclass computes the mask inside the compiled code, and the returned placement cannot hold "
+                "it. Return the reduced value instead (.redistribute(...) / .full_tensor() inside), or call the "
+                "embedding outside the compiled function."
+            )
 
 
 def coerce_tangents(trace, variants: BackwardVariants) -> list[tuple]:

@@ -23,6 +23,8 @@ module                     concern
                            ``ThunderFunction`` forward/backward
 :mod:`.runtime`            the per-call path: cache info and the fast way to a cache hit
 :mod:`.executors`          thunder's torch_compile executor and the plugin's inductor regions
+:mod:`.dtensor_masks`      DTensor's ``_MaskPartial`` mask buffers: fake runs leave them as they found them; a
+                           traced value keeps its own
 :mod:`.install`            :func:`install` / :func:`uninstall`: the table of hook targets
 =========================  =====================================================================================
 
@@ -40,6 +42,12 @@ private names (``tests/test_layering.py``).
 from thunder_subclass._thunder_internals.autograd_hooks import (  # noqa: F401
     MUTATED_INPUTS_KEY,
     grads_for_mutated_inputs,
+    newest_version,
+)
+from thunder_subclass._thunder_internals.dtensor_masks import (  # noqa: F401
+    holds_mask,
+    isolated_mask_buffers,
+    own_mask_buffers,
 )
 from thunder_subclass._thunder_internals.executors import (  # noqa: F401
     allow_torch_compile_fusion,
@@ -103,6 +111,7 @@ from thunder_subclass._thunder_internals.thunder_state import (  # noqa: F401
     super_arguments,
     tensor_producer,
     thunder_resolves_method,
+    trace_state,
     torch_to_thunder_symbols,
     trace_producers,
     traced_autocast_states,

@@ -16,6 +16,11 @@ Hooks (thunder 0.2.6 paths, relative to the installed ``thunder/``):
   and the backward read the new value
   (``v, i = topk(p, k); v /= v.sum(-1, keepdim=True)``, Mixtral's and every top-k router's normalisation: a
   silently wrong gradient, plain thunder.jit too).
+* ``core/trace_interpreter.py`` ``TraceSubstitutionProcessor.add_to_swap_map`` — while autodiff builds the joint
+  trace, each value a grad rule recorded again stands for the original value under a new proxy; the hook remembers,
+  on the trace being built, the newest proxy of each original (:func:`newest_version`): a later grad rule handed the
+  original finds state kept in the flatten context of the new one (DTensor's ``_MaskPartial`` mask, which the
+  recording again computed under a new name: ``_thunder_internals.dtensor_masks``).
 * ``executors/torch_autograd.py`` ``ThunderFunction.forward`` — outputs eager would not give ``requires_grad``
   (inner tensors of a computed subclass, detached values) are marked non-differentiable, per trace
   (``Handlers.differentiable_outputs``), through thunder's own ``is_differentiable_outputs`` argument; non-leaf
@@ -45,6 +50,7 @@ from thunder_subclass._thunder_internals.plugin_state import (
     NOT_HANDLED,
     is_plugin_active,
 )
+from thunder_subclass._thunder_internals.thunder_state import trace_state
 
 
 def _hook_operator_executor_execution(original):
@@ -359,7 +365,37 @@ def _take_saved_tensors(ctx) -> list:
     return saved
 
 
+_SUCCESSORS = "successors"
+
+
+def _hook_add_to_swap_map(original):
+    # wraps thunder.core.trace_interpreter.TraceSubstitutionProcessor.add_to_swap_map
+    @functools.wraps(original)
+    def add_to_swap_map(self, old, new):
+        if is_plugin_active():
+            from thunder.core.proxies import TensorProxy, variableify
+
+            if (isinstance(old, TensorProxy) and isinstance(new, TensorProxy) and old.name != new.name
+                    and variableify(new) not in self.env):
+                trace_state(self.new_trace).setdefault(_SUCCESSORS, {})[old.name] = new
+        return original(self, old, new)
+
+    return add_to_swap_map
+
+
+def newest_version(p):
+    """The proxy that stands for ``p`` in the trace being built (autodiff's joint trace), where a grad rule recorded
+    ``p``'s value again under a new proxy; else ``p``."""
+    successors = (trace_state() or {}).get(_SUCCESSORS, {})
+    seen = set()
+    while p.name in successors and p.name not in seen:
+        seen.add(p.name)
+        p = successors[p.name]
+    return p
+
+
 def hook_targets() -> list[tuple[Any, str, Callable]]:
+    import thunder.core.trace_interpreter as trace_interpreter
     import thunder.executors.passes as passes
     import thunder.executors.torch_autograd as torch_autograd
     import thunder.transforms.autodiff as autodiff
@@ -368,6 +404,7 @@ def hook_targets() -> list[tuple[Any, str, Callable]]:
         (passes, "_transform_for_operator_executor_execution", _hook_operator_executor_execution),
         (autodiff, "grad_transform_on_trace", _hook_grad_transform_on_trace),
         (autodiff, "split_into_forward_and_backward", _hook_split_into_forward_and_backward),
+        (trace_interpreter.TraceSubstitutionProcessor, "add_to_swap_map", _hook_add_to_swap_map),
         (torch_autograd.ThunderFunction, "forward", _hook_thunder_function_forward),
         (torch_autograd.ThunderFunction, "backward", _hook_thunder_function_backward),
     ]

@@ -14,6 +14,7 @@ from typing import Any
 
 from thunder_subclass._thunder_internals import (
     autograd_hooks,
+    dtensor_masks,
     interpreter_fixes,
     interpreter_speed,
     plugin_state,
@@ -39,6 +40,7 @@ def _targets() -> list[tuple[Any, str, Callable]]:
         *interpreter_fixes.hook_targets(),
         *interpreter_speed.hook_targets(),
         *symbolic_values.hook_targets(),
+        *dtensor_masks.hook_targets(),
     ]
 
 

@@ -34,8 +34,30 @@ would find for the object, no provenance tracking, no plugin jit tracing) goes t
   sequence wrapper and advances the position natively; a step of a ``MappingKeysIterator`` calls its own lookaside
   ``__next__``. The last step (``StopIteration``) goes to thunder's handler.
 
-Measured on a tiny int8 Llama (1 decoder layer, first call): interpreted frames 35,338 before the globals path,
-8,028 after it (see ``benchmarks/bench_cold_start.py`` for times).
+* ``core/interpreter.py`` ``_interpret_call`` — thunder's own helper functions, recognised by their code objects
+  (``_helper_table``: subscripts, dict merges/updates/``|``, list extends, ``iter``/``next``, ``len``, bound method
+  calls, ``functools.partial`` calls, the binary operators' ``outofplace_impl``), are replaced by the calls each
+  makes, for the types listed at each (``docs/internals.md`` lists them); other arguments run the helper.
+
+Attribute reads that thunder runs as interpreted Python calls (through the ``general_jit_lookaside`` hook of
+:mod:`.tracing`, :func:`speed_lookaside`):
+
+* ``torch.nn.Module.__getattr__`` (not overridden) for a name held in the module's ``_parameters``, ``_buffers`` or
+  ``_modules`` dict: the operations of its body (``self.__dict__``, ``"_parameters" in ...``, ``... [name]``) are made
+  here through the same interpreter calls its bytecode would make (``getattr`` through the lookasides, the dict
+  wrapper's ``__contains__`` / ``__getitem__``), so the value and its provenance are the interpreted body's. Any other
+  name (the ``AttributeError`` path) is interpreted.
+* ``getattr(obj, name[, default])`` where every Python ``__getattribute__`` in ``type(obj).__mro__`` is one known to only read
+  (``_READ_ONLY_GETATTRIBUTE``: transformers' configuration classes, whose ``__getattribute__`` maps aliases through
+  ``attribute_map`` and checks per-layer attributes; interpreted, each config read cost ~20 ms, ~30 reads per Llama
+  forward): read natively and, when the value is a ``None``/``bool``/``int``/``float``/``str``/``torch.dtype``,
+  wrapped as the attribute ``obj.name`` (the prologue reads it back with ``getattr`` and checks it, as it checks any
+  value read from the inputs); a missing attribute gives the default as thunder's ``getattr`` does (neither path
+  guards an attribute's absence). Other values (objects a property makes, methods, tensors) and any other exception:
+  interpreted.
+
+Measured on a tiny int8 Llama (1 decoder layer, first call): interpreted frames 35,338 before these paths, 685 with
+them (272 per further layer); see ``benchmarks/bench_cold_start.py`` for times.
 """
 
 from __future__ import annotations
@@ -43,6 +65,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import sys
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -55,6 +78,15 @@ _NOT_HANDLED = object()
 # code: run as Python instead of interpreted (``dataclasses.fields`` builds its tuple from a generator, which the
 # interpreter steps through frame by frame: 16 ms per call, ~100 calls per Hugging Face forward for its ModelOutputs)
 PURE_NATIVE_FUNCTIONS = frozenset({dataclasses.fields, dataclasses.is_dataclass})
+
+
+# Python ``__getattribute__`` methods (module, qualified name) known to only read the object: transformers'
+# configurations (``attribute_map`` aliases; per-layer attribute checks that raise or warn once)
+_READ_ONLY_GETATTRIBUTE = frozenset({
+    ("transformers.configuration_utils", "PreTrainedConfig.__getattribute__"),
+    ("transformers.configuration_utils", "PretrainedConfig.__getattribute__"),
+    ("transformers.integrations.heterogeneity.configuration_utils", "HeterogeneousConfigMixin.__getattribute__"),
+})
 
 
 def _interp():
@@ -320,6 +352,104 @@ def _hook_next_lookaside(original):
     return next_lookaside
 
 
+def _read_only_getattribute(typ: type) -> bool:
+    """Every Python ``__getattribute__`` along ``typ``'s MRO is in ``_READ_ONLY_GETATTRIBUTE`` (and there is one)."""
+    import types
+
+    found = False
+    for klass in typ.__mro__:
+        method = klass.__dict__.get("__getattribute__")
+        if type(method) is types.FunctionType:
+            if (method.__module__, method.__qualname__) not in _READ_ONLY_GETATTRIBUTE:
+                return False
+            found = True
+    return found
+
+
+def _plain_value(value) -> bool:
+    import torch
+
+    return value is None or type(value) in (bool, int, float, str) or isinstance(value, torch.dtype)
+
+
+def _native_read_lookaside(value):
+    def lookaside(wobj, wname, *default):
+        return _interp().wrap_attribute(value, wobj, wname)
+
+    return lookaside
+
+
+def _module_getattr_lookaside(wself, wname):
+    """``Module.__getattr__(self, name)`` for a name :func:`speed_lookaside` found in one of the three dicts: its
+    body's steps, each through the interpreter call its bytecode makes."""
+    interpreter = _interp()
+    raised = interpreter.INTERPRETER_SIGNALS.EXCEPTION_RAISED
+    name = wname.value
+    wdict = interpreter._interpret_call(getattr, wself, interpreter.wrap_const("__dict__"))
+    if wdict is raised:
+        return wdict
+    for member in ("_parameters", "_buffers", "_modules"):
+        wmember = interpreter.wrap_const(member)
+        plugin_state.handlers.compared("in", member, wdict.value)
+        if not interpreter.MutMappingWrapperMethods.__contains__(wdict, wmember).value:
+            continue
+        wsub = _fast_getitem(wdict, wmember)
+        if wsub is _NOT_HANDLED:
+            wsub = interpreter._interpret_call(lambda d, k: d[k], wdict, wmember)
+            if wsub is raised:
+                return wsub
+        plugin_state.handlers.compared("in", name, wsub.value)
+        if type(wsub.value) is dict and name in wsub.value:
+            res = _fast_getitem(wsub, wname)
+            if res is _NOT_HANDLED:
+                res = interpreter._interpret_call(lambda d, k: d[k], wsub, wname)
+            return res
+    raise AssertionError(f"{name!r} was in {type(wself.value).__name__}'s parameters, buffers or modules")
+
+
+def speed_lookaside(fn, wrapped_args: tuple) -> Callable | None:
+    """A shorter path for an attribute read the interpreter would run as interpreted Python (see the module
+    docstring), or None."""
+    import torch
+
+    if fn is torch.nn.Module.__getattr__ and len(wrapped_args) == 2:
+        module, name = (getattr(a, "value", a) for a in wrapped_args)
+        if type(name) is not str or type(module).__getattr__ is not torch.nn.Module.__getattr__ or not _tracking():
+            return None
+        if type(wrapped_args[0]) is not _interp().WrappedValue or not _is_known_wrapper(wrapped_args[0]):
+            return None
+        d = getattr(module, "__dict__", None)
+        if type(d) is not dict:
+            return None
+        for member in ("_parameters", "_buffers", "_modules"):
+            sub = d.get(member)
+            if sub is not None and type(sub) is not dict:
+                return None
+            if sub is not None and name in sub:
+                return _module_getattr_lookaside
+        return None
+    if fn is getattr and len(wrapped_args) in (2, 3):
+        interpreter = _interp()
+        wobj, wname = wrapped_args[:2]
+        if type(wobj) is not interpreter.WrappedValue or type(wname) is not interpreter.WrappedValue:
+            return None
+        obj, name = wobj.value, wname.value
+        if type(name) is not str or isinstance(obj, type) or not _read_only_getattribute(type(obj)):
+            return None
+        if not _tracking() or not _is_known_wrapper(wobj):
+            return None
+        try:
+            value = getattr(obj, name)
+        except AttributeError:
+            # getattr(obj, name, default): the default, as thunder's getattr gives it; without one, interpreted (the
+            # program sees the interpreted read raise)
+            return (lambda wobj, wname, wdefault: wdefault) if len(wrapped_args) == 3 else None
+        except Exception:  # noqa: BLE001 - the interpreted read raises it where the program would
+            return None
+        return _native_read_lookaside(value) if _plain_value(value) else None
+    return None
+
+
 def _nested_code(fn, pred) -> Any:
     """The code object nested (at any depth) in ``fn``'s code for which ``pred`` holds, or None."""
     todo = [fn.__code__]
@@ -347,6 +477,121 @@ def _helper_table() -> dict:
             return interpreter._interpret_call(dict.update, b, a)
         return _NOT_HANDLED
 
+    def update_from_keys(self, other):  # dict.update's ``impl_other_keys``: ``for k in other.keys(): self[k] = other[k]``
+        W = interpreter.WrappedValue
+        if not (type(self) is W and type(other) is W and type(self.value) is dict and type(other.value) is dict
+                and _is_known_wrapper(self) and _is_known_wrapper(other)):
+            return _NOT_HANDLED
+        other.track_items()
+        for key in list(other.value):
+            wkey = other.key_wrappers[key]  # the key wrapper thunder's MappingKeysIterator gives
+            item = interpreter.MutMappingWrapperMethods.__getitem__(other, wkey)
+            if item is interpreter.INTERPRETER_SIGNALS.EXCEPTION_RAISED:
+                return item
+            res = interpreter._interpret_call(dict.__setitem__, self, wkey, item)
+            if res is interpreter.INTERPRETER_SIGNALS.EXCEPTION_RAISED:
+                return res
+        return interpreter.wrap_const(None)
+
+    def set_item(self, k, v):  # ``setitem`` of dict.update's keyword arguments: ``self[k] = v``
+        W = interpreter.WrappedValue
+        if type(self) is W and type(self.value) is dict and _is_known_wrapper(self):
+            return interpreter._interpret_call(dict.__setitem__, self, k, v)
+        return _NOT_HANDLED
+
+    W = interpreter.WrappedValue
+    raised = interpreter.INTERPRETER_SIGNALS.EXCEPTION_RAISED
+    wrap_const = interpreter.wrap_const
+
+    import torch
+    from thunder.core.proxies import Proxy
+
+    def plain_type(cls) -> bool:  # a class whose attribute reads are type's own (no metaclass __getattr__ etc.)
+        return type(cls) is type or type(cls) is torch._C._TensorMeta
+
+    def plain_object(v) -> bool:  # not a proxy (whose type() and methods thunder and the plugin answer) of such a class
+        return not isinstance(v, Proxy) and plain_type(type(v)) and not isinstance(v, torch.Tensor)
+
+    def bound_method(fn, *args, **kwargs):  # ``_impl`` of a bound method call: ``fn.__func__(fn.__self__, ...)``
+        if type(fn) is not W or not isinstance(fn.value, types.MethodType):
+            return _NOT_HANDLED
+        func = interpreter._interpret_call(getattr, fn, wrap_const("__func__"))
+        if func is raised:
+            return func
+        self_ = interpreter._interpret_call(getattr, fn, wrap_const("__self__"))
+        if self_ is raised:
+            return self_
+        return interpreter._interpret_call(func, self_, *args, **kwargs)
+
+    def binary_op(a, b, left_method, right_method, binop_name):  # ``outofplace_impl`` of the binary operators
+        # ``type(a).<left>(a, b)``, then ``type(b).<right>(b, a)`` when that is NotImplemented, then TypeError; the
+        # types as the interpreted ``type()`` gives them (a subclass proxy's is its subclass: its __torch_function__)
+        if type(a) is not W or type(b) is not W:
+            return _NOT_HANDLED
+        types_ = [interpreter._interpret_call(type, x) for x in (a, b)]
+        if any(t is raised or not plain_type(t.value) for t in types_):
+            return _NOT_HANDLED
+        for x, y, cls, name in ((a, b, types_[0].value, left_method.value), (b, a, types_[1].value, right_method.value)):
+            method = getattr(cls, name, None)
+            if method is None:
+                continue
+            res = interpreter._interpret_call(wrap_const(method), x, y)
+            if res is raised or res.value is not NotImplemented:
+                return res
+        return interpreter.do_raise(TypeError(
+            f"unsupported operand type(s) for {binop_name.value}: '{types_[0].value}' and '{types_[1].value}'"))
+
+    def partial_call(partial_function, *args, **kwargs):  # ``partial_call_impl``
+        # ``partial_function.func(*partial_function.args, *args, **(partial_function.keywords | kwargs))``
+        if type(partial_function) is not W or type(partial_function.value) is not functools.partial:
+            return _NOT_HANDLED
+        parts = [interpreter._interpret_call(getattr, partial_function, wrap_const(n))
+                 for n in ("func", "args", "keywords")]
+        if any(p is raised for p in parts):
+            return next(p for p in parts if p is raised)
+        func, pargs, keywords = parts
+        if type(pargs.value) is not tuple or type(keywords.value) is not dict or not _is_known_wrapper(keywords):
+            return _NOT_HANDLED
+        pargs.track_items()
+        keywords.track_items()
+        items = [interpreter.SequenceWrapperMethods.__getitem__(pargs, wrap_const(i)) for i in range(len(pargs.value))]
+        merged = {k: interpreter.MutMappingWrapperMethods.__getitem__(keywords, keywords.key_wrappers[k])
+                  for k in keywords.value}
+        merged.update(kwargs)
+        return interpreter._interpret_call(func, *items, *args, **merged)
+
+    def length(obj):  # ``impl`` of ``len()``: ``obj.__len__()`` checked
+        if type(obj) is W and type(obj.value) in (list, tuple, dict) and _is_known_wrapper(obj):
+            return interpreter._interpret_call(type(obj.value).__len__, obj)  # thunder's tracking __len__
+        return _NOT_HANDLED
+
+    def dict_or(self, other):  # ``impl`` of ``dict | other``: a copy updated with ``other``
+        if not (type(self) is W and type(other) is W and type(self.value) is dict and type(other.value) is dict
+                and _is_known_wrapper(self) and _is_known_wrapper(other)):
+            return _NOT_HANDLED
+        new = interpreter._interpret_call(dict.copy, self)
+        if new is raised:
+            return new
+        res = interpreter._interpret_call(dict.update, new, other)
+        return res if res is raised else new
+
+    def next_step(iterator):  # ``impl`` of ``next()``: ``iterator.__next__()``
+        if type(iterator) is not W or not plain_object(iterator.value):
+            return _NOT_HANDLED
+        method = getattr(type(iterator.value), "__next__", None)
+        if method is None or "__next__" in getattr(iterator.value, "__dict__", ()):
+            return _NOT_HANDLED
+        return interpreter._interpret_call(wrap_const(method), iterator)
+
+    def getitem(obj, index):  # ``getitem_impl`` of BINARY_SUBSCR: ``obj.__getitem__(index)``
+        res = _fast_getitem(obj, index)
+        if res is not _NOT_HANDLED or type(obj) is not W or not plain_object(obj.value):
+            return res
+        method = getattr(type(obj.value), "__getitem__", None)
+        if method is None or "__getitem__" in getattr(obj.value, "__dict__", ()):
+            return _NOT_HANDLED
+        return interpreter._interpret_call(wrap_const(method), obj, index)
+
     def list_extend(l1, l2):  # ``lambda l1, l2: l1.extend(l2)`` of LIST_EXTEND
         if type(l1) is interpreter.WrappedValue and type(l1.value) is list and _is_known_wrapper(l1):
             return interpreter._interpret_call(list.extend, l1, l2)
@@ -367,8 +612,18 @@ def _helper_table() -> dict:
                      lambda c: c.co_varnames == ("d", "k") and c.co_name == "<lambda>"): subscript,
         _nested_code(handlers["DICT_MERGE"], lambda c: c.co_names == ("update",)): dict_update,
         _nested_code(handlers["LIST_EXTEND"], lambda c: c.co_names == ("extend",)): list_extend,
+        _nested_code(interpreter.MutMappingWrapperMethods.update, lambda c: c.co_name == "impl_other_keys"):
+            update_from_keys,
+        _nested_code(interpreter.MutMappingWrapperMethods.update, lambda c: c.co_name == "setitem"): set_item,
         _nested_code(interpreter._iter_lookaside, lambda c: c.co_name == "nosentinel_impl"): iter_of,
         _nested_code(_unhooked(handlers["FOR_ITER"]), lambda c: c.co_name == "_next_impl"): next_of,
+        _nested_code(interpreter._call_dispatch, lambda c: c.co_name == "_impl"): bound_method,
+        _nested_code(interpreter._binary_op, lambda c: c.co_name == "outofplace_impl"): binary_op,
+        _nested_code(interpreter.partial_call_lookaside, lambda c: c.co_name == "partial_call_impl"): partial_call,
+        _nested_code(interpreter._len_lookaside, lambda c: c.co_name == "impl"): length,
+        _nested_code(interpreter.MutMappingWrapperMethods.__or__, lambda c: c.co_name == "impl"): dict_or,
+        _nested_code(interpreter._next_lookaside, lambda c: c.co_name == "impl"): next_step,
+        _nested_code(_unhooked(handlers["BINARY_SUBSCR"]), lambda c: c.co_name == "getitem_impl"): getitem,
     }
     found.pop(None, None)
     return found
@@ -380,12 +635,13 @@ def _unhooked(fn):
 
 def _hook_interpret_call(original):
     table = _helper_table()
+    takes_keywords = {fast for fast in table.values() if fast.__name__ in ("bound_method", "partial_call")}
 
     @functools.wraps(original)
     def _interpret_call(fn, /, *args, **kwargs):
-        fast = table.get(getattr(fn, "__code__", None)) if not kwargs else None
-        if fast is not None and _tracking():
-            res = fast(*args)
+        fast = table.get(getattr(fn, "__code__", None))
+        if fast is not None and (not kwargs or fast in takes_keywords) and _tracking():
+            res = fast(*args, **kwargs)
             if res is not _NOT_HANDLED:
                 return res
         return original(fn, *args, **kwargs)

@@ -6,7 +6,9 @@
   :func:`traced_autocast_states`, replayed by the fake runs of subclass operations);
 * thunder's torch-callable -> symbol table (``thunder.torch._torch_to_thunder_function_map``:
   :func:`torch_to_thunder_symbols`) and whether thunder resolves a tensor method (``core/langctxs.py``);
-* traces: an empty trace with a signature (``TraceCtx._siginfo``: :func:`new_trace`); the table of proxy producers of
+* traces: an empty trace with a signature (``TraceCtx._siginfo``: :func:`new_trace`); a dict the plugin keeps on the
+  trace being built, for when no jit interprets (:func:`trace_state`: autodiff recording again); the table of proxy
+  producers of
   the computation trace being built (:func:`tensor_producer`, kept on the trace, indexed as it grows; used by the
   stride inference of fakes and by the symbolic-values number pins);
 * the interpreter: the user's source line (:func:`source_location`), whether a call comes from user code, calling a
@@ -158,6 +160,16 @@ def jit_state() -> dict | None:
     except LookupError:
         return None
     return ctx.__dict__.setdefault("_thunder_subclass_state", {})
+
+
+def trace_state(trace=None) -> dict | None:
+    """A dict the plugin keeps on ``trace`` (default: the trace being built, ``thunder.core.trace.get_tracectx()``),
+    or None outside one: for what must outlive one operation (values recorded in the trace that later recordings
+    read). Freed with the trace."""
+    from thunder.core.trace import get_tracectx
+
+    trace = trace if trace is not None else get_tracectx()
+    return None if trace is None else trace.__dict__.setdefault("_thunder_subclass_state", {})
 
 
 class _TraceUndo(threading.local):
@@ -361,7 +373,12 @@ def is_unpackable_provenance(record) -> bool:
         return isinstance(record.value, (int, str))
     if inst not in _UNPACKABLE_PROVENANCE:
         return False
-    return all(is_unpackable_provenance(i) for i in record.inputs)
+    # asked for every value the interpreter wraps (the plugin's wrap hooks): the answer for a record of reads is kept
+    # on it (its inputs do not change once made)
+    known = record.__dict__.get("_thunder_subclass_unpackable")
+    if known is None:
+        known = record.__dict__["_thunder_subclass_unpackable"] = all(is_unpackable_provenance(i) for i in record.inputs)
+    return known
 
 
 def hooked_module_provenance(module, provenance):

@@ -58,7 +58,7 @@ from typing import Any
 import torch
 
 from thunder_subclass._thunder_internals import plugin_state
-from thunder_subclass._thunder_internals.interpreter_speed import PURE_NATIVE_FUNCTIONS, fast_getitem
+from thunder_subclass._thunder_internals.interpreter_speed import PURE_NATIVE_FUNCTIONS, fast_getitem, speed_lookaside
 from thunder_subclass._thunder_internals.interpreter_fixes import (
     interpreter_fix_lookaside,
     torch_arguments,
@@ -207,8 +207,8 @@ def _hook_general_jit_lookaside(original):
 
                 return interpreter_needs_wrap(fn)
             lookaside = (
-                plugin_state.handlers.lookaside(fn, args) or interpreter_fix_lookaside(fn, args)
-                or symbolic_values_lookaside(fn, args)
+                plugin_state.handlers.lookaside(fn, args) or speed_lookaside(fn, args)
+                or interpreter_fix_lookaside(fn, args) or symbolic_values_lookaside(fn, args)
             )
             if lookaside is not None:
                 return lookaside
