@@ -4,12 +4,14 @@
 import re
 import subprocess
 import sys
+import types
 
 import pytest
 import thunder
 import torch
 
 import thunder_subclass
+from thunder_subclass.errors import UnsupportedTracingError
 
 SCALAR_OPERAND_CASES = {
     "add": lambda a, b: a * 2 + b.sum(),
@@ -433,3 +435,224 @@ def test_torch_keyword_names_for_tensor_arguments(case, kind):
     y.sum().backward()
     expected.sum().backward()
     torch.testing.assert_close(x.grad, ex.grad)
+
+
+# list methods thunder 0.2.6 lacks ("NotImplementedError: Sequence.insert, please file an issue"; clear, remove, count,
+# sort likewise) and the ones it has, on a list the compiled function was passed (changed in the caller's list as
+# eager changes it) and on one it makes; each case with lists of other lengths and contents, and the first again
+LIST_METHOD_CASES = {
+    "insert": (lambda lst, x: (lst.insert(1, 7), x * lst[0] + lst[1])[1], [[1, 2, 3], [4, 5, 6], [1, 2], [9]]),
+    "insert a tensor at -1": (lambda lst, x: (lst.insert(-1, x * 2), x + len(lst))[1], [[1, 2, 3], [4], []]),
+    "insert past the end": (lambda lst, x: (lst.insert(10, x.sum()), x * len(lst))[1], [[1, 2], [4], []]),
+    "clear": (lambda lst, x: (len(lst), lst.clear(), x)[0] * x, [[1, 2, 3], [4, 5], []]),
+    "remove": (lambda lst, x: (lst.remove(2), x * len(lst) + lst[0])[1], [[1, 2, 3], [2, 1, 3], [3, 1, 2], [2, 2]]),
+    "count": (lambda lst, x: x * lst.count(2), [[2, 1, 2], [0, 5], [2]]),
+    "pop(i)": (lambda lst, x: x * lst.pop(1) + lst[0], [[1, 2, 3], [4, 5, 6], [1, 2]]),
+    "reverse": (lambda lst, x: (lst.reverse(), x * lst[0])[1], [[1, 2, 3], [4, 5, 6], [1, 2]]),
+    "sort": (lambda lst, x: (lst.sort(), x * lst[0] + lst[-1])[1],
+             [[3, 1, 2], [0, 5, 4], [1, 2, 3], [2.5, float("nan"), 1.0], [2, 1]]),
+    "sort(key=, reverse=True)": (lambda lst, x: (lst.sort(key=lambda v: v % 3, reverse=True), x * lst[0])[1],
+                                 [[3, 1, 2], [0, 5, 4], [4, 7, 1]]),
+    "del lst[i]": (lambda lst, x: (lst.__delitem__(0), x * lst[0])[1], [[3, 1, 2], [0, 5, 4], [1, 2]]),
+    "extend": (lambda lst, x: (lst.extend([x, 2]), x * len(lst))[1], [[3], [0, 5], []]),
+}
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and torch.equal(a, b)
+    if isinstance(a, float) and a != a:
+        return isinstance(b, float) and b != b
+    return type(a) is type(b) and a == b
+
+
+@pytest.mark.parametrize("case", list(LIST_METHOD_CASES))
+def test_list_methods_change_the_callers_list_as_eager(case):
+    f, contents = LIST_METHOD_CASES[case]
+    jf = thunder_subclass.jit(f)
+    x = torch.arange(3.0)
+    for lst in [*contents, contents[0]]:
+        eager_list, jit_list = list(lst), list(lst)
+        expected = f(eager_list, x)
+        torch.testing.assert_close(jf(jit_list, x), expected)
+        assert len(jit_list) == len(eager_list) and all(map(_same, jit_list, eager_list)), (lst, jit_list, eager_list)
+    assert 1 < thunder.cache_misses(jf) <= len(contents)  # other contents traced anew; the first again reused
+
+
+def test_list_methods_on_a_list_made_in_the_compiled_function():
+    def f(x, n):
+        lst = [1, 2, 3, n]
+        lst.insert(0, 5)
+        lst.remove(2)
+        lst.sort()
+        lst.reverse()
+        del lst[0]
+        lst.extend([4, lst.count(1)])
+        first = lst.pop(1)
+        lst.clear()
+        lst.insert(0, first)
+        return x * lst[0]
+
+    jf = thunder_subclass.jit(f)
+    for n in (0, 9, 0):
+        torch.testing.assert_close(jf(torch.ones(2), n), f(torch.ones(2), n))
+    assert thunder.cache_misses(jf) == 2
+    with pytest.raises(Exception, match=r"Sequence\.insert, please file an issue"):  # thunder 0.2.6 itself
+        thunder.jit(f)(torch.ones(2), 0)
+
+
+def test_sorting_tensors_compares_their_values_so_it_is_a_graph_break():
+    def f(lst, x):
+        lst.sort(key=lambda t: t.sum())
+        return x * lst[0]
+
+    a, b = torch.tensor([3.0]), torch.tensor([1.0])
+    with pytest.warns(thunder_subclass.GraphBreakWarning, match=r"data dependency"):
+        out = thunder_subclass.jit(f)(jit_list := [a, b], torch.ones(1))
+    torch.testing.assert_close(out, torch.ones(1))
+    assert jit_list[0] is b and jit_list[1] is a
+    with pytest.raises(NotImplementedError, match=r"data dependency"):
+        thunder_subclass.jit(f, fullgraph=True)([a, b], torch.ones(1))
+
+
+# attribute writes through a C-level __setattr__ other than object's (types.SimpleNamespace): thunder 0.2.6 took the
+# slot for an opaque function ("'wrapper_descriptor' object has no attribute '__module__'")
+
+class _NamespaceWithSlot(types.SimpleNamespace):
+    __slots__ = ("v",)
+
+
+def test_attribute_writes_on_a_simple_namespace_argument():
+    def f(o, x):
+        o.t = x * 2
+        o.n = o.a + 1
+        setattr(o, "s", "set")
+        return o.t + o.n
+
+    jf = thunder_subclass.jit(f)
+    for a in (1, 1, 5):
+        o, e = types.SimpleNamespace(a=a), types.SimpleNamespace(a=a)
+        torch.testing.assert_close(jf(o, torch.ones(3)), f(e, torch.ones(3)))
+        assert sorted(vars(o)) == sorted(vars(e)) == ["a", "n", "s", "t"]
+        torch.testing.assert_close(o.t, e.t)
+        assert (o.n, o.s) == (e.n, e.s)
+    assert thunder.cache_misses(jf) == 2  # a=5 is a new trace
+    with pytest.raises(Exception, match=r"'wrapper_descriptor' object has no attribute '__module__'"):
+        thunder.jit(f)(types.SimpleNamespace(a=1), torch.ones(3))  # thunder 0.2.6 itself
+
+
+def test_a_simple_namespace_made_in_the_compiled_function_and_returned():
+    def f(x):
+        ns = types.SimpleNamespace()
+        ns.y = x + 1
+        return ns.y * 2, ns
+
+    out, ns = thunder_subclass.jit(f)(torch.ones(2))
+    expected, ens = f(torch.ones(2))
+    torch.testing.assert_close(out, expected)
+    assert type(ns) is types.SimpleNamespace and list(vars(ns)) == ["y"]
+    torch.testing.assert_close(ns.y, ens.y)
+
+
+def test_a_c_setattr_that_does_not_store_into_the_instance_dict_is_a_typed_error():
+    def f(o, x):
+        o.v = x * 2
+        return x
+
+    line = f"{__file__}:{f.__code__.co_firstlineno + 1}"
+    with pytest.raises(UnsupportedTracingError, match=rf"setting attribute 'v' of a _NamespaceWithSlot at "
+                                                      rf"{re.escape(line)}: its class's __setattr__ is "
+                                                      rf"SimpleNamespace's, written in C"):
+        thunder_subclass.jit(f, fullgraph=True)(_NamespaceWithSlot(), torch.ones(2))
+
+
+# a module-level dict keyed by objects: thunder 0.2.6's prologue unpacks items only under int and str keys
+# ("Exception occured unpacking object from ProvenanceRecord(...)", plain thunder too); the dict's keys are guarded
+# (a global list or dict, as an argument's)
+
+class _Key:
+    def __init__(self, n):
+        self.n = n
+
+
+_K1, _K2, _K3 = _Key(1), _Key(2), _Key(3)
+_BY_KEY: dict = {}
+_TENSOR_BY_KEY: dict = {}
+
+GLOBAL_DICT_CASES = {
+    "items()": lambda x: sum((x * v for v in _BY_KEY.values()), x) + sum(v for k, v in _BY_KEY.items()),
+    "keys and lookups": lambda x: [x := x * _BY_KEY[k] for k in _BY_KEY][-1],
+    "in": lambda x: x * (2 if _K3 in _BY_KEY else 3),
+    "get": lambda x: x * _BY_KEY.get(_K2, 10.0),
+}
+_CHANGES = [
+    lambda d: None,
+    lambda d: d.__setitem__(_K1, 5.0),   # another value
+    lambda d: d.__setitem__(_K3, 7.0),   # another key
+    lambda d: d.pop(_K1),                # one key fewer
+    lambda d: (d.clear(), d.update({_K2: 2.0, _K1: 1.0})),  # other order
+    lambda d: (d.clear(), d.update({_K1: 1.0, _K2: 2.0})),  # the first contents again
+]
+
+
+@pytest.mark.parametrize("case", list(GLOBAL_DICT_CASES))
+def test_a_global_dict_keyed_by_objects(case):
+    f = GLOBAL_DICT_CASES[case]
+    _BY_KEY.clear()
+    _BY_KEY.update({_K1: 1.0, _K2: 2.0})
+    jf = thunder_subclass.jit(f)
+    for change in _CHANGES:
+        change(_BY_KEY)
+        torch.testing.assert_close(jf(torch.ones(2)), f(torch.ones(2)))
+    assert 1 < thunder.cache_misses(jf) < len(_CHANGES)  # changes traced anew; the first contents again reused
+
+
+def test_a_global_dict_keyed_by_objects_holding_tensors():
+    def f(x):
+        for k, v in _TENSOR_BY_KEY.items():
+            x = x + v * k.n
+        return x
+
+    _TENSOR_BY_KEY.clear()
+    _TENSOR_BY_KEY.update({_K1: torch.ones(2), _K2: torch.full((2,), 3.0)})
+    jf = thunder_subclass.jit(f)
+    torch.testing.assert_close(jf(torch.ones(2)), f(torch.ones(2)))
+    _TENSOR_BY_KEY[_K1] = torch.zeros(2)  # the tensor is an input of the trace: read each call
+    torch.testing.assert_close(jf(torch.ones(2)), f(torch.ones(2)))
+    _TENSOR_BY_KEY[_K3] = torch.ones(2)
+    torch.testing.assert_close(jf(torch.ones(2)), f(torch.ones(2)))
+    assert thunder.cache_misses(jf) == 2
+    with pytest.raises(NotImplementedError, match=r"Exception occured unpacking object"):
+        thunder.jit(f)(torch.ones(2))  # thunder 0.2.6 itself
+
+
+_GLOBAL_LIST: list = []
+
+
+def test_a_global_list_changed_in_the_compiled_function_is_changed_every_call():
+    # the trace appended a proxy to the global list once (and nothing on later calls); now each call appends the
+    # computed tensor as eager does, and the list's length is guarded like an argument's
+    def f(x):
+        _GLOBAL_LIST.append(x * 2)
+        return x * len(_GLOBAL_LIST)
+
+    _GLOBAL_LIST.clear()
+    jf = thunder_subclass.jit(f)
+    outs = [jf(torch.ones(2)) for _ in range(3)]
+    assert [type(v) for v in _GLOBAL_LIST] == [torch.Tensor] * 3
+    torch.testing.assert_close(_GLOBAL_LIST, [torch.full((2,), 2.0)] * 3)
+    torch.testing.assert_close(outs, [torch.full((2,), float(n)) for n in (1, 2, 3)])
+
+
+def test_list_insert_at_a_number_argument_under_symbolic_values():
+    # the position is pinned: which item moves depends on its value
+    def f(lst, n, x):
+        lst.insert(n, 9)
+        return x * lst[1]
+
+    jf = thunder_subclass.jit(f, cache="symbolic values")
+    for n in (0, 1, 0, 2):
+        jit_list, eager_list = [1, 2, 3], [1, 2, 3]
+        torch.testing.assert_close(jf(jit_list, n, torch.ones(1)), f(eager_list, n, torch.ones(1)))
+        assert jit_list == eager_list
+    assert thunder.cache_misses(jf) == 3

@@ -49,7 +49,7 @@ from typing import Any
 
 import torch
 
-from thunder_subclass._thunder_internals import data_dependent_exception_types, with_call
+from thunder_subclass._thunder_internals import data_dependent_exception_types, exception_source_lines, with_call
 
 __all__ = [
     "GraphBreak",
@@ -124,10 +124,6 @@ _MESSAGE_KINDS = (
     (NotImplementedError, "but it is not yet supported"),
     # .tolist() on a fake tensor: the Python list depends on tensor data
     (RuntimeError, ".tolist() is not supported"),
-    # thunder 0.2.6 leaves a symbol scope open when an operation raises inside a primitive (a data-dependent op under
-    # ``with torch.no_grad():``, e.g. nonzero in an MoE router); the ``with`` block's exit then raises this and the
-    # original error is lost. Eager runs the code again, so a genuine error there still reaches the user.
-    (AssertionError, "was called while processing a primitive"),
 )
 
 
@@ -139,17 +135,35 @@ def _chain(exc: BaseException):
         exc = exc.__cause__ or exc.__context__
 
 
-def graph_break_reason(exc: BaseException) -> str | None:
-    """``"<type>: <message>"`` when ``exc`` (or an exception it was raised from) is of a graph-break kind — fake
-    execution's data-dependence exceptions, thunder's data-dependence errors, an operation thunder cannot trace —
-    else None (the error is the user's or the plugin's and is raised)."""
+def _break_exception(exc: BaseException) -> BaseException | None:
+    """The exception that reports the break ``exc`` carries, or None when ``exc`` is not of a graph-break kind.
+
+    The first exception of the chain (``exc``, then what it was raised from or while handling) that is of a
+    graph-break kind, taken with the exceptions that wrap it explicitly (``raise ... from``: the plugin's typed error
+    around fake execution's exception). An exception that merely arose while it propagated (a ``with`` block's
+    ``__exit__`` or a ``finally`` block that failed because of it; it is ``__context__`` only) is not the break:
+    eager runs that code again, so a genuine error there still reaches the user."""
     dependent = data_dependent_exception_types()
-    for e in _chain(exc):
+    chain = list(_chain(exc))
+    for i, e in enumerate(chain):
         message = str(e)
         if isinstance(e, dependent) or any(isinstance(e, t) and s in message for t, s in _MESSAGE_KINDS):
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            return f"{type(exc).__name__}: {first if len(first) <= 200 else first[:200] + '...'}"
+            while i > 0 and chain[i - 1].__cause__ is chain[i]:
+                i -= 1
+            return chain[i]
     return None
+
+
+def graph_break_reason(exc: BaseException) -> str | None:
+    """``"<type>: <message>"`` when ``exc`` (or an exception it was raised from or while handling) is of a
+    graph-break kind — fake execution's data-dependence exceptions, thunder's data-dependence errors, an operation
+    thunder cannot trace — else None (the error is the user's or the plugin's and is raised). The message is the one
+    of the exception that reports the break (:func:`_break_exception`)."""
+    e = _break_exception(exc)
+    if e is None:
+        return None
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return f"{type(e).__name__}: {first if len(first) <= 200 else first[:200] + '...'}"
 
 
 _OWN_DIRS = tuple(
@@ -158,11 +172,21 @@ _OWN_DIRS = tuple(
 )
 
 
+def _is_user_file(filename: str) -> bool:
+    return not filename.startswith(_OWN_DIRS) and not filename.startswith("<")
+
+
 def _user_location(exc: BaseException) -> str:
-    """file:line of the innermost traceback frame outside thunder, torch and thunder_subclass (thunder's interpreter
-    puts the interpreted user frames into the traceback), else "an unknown source line"."""
+    """file:line of the innermost user frame (outside thunder, torch and thunder_subclass) where the break's exception
+    was raised: the line where it entered each interpreted frame, recorded while tracing (also when a ``with`` block
+    or ``finally`` re-raised it later, or another exception replaced it there), else the innermost such traceback
+    frame (thunder's interpreter puts the interpreted user frames into the traceback), else "an unknown source line"."""
+    exc = _break_exception(exc) or exc
+    for filename, lineno in exception_source_lines(exc):
+        if _is_user_file(filename):
+            return f"{filename}:{lineno}"
     for frame in reversed(traceback.extract_tb(exc.__traceback__)):
-        if not frame.filename.startswith(_OWN_DIRS) and not frame.filename.startswith("<"):
+        if _is_user_file(frame.filename):
             return f"{frame.filename}:{frame.lineno}"
     return "an unknown source line"
 

@@ -920,16 +920,18 @@ def _module_machinery_names() -> frozenset:
     return frozenset(dir(torch.nn.Module)) | frozenset(vars(torch.nn.Module()))
 
 
-def is_guardable_provenance(record) -> bool:
+def is_guardable_provenance(record, *, globals_too: bool = False) -> bool:
     """Whether an object with provenance ``record`` (one the prologue can unpack) is one traced code read from the
     arguments or the compiled module's attributes, as opposed to what the interpreter read on its way: dunder
     attributes (``__func__``, ``__dict__``, ``__globals__``: how methods, globals and closures are resolved; the
     object they come from is guarded, or they are not inputs) and ``nn.Module``'s own machinery attributes. An
-    object reached as a bound method's ``__self__`` is guarded (a method passed as an argument)."""
+    object reached as a bound method's ``__self__`` is guarded (a method passed as an argument). ``globals_too``: a
+    function's ``__globals__`` counts as an input (for lists, tuples and dicts read from module globals: their sizes
+    and keys are guarded, and changes the traced code makes to them reach the caller's object)."""
     import dis
 
     for inp in record.inputs:
-        if not is_guardable_provenance(inp):
+        if not is_guardable_provenance(inp, globals_too=globals_too):
             return False
     inst = record.inst.opname if isinstance(record.inst, dis.Instruction) else getattr(record.inst, "name", None)
     if inst == "LOAD_ATTR" and len(record.inputs) == 2:
@@ -937,7 +939,7 @@ def is_guardable_provenance(record) -> bool:
         if not isinstance(name, str) or name in _module_machinery_names():
             return False
         if name.startswith("__") and name.endswith("__") and name != "__self__":
-            return False
+            return globals_too and name == "__globals__"
     return True
 
 
@@ -1034,7 +1036,11 @@ def _guard_container_size(obj, provenance, state, jit_ctx) -> None:
 
     inst = provenance.inst.opname if isinstance(provenance.inst, dis.Instruction) else \
         getattr(provenance.inst, "name", None)
-    if inst in ("INPUT_ARGS", "INPUT_KWARGS") or not is_guardable_provenance(provenance):
+    # (module globals too: a trace that iterated or changed a global list or dict depends on its size and keys; not a
+    # module's globals dict itself, which the interpreter reads to look up every global name)
+    if inst in ("INPUT_ARGS", "INPUT_KWARGS") or not is_guardable_provenance(provenance, globals_too=True):
+        return
+    if inst == "LOAD_ATTR" and getattr(provenance.inputs[1], "value", None) == "__globals__":
         return
     guarded = state.setdefault("object_guards", {})
     if id(obj) in guarded:

@@ -63,6 +63,7 @@ from thunder_subclass._thunder_internals.install import (  # noqa: F401
     uninstall,
 )
 from thunder_subclass._thunder_internals.interpreter_fixes import (  # noqa: F401
+    exception_source_lines,
     interpreter_fix_lookaside,
     is_hashable,
 )

@@ -40,6 +40,17 @@ around:
   (``_default_provenance_tracking_lookaside_map[dict.__getitem__ / __contains__ / pop / __delitem__]``, thunder's
   ``MutMappingWrapperMethods``, which look it up natively), unless a str or int: ``TABLE.get(token, 3)`` reused the
   trace made for a missing key when the key was there.
+* ``core/interpreter.py`` ``InterpreterCompileCtx.interpret`` — thunder adds an interpreted frame to an exception's
+  traceback at the line the frame is at when the exception leaves it: after a ``with`` block's ``__exit__`` or a
+  ``finally`` re-raised it, not the line that raised (CPython's). The line where an exception entered each frame is
+  recorded (:func:`exception_source_lines`) and restored at ``RERAISE``; an exception raised while another is
+  handled gets that one as ``__context__`` (thunder lost it).
+* ``core/interpreter.py`` ``_default_provenance_tracking_lookaside_map[list.insert / clear / remove / sort / count,
+  tuple.count]`` — list methods thunder lacks ("Sequence.insert, please file an issue"); comparisons interpreted.
+* a C ``__setattr__`` slot other than ``object``'s (``types.SimpleNamespace``; a lookaside) — thunder took it for an
+  opaque function ("'wrapper_descriptor' object has no attribute '__module__'").
+* ``core/jit_ext.py`` ``unpack_inputs`` and ``_infer_name_postfix_from_provenance`` — values under object dict keys
+  (a global dict keyed by objects, iterated) unpacked by the prologue, with valid names.
 """
 
 from __future__ import annotations
@@ -55,7 +66,7 @@ import torch
 
 from thunder_subclass._thunder_internals import plugin_state
 from thunder_subclass._thunder_internals.plugin_state import is_plugin_active
-from thunder_subclass._thunder_internals.symbolic_values import pin_input_numbers
+from thunder_subclass._thunder_internals.symbolic_values import pin_input_numbers, unpacked_parameters_tagged
 from thunder_subclass._thunder_internals.thunder_state import (
     is_interpreting,
     source_location,
@@ -241,6 +252,79 @@ def _object_setattr_lookaside(original):
     return lookaside
 
 
+def _is_data_descriptor(cls: type, name: str) -> bool:
+    attr = inspect.getattr_static(cls, name, None)
+    return attr is not None and (hasattr(type(attr), "__set__") or hasattr(type(attr), "__delete__"))
+
+
+def _stores_into_instance_dict(setattr_slot, obj, name) -> bool:
+    """Whether the C ``__setattr__`` slot of ``obj``'s class stores ``obj.<name> = v`` as ``object.__setattr__``
+    does, into ``obj.__dict__``: tried with a marker object on ``obj`` itself, then undone."""
+    d = getattr(obj, "__dict__", None)
+    if type(d) is not dict or type(name) is not str or _is_data_descriptor(type(obj), name):
+        return False
+    had, old, marker = name in d, d.get(name), object()
+    try:
+        setattr_slot(obj, name, marker)
+        return getattr(obj, "__dict__", None) is d and d.get(name) is marker
+    except Exception:  # noqa: BLE001 - the slot refuses the write: not a plain store
+        return False
+    finally:
+        if had:
+            d[name] = old
+        else:
+            d.pop(name, None)
+
+
+def _is_made_by_c_new(provenance) -> bool:
+    """An object the traced code made by calling a class whose ``__new__`` is a C function (``types.SimpleNamespace()``):
+    thunder records it as an opaque call of that ``__new__``."""
+    from thunder.core.interpreter import PseudoInst
+
+    if provenance.inst is not PseudoInst.OPAQUE or not provenance.inputs:
+        return False
+    fn = provenance.inputs[0]
+    return fn.inst is PseudoInst.CONSTANT and getattr(fn.value, "__name__", None) == "__new__"
+
+
+def _c_setattr_lookaside(setattr_slot):
+    """``obj.name = value`` where ``type(obj).__setattr__`` is a C slot other than ``object``'s (``types.
+    SimpleNamespace``, and classes deriving from such a type): thunder 0.2.6 takes the slot for an opaque torch-like
+    function and fails registering it ("'wrapper_descriptor' object has no attribute '__module__'", plain thunder
+    too). A slot that stores into the instance ``__dict__`` as ``object.__setattr__`` does (tried on the object) is
+    traced as ``object.__setattr__``: the write reaches the caller's object through the epilogue, as for any Python
+    object. Any other raises ``UnsupportedTracingError`` naming the line."""
+
+    def lookaside(obj, name, value):
+        from thunder.core.interpreter import unwrap
+        from thunder.core.jit_ext import _general_jit_lookaside_map
+
+        uobj, uname = unwrap(obj), unwrap(name)
+        owner = setattr_slot.__objclass__
+        if isinstance(uobj, owner) and _stores_into_instance_dict(setattr_slot, uobj, uname):
+            if _is_made_by_c_new(obj.provenance):
+                # made in the traced code (thunder's is_created_during_tracing knows object.__new__ only): stored as
+                # object.__setattr__ stores into such an object; the caller (thunder's setattr lookaside) records the
+                # attribute's wrapper, from which a returned object is rebuilt
+                from thunder.core.interpreter import wrap_const
+
+                uobj.__dict__[uname] = unwrap(value)
+                return wrap_const(None)
+            return _object_setattr_lookaside(_general_jit_lookaside_map[object.__setattr__])(obj, name, value)
+        from thunder.core.interpreter import do_raise
+
+        from thunder_subclass.errors import UnsupportedTracingError, format_location
+
+        return do_raise(UnsupportedTracingError(
+            f"setting attribute {uname!r} of a {type(uobj).__qualname__} at {format_location(*source_location())}: "
+            f"its class's __setattr__ is {owner.__qualname__}'s, written in C, and does not store the value in the "
+            "object's __dict__ as object.__setattr__ does, so thunder_subclass cannot trace what it does. Set the "
+            "attribute outside the compiled function (return the value), or use an object of a Python class."
+        ))
+
+    return lookaside
+
+
 def _class_getattribute(obj) -> Callable | None:
     """The Python ``__getattribute__`` that ``obj``'s class defines (or inherits from a Python class), or None when it
     is ``object``'s or a C type's (classes themselves are left to thunder)."""
@@ -338,6 +422,10 @@ def interpreter_fix_lookaside(fn, wrapped_args: tuple = ()):
         from thunder.core.jit_ext import _general_jit_lookaside_map
 
         return _object_setattr_lookaside(_general_jit_lookaside_map[object.__setattr__])
+    if (type(fn) is types.WrapperDescriptorType and fn.__name__ == "__setattr__" and len(wrapped_args) == 3
+            and fn.__objclass__.__module__ != "builtins"):
+        # (builtins' own: object's has its lookaside; type's, module's stay with thunder)
+        return _c_setattr_lookaside(fn)
     if is_hashable(fn):
         return _fixed_torch_functions().get(fn)
     return None
@@ -681,6 +769,352 @@ def _hook_keyed_lookup(original):
     return keyed_lookup
 
 
+def _list_index(i):
+    """``i`` (wrapped) as the int a list method takes (``operator.index``); a number proxy (symbolic values) is pinned:
+    which item moves depends on its value."""
+    from thunder.core.proxies import NumberProxy
+
+    value = getattr(i, "value", i)
+    if isinstance(value, NumberProxy):
+        pin_input_numbers(value)
+        value = value.value
+    return operator.index(value)
+
+
+def _hook_list_insert(original):
+    # replaces thunder's list.insert lookaside (core/interpreter.py MutSequenceWrapperMethods.insert: "NotImplementedError:
+    # Sequence.insert, please file an issue"): the list and its item wrappers get the item at the same position
+    def insert(self, i, x, /):
+        if not is_plugin_active():
+            return original(self, i, x)
+        from thunder.core.interpreter import do_raise, wrap_const
+
+        self.track_items()
+        try:
+            index = _list_index(i)
+        except TypeError as e:
+            return do_raise(e)
+        self.value.insert(index, x.value)
+        self.item_wrappers.insert(index, x)
+        return wrap_const(None)
+
+    return insert
+
+
+def _hook_list_clear(original):
+    # replaces thunder's list.clear lookaside (MutSequenceWrapperMethods.clear: "Sequence.clear, please file an issue")
+    def clear(self, /):
+        if not is_plugin_active():
+            return original(self)
+        from thunder.core.interpreter import wrap_const
+
+        self.track_items()
+        self.value.clear()
+        self.item_wrappers.clear()
+        return wrap_const(None)
+
+    return clear
+
+
+def _remove_impl(seq, value):
+    # list.remove as CPython runs it (PyObject_RichCompareBool: identity, then ==), interpreted: each comparison is one
+    # the trace depends on (reported and guarded like the user's own)
+    for i in range(len(seq)):
+        item = seq[i]
+        if item is value or item == value:
+            del seq[i]
+            return None
+    raise ValueError("list.remove(x): x not in list")
+
+
+def _count_impl(seq, value):
+    n = 0
+    for item in seq:
+        if item is value or item == value:
+            n += 1
+    return n
+
+
+def _hook_list_remove(original):
+    # replaces thunder's list.remove lookaside (MutSequenceWrapperMethods.remove: "Sequence.remove, please file an issue")
+    def remove(self, x, /):
+        if not is_plugin_active():
+            return original(self, x)
+        from thunder.core.interpreter import _interpret_call, wrap_const
+
+        self.track_items()
+        return _interpret_call(wrap_const(_remove_impl), self, x)
+
+    return remove
+
+
+def _hook_sequence_count(original):
+    # replaces thunder's list.count / tuple.count lookaside (SequenceWrapperMethods.count: "Sequence.count, please
+    # file an issue")
+    def count(self, x, /):
+        if not is_plugin_active():
+            return original(self, x)
+        from thunder.core.interpreter import _interpret_call, wrap_const
+
+        self.track_items()
+        return _interpret_call(wrap_const(_count_impl), self, x)
+
+    return count
+
+
+def _is_less(a, b):
+    # one comparison of list.sort, interpreted (a branch of the trace on its answer: guarded like the user's own)
+    return bool(a < b)
+
+
+class _ComparisonRaised(Exception):
+    pass
+
+
+def _hook_list_sort(original):
+    # replaces thunder's list.sort lookaside ("<class 'list'>.sort is not yet supported, please file an issue"). The
+    # permutation is the one CPython's sort gives (sorted() of the positions, whose `<` is the interpreted comparison
+    # of the items or keys: the same comparisons, in the same order, NaNs included); key is called once per item, in
+    # order, interpreted. The list and its item wrappers are permuted alike.
+    def sort(self, /, *args, key=None, reverse=False):
+        if not is_plugin_active():
+            return original(self, *args, key=key, reverse=reverse)
+        from thunder.core.interpreter import (
+            INTERPRETER_SIGNALS,
+            _interpret_call,
+            do_raise,
+            unwrap,
+            wrap_const,
+        )
+
+        if args:
+            return do_raise(TypeError("sort() takes no positional arguments"))
+        self.track_items()
+        items = list(self.item_wrappers)
+        keys = items
+        if key is not None and unwrap(key) is not None:
+            keys = []
+            for w in items:
+                k = _interpret_call(key, w)
+                if k is INTERPRETER_SIGNALS.EXCEPTION_RAISED:
+                    return k
+                keys.append(k)
+        try:
+            descending = bool(operator.index(unwrap(reverse)))
+        except TypeError as e:
+            return do_raise(e)
+        less = wrap_const(_is_less)
+
+        class Position:
+            __slots__ = ("i",)
+
+            def __init__(self, i):
+                self.i = i
+
+            def __lt__(self, other):
+                answer = _interpret_call(less, keys[self.i], keys[other.i])
+                if answer is INTERPRETER_SIGNALS.EXCEPTION_RAISED:
+                    raise _ComparisonRaised
+                return unwrap(answer)
+
+        try:
+            order = sorted(range(len(items)), key=Position, reverse=descending)
+        except _ComparisonRaised:
+            return INTERPRETER_SIGNALS.EXCEPTION_RAISED
+        values = list(self.value)
+        self.value[:] = [values[i] for i in order]
+        self.item_wrappers[:] = [items[i] for i in order]
+        return wrap_const(None)
+
+    return sort
+
+
+@functools.cache
+def _constant_key_proxy_class():
+    from thunder.core.proxies import AnyProxy
+
+    class ConstantKeyProxy(AnyProxy):
+        """The prologue's name for an object used as a dict key (``TABLE[K1]``). thunder orders the prologue's
+        unpacked values by their paths, the keys of subscripts included, and proxies refuse comparisons: these
+        compare by creation order among themselves and after any other key."""
+
+        _DEFAULT_PREFIX = "key"
+        _made = 0
+
+        def __init__(self, o, /, **kwargs):
+            super().__init__(o, **kwargs)
+            ConstantKeyProxy._made += 1
+            self._order = ConstantKeyProxy._made
+
+        def __eq__(self, other):
+            return self is other
+
+        __hash__ = AnyProxy.__hash__
+
+        def __lt__(self, other):
+            return isinstance(other, ConstantKeyProxy) and self._order < other._order
+
+        def __gt__(self, other):
+            return not isinstance(other, ConstantKeyProxy) or self._order > other._order
+
+        def __le__(self, other):
+            return self is other or self < other
+
+        def __ge__(self, other):
+            return self is other or self > other
+
+        def replace(self, **changes):
+            kwargs = dict(name=self.name, history=self.history, tags=self.tags)
+            kwargs.update(changes)
+            return ConstantKeyProxy(self._o, **kwargs)
+
+    return ConstantKeyProxy
+
+
+@functools.cache
+def _constant_object_symbol():
+    def meta(obj):
+        return _constant_key_proxy_class()(obj)
+
+    def impl(obj):
+        return obj
+
+    sym = plugin_state.handlers.executor.register_operator("python_constant_object", meta=meta, fn=impl)
+    plugin_state.remember_symbol_origin(sym, impl, _constant_object_symbol)
+    return sym
+
+
+def _name_constant_keys(ctx, prologue_trace, inputs) -> None:
+    """Each object other than an int or str used as a dict key on the path of a value the prologue unpacks
+    (``TABLE[K1]``, K1 a module-level object: iterating ``TABLE`` reads its items that way) gets a proxy made from it
+    at the top of the prologue (``python_constant_object``), set as the key's provenance record's proxy. thunder's
+    ``unpack_inputs`` (``from_binary_subscr``) unpacks only int, str and proxy keys: "Exception occured unpacking
+    object from ProvenanceRecord(...)" (plain thunder too)."""
+    from thunder.core.interpreter import ProvenanceRecord, PseudoInst
+    from thunder.core.proxies import Proxy
+    from thunder.core.trace import tracectx
+
+    seen: set[int] = set()
+    made: dict[int, Any] = {}
+
+    def visit(record):
+        if not isinstance(record, ProvenanceRecord) or id(record) in seen:
+            return
+        seen.add(id(record))
+        if record.inst is PseudoInst.BINARY_SUBSCR and len(record.inputs) == 2:
+            key = record.inputs[1]
+            if (isinstance(key, ProvenanceRecord) and key.inst is PseudoInst.CONSTANT
+                    and not isinstance(key.value, (int, str, Proxy)) and getattr(key, "proxy", None) is None):
+                proxy = made.get(id(key.value))
+                if proxy is None:
+                    with tracectx(prologue_trace):
+                        proxy = made[id(key.value)] = _constant_key_proxy_class()(key.value)
+                        prologue_trace.bound_symbols.append(_constant_object_symbol().bind(key.value, output=proxy))
+                key.proxy = proxy
+        for i in record.inputs:
+            visit(i)
+
+    for v in inputs:
+        p = v if isinstance(v, Proxy) else getattr(v, "proxy", None)
+        visit(getattr(p, "history", None))
+    for _, *args in ctx._constraints:
+        for a in args:
+            if isinstance(a, Proxy):
+                visit(a.history)
+
+
+def _hook_name_postfix(original):
+    # wraps thunder.core.jit_ext._infer_name_postfix_from_provenance, which names a tensor read from the inputs after
+    # its path, with str() of each key: TABLE[K1] gave "t___globals___TABLE_<__main__.Key object at 0x...>", which
+    # the prologue's Python cannot hold ("SyntaxError: invalid syntax"). For a plugin jit such a name is not used (the
+    # tensor gets thunder's default name)
+    @functools.wraps(original)
+    def _infer_name_postfix_from_provenance(pr):
+        postfix = original(pr)
+        if postfix and is_plugin_active() and not f"t{postfix}".isidentifier():
+            return ""
+        return postfix
+
+    return _infer_name_postfix_from_provenance
+
+
+def _hook_unpack_inputs(original):
+    # wraps thunder.core.jit_ext.unpack_inputs (the prologue's unpacking of every value read from the inputs): for a
+    # plugin jit, object dict keys are named first (_name_constant_keys), and under symbolic values parameters are
+    # tagged meanwhile (symbolic_values.unpacked_parameters_tagged)
+    @functools.wraps(original)
+    def unpack_inputs(ctx, prologue_trace, pro_to_comp_inps, pro_to_epi_inps, *args, **kwargs):
+        if not is_plugin_active():
+            return original(ctx, prologue_trace, pro_to_comp_inps, pro_to_epi_inps, *args, **kwargs)
+        _name_constant_keys(ctx, prologue_trace, [*pro_to_comp_inps, *pro_to_epi_inps])
+        with unpacked_parameters_tagged():
+            return original(ctx, prologue_trace, pro_to_comp_inps, pro_to_epi_inps, *args, **kwargs)
+
+    return unpack_inputs
+
+
+_RAISED_AT = "_thunder_subclass_raised_at"  # exception attribute: {id(interpreted frame): (file, line)}, innermost first
+
+
+def _set_implicit_context(e: BaseException, handled: BaseException) -> None:
+    # CPython's _PyErr_SetObject: the exception being handled becomes the new one's __context__, cutting a cycle
+    o = handled
+    while o is not None:
+        if o.__context__ is e:
+            o.__context__ = None
+            break
+        o = o.__context__
+    e.__context__ = handled
+
+
+def _note_raised(inst, frame, runtimectx) -> None:
+    e = runtimectx.curexc
+    if not isinstance(e, BaseException) or frame is None:
+        return
+    raised_at = e.__dict__.get(_RAISED_AT)
+    if raised_at is None:
+        handled = runtimectx.exception_stack[-1] if runtimectx.exception_stack else None
+        if isinstance(handled, BaseException) and handled is not e and e.__context__ is None:
+            _set_implicit_context(e, handled)
+        raised_at = e.__dict__[_RAISED_AT] = {}
+    key = id(frame)
+    if key not in raised_at:
+        positions = frame.positions
+        lineno = getattr(positions, "lineno", None) or frame.code.co_firstlineno
+        raised_at[key] = (frame.code.co_filename, lineno, positions)
+    elif inst.opname == "RERAISE":
+        frame.positions = raised_at[key][2]
+
+
+def _hook_compilectx_interpret(original):
+    # replaces thunder.core.interpreter.InterpreterCompileCtx.interpret (`return self._opcode_interpreter(inst,
+    # **state)`, called by _run_frame for every instruction). thunder adds an interpreted frame to an exception's
+    # traceback when the exception leaves the frame, at the line the frame is at then: after a `with` block's
+    # __exit__ or a `finally` block ran and re-raised (RERAISE), that is the `with` / `finally` line, not the line
+    # that raised (CPython records the line where the exception entered the frame). And an exception raised while
+    # another is handled (in __exit__, a `finally` or an `except` block) gets no __context__, so the first one was
+    # lost. For a plugin jit, the line where each exception first entered each frame is recorded (exception_source_
+    # lines), a RERAISE restores it as the frame's position, and the handled exception becomes __context__.
+    from thunder.core.interpreter import INTERPRETER_SIGNALS, get_interpreterruntimectx
+
+    exception_raised = INTERPRETER_SIGNALS.EXCEPTION_RAISED
+
+    def interpret(self, inst, /, **state):
+        result = self._opcode_interpreter(inst, **state)
+        if result is exception_raised and is_plugin_active():
+            _note_raised(inst, state.get("frame"), get_interpreterruntimectx())
+        return result
+
+    return interpret
+
+
+def exception_source_lines(e: BaseException) -> list[tuple[str, int]]:
+    """(file, line) where exception ``e`` entered each interpreted frame it passed through while a plugin jit traced,
+    innermost first (the line that raised, also when a ``with`` block or ``finally`` re-raised it later); empty when
+    it passed through none."""
+    return [(f, line) for f, line, _ in e.__dict__.get(_RAISED_AT, {}).values()]
+
+
 def hook_targets() -> list[tuple[Any, str, Callable]]:
     import thunder.clang as clang
     import thunder.core.interpreter as interpreter
@@ -689,12 +1123,21 @@ def hook_targets() -> list[tuple[Any, str, Callable]]:
     handlers = interpreter._default_opcode_handler_map
     tracking = interpreter._default_provenance_tracking_lookaside_map
     return [
+        (interpreter.InterpreterCompileCtx, "interpret", _hook_compilectx_interpret),
         (handlers, "IS_OP", _hook_comparison("is")),
         (handlers, "COMPARE_OP", _hook_comparison("==")),
         *((tracking, m, _hook_keyed_lookup) for m in (dict.__getitem__, dict.__contains__, dict.pop, dict.__delitem__)
           if m in tracking),
+        (tracking, list.insert, _hook_list_insert),
+        (tracking, list.clear, _hook_list_clear),
+        (tracking, list.remove, _hook_list_remove),
+        (tracking, list.sort, _hook_list_sort),
+        (tracking, list.count, _hook_sequence_count),
+        (tracking, tuple.count, _hook_sequence_count),
         (jit_ext, "Sequence", _hook_jit_ext_sequence),
         (clang, "_basic_indexing", _hook_basic_indexing),
         (jit_ext, "process_recorded_modifications", _hook_process_recorded_modifications),
+        (jit_ext, "unpack_inputs", _hook_unpack_inputs),
+        (jit_ext, "_infer_name_postfix_from_provenance", _hook_name_postfix),
         (jit_ext, "build_value_from_wrapped", _hook_build_value_from_wrapped),
     ]

@@ -6,7 +6,8 @@ fake run is pinned (:func:`pin_numbers`, called by ``thunder_subclass.fake`` whe
 numbers it is computed from get a value check in the prologue); sizes that only meet plain operations stay symbolic
 (transformers' DynamicCache length in decoding: one trace for every decode step). The hooks below fix what thunder
 0.2.6 itself gets wrong under symbolic values; each acts only for a plugin jit with that cache option:
-``jit_ext.unpack_inputs`` (parameters tagged ``STATIC_MEMORY_LOCATION``), ``StringProxy``'s comparison methods
+``jit_ext.unpack_inputs`` (parameters tagged ``STATIC_MEMORY_LOCATION``: :func:`unpacked_parameters_tagged`, entered
+by :mod:`.interpreter_fixes`' hook of it), ``StringProxy``'s comparison methods
 (inherited from ``Proxy``, which raises), and, through the ``general_jit_lookaside`` hook of :mod:`.tracing`,
 thunder's bool lookaside (a number input used only in a branch is guarded; thunder reuses a stale trace),
 list/tuple ``__getitem__`` with a number index, ``isinstance`` of a number proxy, ``len()`` whose ``__len__`` returns a
@@ -15,6 +16,7 @@ number proxy (pinned: transformers 5.x ``_PerLayerConfigView``).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -123,26 +125,25 @@ class _TaggingUnpackParameter:
         return getattr(self._sym, name)
 
 
-def _hook_unpack_inputs(original):
-    # wraps thunder.core.jit_ext.unpack_inputs. Under symbolic values a parameter's sizes have provenance
-    # `<param>.shape[i]`, so unpack_inputs unpacks the parameter as an intermediate (a fresh proxy) and then asserts
-    # it carries STATIC_MEMORY_LOCATION, which only the parameter's own proxy has: "Parameter was not tagged with
-    # STATIC_MEMORY_LOCATION" (thunder.jit(nn.Linear(4, 4), cache="symbolic values") fails in 0.2.6). While it runs
-    # for a plugin jit, prims.unpack_parameter tags its outputs.
-    @functools.wraps(original)
-    def unpack_inputs(*args, **kwargs):
-        import thunder.core.prims as prims
+@contextlib.contextmanager
+def unpacked_parameters_tagged():
+    """While thunder's ``jit_ext.unpack_inputs`` runs (its hook is :mod:`.interpreter_fixes`'s, which enters this).
+    Under symbolic values a parameter's sizes have provenance ``<param>.shape[i]``, so unpack_inputs unpacks the
+    parameter as an intermediate (a fresh proxy) and then asserts it carries STATIC_MEMORY_LOCATION, which only the
+    parameter's own proxy has: "Parameter was not tagged with STATIC_MEMORY_LOCATION" (``thunder.jit(nn.Linear(4, 4),
+    cache="symbolic values")`` fails in 0.2.6). For a plugin jit with symbolic values, ``prims.unpack_parameter``
+    tags its outputs meanwhile."""
+    import thunder.core.prims as prims
 
-        if not _symbolic_values_active():
-            return original(*args, **kwargs)
-        saved = prims.unpack_parameter
-        prims.unpack_parameter = _TaggingUnpackParameter(saved)
-        try:
-            return original(*args, **kwargs)
-        finally:
-            prims.unpack_parameter = saved
-
-    return unpack_inputs
+    if not _symbolic_values_active():
+        yield
+        return
+    saved = prims.unpack_parameter
+    prims.unpack_parameter = _TaggingUnpackParameter(saved)
+    try:
+        yield
+    finally:
+        prims.unpack_parameter = saved
 
 
 def _sequence_getitem_lookaside(original):
@@ -340,6 +341,5 @@ def hook_targets() -> list[tuple[Any, str, Callable]]:
     import thunder.core.proxies as proxies
 
     return [
-        (jit_ext, "unpack_inputs", _hook_unpack_inputs),
         *((proxies.StringProxy, name, _hook_string_proxy_method(name)) for name in _STRING_PROXY_METHODS),
     ]

@@ -9,7 +9,9 @@ Hooks (thunder 0.2.6 paths, relative to the installed ``thunder/``):
   interpretation: a torch-level symbol called with a subclass proxy is unrolled through ``__torch_dispatch__``
   (``Handlers.symbol_call``: ``thunder_subclass.interpretation``). Also where every grad rule puts a gradient
   (``prims.put_grad``): a gradient put for a 0-dim tensor with more dimensions than it is summed to its shape
-  (:func:`sum_to_scalar_grad`; a thunder 0.2.6 bug, see there).
+  (:func:`sum_to_scalar_grad`; a thunder 0.2.6 bug, see there). A symbol whose meta raises leaves no symbol scope
+  open (thunder pushes one before the meta and pops it after, without ``finally``; the next symbol then failed with
+  "A symbol ... was called while processing a primitive", replacing the original error).
 * ``core/jit_ext.py`` ``general_jit_lookaside`` — calls of a wrapper-subclass class (construction in traced code),
   ``isinstance`` and ``type`` on subclass proxies behave as in eager (``Handlers.lookaside``); then the lookasides of
   :mod:`.interpreter_fixes` and :mod:`.symbolic_values`. Two interpreter bugs of thunder 0.2.6 are worked around here
@@ -103,12 +105,12 @@ def _hook_symbol_call(original):
     # wraps thunder.core.symbol.Symbol.__call__
     from thunder.core.prims import PrimIDs
     from thunder.core.proxies import ComplexProxy, FloatProxy, IntegerProxy
+    from thunder.core.trace import get_tracectx
 
     put_grad_id = PrimIDs.PUT_GRAD
     number_proxy_types = (IntegerProxy, FloatProxy, ComplexProxy)
 
-    @functools.wraps(original)
-    def __call__(self, *args, **kwargs):
+    def call(self, args, kwargs):
         torch_level = is_torch_level_symbol(self)
         if self.id is put_grad_id and len(args) == 2 and is_plugin_active():
             args = (args[0], sum_to_scalar_grad(*args))
@@ -126,6 +128,21 @@ def _hook_symbol_call(original):
         if type(result) in number_proxy_types and result.value is not None and is_plugin_active():
             unknown_stays_unknown(args, kwargs, result)
         return result
+
+    @functools.wraps(original)
+    def __call__(self, *args, **kwargs):
+        trace = get_tracectx()
+        depth = len(trace.scopes) if trace is not None else 0
+        try:
+            return call(self, args, kwargs)
+        except BaseException:
+            # thunder's Symbol.__call__ pushes a symbol scope before running the meta and pops it after, without a
+            # `finally`: a meta that raises (nonzero's DynamicOutputShapeException) leaves the scope open, and the
+            # next symbol (torch.no_grad()'s __exit__ while the error propagates) fails on "A symbol ... was called
+            # while processing a primitive", which replaced the original error (plain thunder.jit too)
+            if trace is not None and len(trace.scopes) > depth and is_plugin_active():
+                del trace.scopes[depth:]
+            raise
 
     return __call__
 
