@@ -103,6 +103,11 @@ def _is_known_wrapper(w) -> bool:
     return cached is not None and cached[0]() is w
 
 
+def _exact(w, *types_) -> bool:
+    """``w`` is a wrapper of a value of exactly one of ``types_`` and the one the interpreter finds for it."""
+    return type(w) is _interp().WrappedValue and type(w.value) in types_ and _is_known_wrapper(w)
+
+
 def _tracking() -> bool:
     return is_plugin_active() and _interp().get_interpretercompilectx()._with_provenance_tracking
 
@@ -231,8 +236,8 @@ def _hook_store_subscr(original):
         # ``tos1[tos] = tos2``: thunder interprets ``impl`` calling the bound ``tos1.__setitem__``, which the
         # interpreter turns into the unbound method of the exact type; that call is made here for exact dicts/lists
         container = stack.getitem_wrapped(-2)
-        typ = type(interpreter.unwrap(container))
-        if (typ is dict or typ is list) and _tracking() and _is_known_wrapper(container):
+        if _exact(container, dict, list) and _tracking():
+            typ = type(container.value)
             tos = stack.pop_wrapped()
             tos1 = stack.pop_wrapped()
             tos2 = stack.pop_wrapped()
@@ -264,8 +269,7 @@ def _hook_sequence_iter(original):
 
     @functools.wraps(original)
     def sequence_iter(self):
-        if type(self) is interpreter.WrappedValue and type(self.value) in (list, tuple) and _tracking() \
-                and _is_known_wrapper(self):
+        if _exact(self, list, tuple) and _tracking():
             self.track_items()
             it = object.__new__(interpreter.SequenceIter)
             it.s = self.value
@@ -354,8 +358,8 @@ def _hook_next_lookaside(original):
 
 def _read_only_getattribute(typ: type) -> bool:
     """Every Python ``__getattribute__`` along ``typ``'s MRO is in ``_READ_ONLY_GETATTRIBUTE`` (and there is one)."""
-    import types
-
+    if type(typ.__getattribute__) is not types.FunctionType:  # object's or a C type's: most classes
+        return False
     found = False
     for klass in typ.__mro__:
         method = klass.__dict__.get("__getattribute__")
@@ -463,54 +467,52 @@ def _nested_code(fn, pred) -> Any:
     return None
 
 
-def _helper_table() -> dict:
-    """thunder's interpreted helper functions whose one call is made here directly: code object -> fast call (which
-    returns ``_NOT_HANDLED`` where thunder's interpreted helper must run)."""
+def _helper_table() -> tuple[dict, set]:
+    """thunder's interpreted helper functions whose calls are made here directly: code object -> fast call (which
+    returns ``_NOT_HANDLED`` where thunder's interpreted helper must run), and the fast calls that take keywords."""
+    import torch
+    from thunder.core.proxies import Proxy
+
     interpreter = _interp()
     handlers = interpreter._default_opcode_handler_map
-
-    def subscript(container, index):
-        return _fast_getitem(container, index)
-
-    def dict_update(a, b):  # ``lambda a, b: b.update(a)`` of DICT_MERGE
-        if type(b) is interpreter.WrappedValue and type(b.value) is dict and _is_known_wrapper(b):
-            return interpreter._interpret_call(dict.update, b, a)
-        return _NOT_HANDLED
-
-    def update_from_keys(self, other):  # dict.update's ``impl_other_keys``: ``for k in other.keys(): self[k] = other[k]``
-        W = interpreter.WrappedValue
-        if not (type(self) is W and type(other) is W and type(self.value) is dict and type(other.value) is dict
-                and _is_known_wrapper(self) and _is_known_wrapper(other)):
-            return _NOT_HANDLED
-        other.track_items()
-        for key in list(other.value):
-            wkey = other.key_wrappers[key]  # the key wrapper thunder's MappingKeysIterator gives
-            item = interpreter.MutMappingWrapperMethods.__getitem__(other, wkey)
-            if item is interpreter.INTERPRETER_SIGNALS.EXCEPTION_RAISED:
-                return item
-            res = interpreter._interpret_call(dict.__setitem__, self, wkey, item)
-            if res is interpreter.INTERPRETER_SIGNALS.EXCEPTION_RAISED:
-                return res
-        return interpreter.wrap_const(None)
-
-    def set_item(self, k, v):  # ``setitem`` of dict.update's keyword arguments: ``self[k] = v``
-        W = interpreter.WrappedValue
-        if type(self) is W and type(self.value) is dict and _is_known_wrapper(self):
-            return interpreter._interpret_call(dict.__setitem__, self, k, v)
-        return _NOT_HANDLED
 
     W = interpreter.WrappedValue
     raised = interpreter.INTERPRETER_SIGNALS.EXCEPTION_RAISED
     wrap_const = interpreter.wrap_const
-
-    import torch
-    from thunder.core.proxies import Proxy
 
     def plain_type(cls) -> bool:  # a class whose attribute reads are type's own (no metaclass __getattr__ etc.)
         return type(cls) is type or type(cls) is torch._C._TensorMeta
 
     def plain_object(v) -> bool:  # not a proxy (whose type() and methods thunder and the plugin answer) of such a class
         return not isinstance(v, Proxy) and plain_type(type(v)) and not isinstance(v, torch.Tensor)
+
+    def type_method(obj, name):  # ``obj.<name>`` as its class defines it, or None (none, or the instance shadows it)
+        if type(obj) is not W or not plain_object(obj.value) or name in getattr(obj.value, "__dict__", ()):
+            return None
+        return getattr(type(obj.value), name, None)
+
+    def subscript(container, index):
+        return _fast_getitem(container, index)
+
+    def dict_update(a, b):  # ``lambda a, b: b.update(a)`` of DICT_MERGE
+        return interpreter._interpret_call(dict.update, b, a) if _exact(b, dict) else _NOT_HANDLED
+
+    def update_from_keys(self, other):  # dict.update's ``impl_other_keys``: ``for k in other.keys(): self[k] = other[k]``
+        if not (_exact(self, dict) and _exact(other, dict)):
+            return _NOT_HANDLED
+        other.track_items()
+        for key in list(other.value):
+            wkey = other.key_wrappers[key]  # the key wrapper thunder's MappingKeysIterator gives
+            item = interpreter.MutMappingWrapperMethods.__getitem__(other, wkey)
+            if item is raised:
+                return item
+            res = interpreter._interpret_call(dict.__setitem__, self, wkey, item)
+            if res is raised:
+                return res
+        return wrap_const(None)
+
+    def set_item(self, k, v):  # ``setitem`` of dict.update's keyword arguments: ``self[k] = v``
+        return interpreter._interpret_call(dict.__setitem__, self, k, v) if _exact(self, dict) else _NOT_HANDLED
 
     def bound_method(fn, *args, **kwargs):  # ``_impl`` of a bound method call: ``fn.__func__(fn.__self__, ...)``
         if type(fn) is not W or not isinstance(fn.value, types.MethodType):
@@ -545,12 +547,14 @@ def _helper_table() -> dict:
         # ``partial_function.func(*partial_function.args, *args, **(partial_function.keywords | kwargs))``
         if type(partial_function) is not W or type(partial_function.value) is not functools.partial:
             return _NOT_HANDLED
-        parts = [interpreter._interpret_call(getattr, partial_function, wrap_const(n))
-                 for n in ("func", "args", "keywords")]
-        if any(p is raised for p in parts):
-            return next(p for p in parts if p is raised)
+        parts = []
+        for name in ("func", "args", "keywords"):
+            part = interpreter._interpret_call(getattr, partial_function, wrap_const(name))
+            if part is raised:
+                return part
+            parts.append(part)
         func, pargs, keywords = parts
-        if type(pargs.value) is not tuple or type(keywords.value) is not dict or not _is_known_wrapper(keywords):
+        if type(pargs.value) is not tuple or not _exact(keywords, dict):
             return _NOT_HANDLED
         pargs.track_items()
         keywords.track_items()
@@ -561,13 +565,12 @@ def _helper_table() -> dict:
         return interpreter._interpret_call(func, *items, *args, **merged)
 
     def length(obj):  # ``impl`` of ``len()``: ``obj.__len__()`` checked
-        if type(obj) is W and type(obj.value) in (list, tuple, dict) and _is_known_wrapper(obj):
+        if _exact(obj, list, tuple, dict):
             return interpreter._interpret_call(type(obj.value).__len__, obj)  # thunder's tracking __len__
         return _NOT_HANDLED
 
     def dict_or(self, other):  # ``impl`` of ``dict | other``: a copy updated with ``other``
-        if not (type(self) is W and type(other) is W and type(self.value) is dict and type(other.value) is dict
-                and _is_known_wrapper(self) and _is_known_wrapper(other)):
+        if not (_exact(self, dict) and _exact(other, dict)):
             return _NOT_HANDLED
         new = interpreter._interpret_call(dict.copy, self)
         if new is raised:
@@ -576,29 +579,21 @@ def _helper_table() -> dict:
         return res if res is raised else new
 
     def next_step(iterator):  # ``impl`` of ``next()``: ``iterator.__next__()``
-        if type(iterator) is not W or not plain_object(iterator.value):
-            return _NOT_HANDLED
-        method = getattr(type(iterator.value), "__next__", None)
-        if method is None or "__next__" in getattr(iterator.value, "__dict__", ()):
-            return _NOT_HANDLED
-        return interpreter._interpret_call(wrap_const(method), iterator)
+        method = type_method(iterator, "__next__")
+        return _NOT_HANDLED if method is None else interpreter._interpret_call(wrap_const(method), iterator)
 
     def getitem(obj, index):  # ``getitem_impl`` of BINARY_SUBSCR: ``obj.__getitem__(index)``
         res = _fast_getitem(obj, index)
-        if res is not _NOT_HANDLED or type(obj) is not W or not plain_object(obj.value):
+        if res is not _NOT_HANDLED:
             return res
-        method = getattr(type(obj.value), "__getitem__", None)
-        if method is None or "__getitem__" in getattr(obj.value, "__dict__", ()):
-            return _NOT_HANDLED
-        return interpreter._interpret_call(wrap_const(method), obj, index)
+        method = type_method(obj, "__getitem__")
+        return _NOT_HANDLED if method is None else interpreter._interpret_call(wrap_const(method), obj, index)
 
     def list_extend(l1, l2):  # ``lambda l1, l2: l1.extend(l2)`` of LIST_EXTEND
-        if type(l1) is interpreter.WrappedValue and type(l1.value) is list and _is_known_wrapper(l1):
-            return interpreter._interpret_call(list.extend, l1, l2)
-        return _NOT_HANDLED
+        return interpreter._interpret_call(list.extend, l1, l2) if _exact(l1, list) else _NOT_HANDLED
 
     def iter_of(obj):  # ``nosentinel_impl`` of ``iter()``: ``obj.__iter__()``
-        if type(obj) is interpreter.WrappedValue and type(obj.value) in (list, tuple, dict) and _is_known_wrapper(obj):
+        if _exact(obj, list, tuple, dict):
             return interpreter._interpret_call(type(obj.value).__iter__, obj)
         return _NOT_HANDLED
 
@@ -626,7 +621,7 @@ def _helper_table() -> dict:
         _nested_code(_unhooked(handlers["BINARY_SUBSCR"]), lambda c: c.co_name == "getitem_impl"): getitem,
     }
     found.pop(None, None)
-    return found
+    return found, {bound_method, partial_call}
 
 
 def _unhooked(fn):
@@ -634,8 +629,7 @@ def _unhooked(fn):
 
 
 def _hook_interpret_call(original):
-    table = _helper_table()
-    takes_keywords = {fast for fast in table.values() if fast.__name__ in ("bound_method", "partial_call")}
+    table, takes_keywords = _helper_table()
 
     @functools.wraps(original)
     def _interpret_call(fn, /, *args, **kwargs):
