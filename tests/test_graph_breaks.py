@@ -17,12 +17,17 @@ from subclasses import TwoTensor
 
 def _item_branch(x, w):
     y = x * w
-    if y.sum().item() > 0:  # the break
+    if y.sum().item() > 0:  # speculated: traced once per branch, the value checked by the prologue
         return y * 2
     return y - 1
 
 
-_ITEM_LINE = _item_branch.__code__.co_firstlineno + 2
+def _mask_rows(x, w):
+    y = x * w
+    return y[y > 0] * 2  # the break: a shape that depends on data
+
+
+_MASK_LINE = _mask_rows.__code__.co_firstlineno + 2
 
 
 def _two_tensor(sign):
@@ -30,15 +35,11 @@ def _two_tensor(sign):
     return TwoTensor(a, a.detach().clone().requires_grad_())
 
 
-@pytest.mark.parametrize("sign", [1.0, -1.0])  # both branches
-def test_item_branch_on_twotensor_runs_eagerly_equal_to_eager(sign):
+def _assert_same_training(jf, f, sign):
     x, w = _two_tensor(sign), torch.rand(3, requires_grad=True)
     ex, ew = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
-    jf = thunder_subclass.jit(_item_branch)
-    with pytest.warns(GraphBreakWarning, match=rf"ran as 0 compiled region.*\n.*test_graph_breaks\.py:{_ITEM_LINE}: "
-                                               r"UnsupportedSubclassOperationError: torch\.Tensor\.item on TwoTensor"):
-        out = jf(x, w)
-    expected = _item_branch(ex, ew)
+    out = jf(x, w)
+    expected = f(ex, ew)
     assert type(out) is TwoTensor
     torch.testing.assert_close(out.a, expected.a)
     torch.testing.assert_close(out.b, expected.b)
@@ -47,33 +48,53 @@ def test_item_branch_on_twotensor_runs_eagerly_equal_to_eager(sign):
     assert type(x.grad) is TwoTensor
     torch.testing.assert_close(x.grad.a, ex.grad.a)
     torch.testing.assert_close(w.grad, ew.grad)
+
+
+def test_item_branch_on_twotensor_is_one_program_per_branch():
+    jf = thunder_subclass.jit(_item_branch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GraphBreakWarning)
+        for sign in (1.0, 1.0, -1.0, -1.0, 1.0):
+            _assert_same_training(jf, _item_branch, sign)
+    assert jf.graph_breaks.breaks == [] and list(jf.graph_breaks.regions) == [""]
+    assert thunder.cache_misses(jf) == 2 and thunder.cache_hits(jf) == 3  # one trace per branch
+    assert "check_speculation" in str(thunder.last_prologue_traces(jf)[-1])
+    assert "ltorch.mul(y, 2)" in str(thunder.last_traces(jf)[0])  # the branch taken for a positive sum
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_data_dependent_shape_on_twotensor_runs_eagerly_equal_to_eager(sign):
+    jf = thunder_subclass.jit(_mask_rows)
+    with pytest.warns(GraphBreakWarning, match=rf"ran as 0 compiled region.*\n.*test_graph_breaks\.py:{_MASK_LINE}: "
+                                               r"UnsupportedSubclassOperationError: torch\.Tensor\.__getitem__ on TwoTensor"):
+        _assert_same_training(jf, _mask_rows, sign)
     report = jf.graph_breaks
-    assert [(b.name, b.location) for b in report.breaks] == [("", f"{__file__}:{_ITEM_LINE}")]
+    assert [(b.name, b.location) for b in report.breaks] == [("", f"{__file__}:{_MASK_LINE}")]
     assert report.regions == {}
     with warnings.catch_warnings():
         warnings.simplefilter("error", GraphBreakWarning)  # once per break location
-        jf(x, w)
+        _assert_same_training(jf, _mask_rows, sign)
     assert thunder.cache_misses(jf) == 1  # the decision is cached: the same signature is not traced again
 
 
 def test_fullgraph_keeps_the_typed_error():
     x, w = _two_tensor(1.0), torch.rand(3)
     with pytest.raises(UnsupportedSubclassOperationError,
-                       match=rf"torch\.Tensor\.item on TwoTensor at .*test_graph_breaks\.py:{_ITEM_LINE} makes a "
-                             r"data-dependent computation"):
-        thunder_subclass.jit(_item_branch, fullgraph=True)(x, w)
-    assert not hasattr(thunder_subclass.jit(_item_branch, fullgraph=True), "graph_breaks")
+                       match=rf"torch\.Tensor\.__getitem__ on TwoTensor at .*test_graph_breaks\.py:{_MASK_LINE} "
+                             r"makes a data-dependent computation"):
+        thunder_subclass.jit(_mask_rows, fullgraph=True)(x, w)
+    assert not hasattr(thunder_subclass.jit(_mask_rows, fullgraph=True), "graph_breaks")
 
 
 def test_another_signature_is_traced_again():
     def f(x, check: bool):
-        if check and x.sum() > 0:  # data-dependent only when check is True
-            return x * 2
+        if check:  # data-dependent only when check is True
+            return x[x > 0] * 2
         return x + 1
 
     jf = thunder_subclass.jit(f)
     x = torch.randn(5)
-    with pytest.warns(GraphBreakWarning, match=r"casting a TensorProxy to a Python boolean"):
+    with pytest.warns(GraphBreakWarning, match=r"boolean advanced indexing"):
         torch.testing.assert_close(jf(x, True), f(x, True))
     assert len(jf.graph_breaks.breaks) == 1
     torch.testing.assert_close(jf(x, False), f(x, False))
@@ -175,14 +196,12 @@ def test_a_subclass_output_crosses_the_break_as_a_subclass():
 
         def forward(self, t):
             u = self.scale(t)
-            if u.sum() > 0:  # the break, on the region's TwoTensor output
-                return self.scale(u)
-            return u
+            return self.scale(u[u > 0])  # the break, on the region's TwoTensor output
 
     x = TwoTensor(torch.rand(3), torch.rand(3))
     m = M()
     jm = thunder_subclass.jit(m)
-    with pytest.warns(GraphBreakWarning, match=r"casting a SubclassTensorProxy to a Python boolean"):
+    with pytest.warns(GraphBreakWarning, match=r"torch\.Tensor\.__getitem__ on TwoTensor"):
         out = jm(x)
     expected = m(x)
     assert type(out) is TwoTensor
@@ -338,31 +357,30 @@ def _input_ids(batch=2, seq=8):
     return torch.randint(0, 256, (batch, seq), generator=torch.Generator().manual_seed(1))
 
 
-def test_llama_with_dynamic_rope_forward_and_generate():
+def test_llama_with_dynamic_rope_forward_and_generate_is_one_program():
+    # `if torch.max(position_ids) + 1 > self.max_seq_len_cached:` (transformers' dynamic RoPE update) is speculated:
+    # the whole forward is one trace whose prologue checks the comparison (torch.compile: 6 graphs, 6 breaks)
     model = _llama_dynamic_rope()
     ids = _input_ids()
     with torch.no_grad():
         expected_logits = model(ids).logits
         expected_tokens = model.generate(ids, do_sample=False, pad_token_id=0, max_new_tokens=2)
-    with pytest.raises(NotImplementedError, match=r"casting a TensorProxy to a Python boolean is not supported "
-                                                  r"\(data dependency\)"):
-        with torch.no_grad():
-            thunder_subclass.jit(model.forward, fullgraph=True)(ids)
+    with torch.no_grad():
+        torch.testing.assert_close(thunder_subclass.jit(model.forward, fullgraph=True)(ids).logits,
+                                   expected_logits)
     # the compiled forward plugged into generate, as users of generate do
     model.forward = jforward = thunder_subclass.jit(model.forward)
-    with torch.no_grad(), pytest.warns(GraphBreakWarning, match=r"modeling_rope_utils\.py:\d+: NotImplementedError: "
-                                                               r"casting a TensorProxy to a Python boolean"):
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error", GraphBreakWarning)
         torch.testing.assert_close(jforward(ids).logits, expected_logits)
-    report = jforward.graph_breaks
-    assert [b.name for b in report.breaks] == ["", "model", "model.rotary_emb"]
-    assert list(report.regions) == ["model.embed_tokens", "model.layers.0", "model.norm", "lm_head"]
-    assert "Int8Tensor[" in str(thunder.last_traces(report.regions["model.layers.0"])[0])
-    with torch.no_grad():
         tokens = model.generate(ids, do_sample=False, pad_token_id=0, max_new_tokens=2)
     assert torch.equal(tokens, expected_tokens)
-    # the break decisions are cached across sizes: the whole forward was tried once for the plain call above and once
-    # for generate's calls (prefill and decode steps pass arguments of the same kinds, only sizes differ)
-    assert thunder.cache_misses(jforward) == 2
+    assert list(jforward.graph_breaks.regions) == [""] and jforward.graph_breaks.breaks == []
+    reasons = thunder_subclass.explain_recompiles(jforward)
+    assert thunder.cache_misses(jforward) <= 3, reasons  # forward; generate's prefill; its decode steps (symbolic)
+    prologue = str(thunder.last_prologue_traces(jforward)[0])
+    assert "check_speculation(" in prologue  # max_seq_len_cached and position_ids: the inputs the branch reads
+    assert "Int8Tensor[" in str(thunder.last_traces(jforward)[0])
 
 
 def _eager_experts(config_name, model_name, **sizes):
@@ -434,21 +452,38 @@ def test_router_normalisation_gradient_equal_to_eager():
     torch.testing.assert_close(jw.grad, ew.grad)
 
 
-def test_a_branch_on_item_of_a_plain_tensor_is_a_break_not_a_baked_branch():
+def test_a_branch_on_item_of_a_plain_tensor_is_guarded_not_baked():
     # thunder 0.2.6 gives x.sum().item() no value while tracing, and `n > 0` a made-up one (False): the trace took
-    # the else branch for every input, silently (plain thunder.jit too)
+    # the else branch for every input, silently (plain thunder.jit too). Here the value is computed while tracing
+    # and checked by the prologue: the other branch is a cache miss and a trace of its own
     def f(x):
         n = x.sum().item()
         if n * 2 > 1:
             return x * 2
         return x - 1
 
+    jf = thunder_subclass.jit(f, fullgraph=True)
+    for x in (torch.ones(3), -torch.ones(3), 2 * torch.ones(3), -2 * torch.ones(3)):
+        torch.testing.assert_close(jf(x), f(x))
+    assert thunder.cache_misses(jf) == 2 and thunder.cache_hits(jf) == 2
+    (reason,) = thunder_subclass.explain_recompiles(jf)[-1:]  # the miss of -1s: the entry made for 1s said why
+    assert re.search(r"test_graph_breaks\.py:\d+ \(number of data\) was True when traced and is False now", reason)
+
+
+def test_a_value_that_changes_every_call_stops_being_speculated_and_breaks():
+    def f(x):
+        n = int(x.sum())  # a new value on every call
+        return x * n
+
     jf = thunder_subclass.jit(f)
-    with pytest.warns(thunder_subclass.GraphBreakWarning, match="data dependency"):
-        torch.testing.assert_close(jf(torch.ones(3)), f(torch.ones(3)))
-    torch.testing.assert_close(jf(-torch.ones(3)), f(-torch.ones(3)))
-    with pytest.raises(NotImplementedError, match=r"computed from tensor data .* Python bool is not supported"):
-        thunder_subclass.jit(f, fullgraph=True)(torch.ones(3))
+    calls = thunder_subclass.speculation.SPECULATION_LIMIT + 2
+    with pytest.warns(GraphBreakWarning, match=r"the value at .*test_graph_breaks\.py:\d+ \(int of a value computed "
+                                               r"from tensor data\) took 4 different values"):
+        for i in range(calls):
+            x = torch.full((3,), float(i))
+            torch.testing.assert_close(jf(x), f(x))
+    assert thunder.cache_misses(jf) == thunder_subclass.speculation.SPECULATION_LIMIT + 1  # 4 traces, 1 failed
+    assert len(jf.graph_breaks.breaks) == 1
 
 
 def test_an_item_used_as_a_number_in_tensor_code_still_compiles():

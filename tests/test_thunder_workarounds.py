@@ -501,18 +501,22 @@ def test_list_methods_on_a_list_made_in_the_compiled_function():
         thunder.jit(f)(torch.ones(2), 0)
 
 
-def test_sorting_tensors_compares_their_values_so_it_is_a_graph_break():
+def test_sorting_tensors_compares_their_values_which_the_trace_speculates_on_and_guards():
     def f(lst, x):
         lst.sort(key=lambda t: t.sum())
         return x * lst[0]
 
     a, b = torch.tensor([3.0]), torch.tensor([1.0])
-    with pytest.warns(thunder_subclass.GraphBreakWarning, match=r"data dependency"):
-        out = thunder_subclass.jit(f)(jit_list := [a, b], torch.ones(1))
+    jf = thunder_subclass.jit(f, fullgraph=True)  # one program: the comparison's value is checked by the prologue
+    out = jf(jit_list := [a, b], torch.ones(1))
     torch.testing.assert_close(out, torch.ones(1))
     assert jit_list[0] is b and jit_list[1] is a
-    with pytest.raises(NotImplementedError, match=r"data dependency"):
-        thunder_subclass.jit(f, fullgraph=True)([a, b], torch.ones(1))
+    c, d = torch.tensor([2.0]), torch.tensor([5.0])  # already sorted: a cache miss, not the first trace's answer
+    torch.testing.assert_close(jf(jit_list := [c, d], 3 * torch.ones(1)), 6 * torch.ones(1))
+    assert jit_list[0] is c and jit_list[1] is d
+    assert thunder.cache_misses(jf) == 2
+    torch.testing.assert_close(jf(jit_list := [d, c], torch.ones(1)), 2 * torch.ones(1))  # the first trace again
+    assert jit_list[0] is c and thunder.cache_misses(jf) == 2
 
 
 # attribute writes through a C-level __setattr__ other than object's (types.SimpleNamespace): thunder 0.2.6 took the

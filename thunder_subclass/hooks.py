@@ -43,6 +43,7 @@ from thunder_subclass import (
     hf,
     interpretation,
     module_calls,
+    speculation,
     tangents,
     torch_function,
 )
@@ -56,9 +57,12 @@ __all__ = ["install", "uninstall", "is_installed"]
 
 
 def _proxify(jit_ctx, value, original):
-    if torch_function.is_torch_function_subclass_value(value.value):
+    real = value.value
+    if torch_function.is_torch_function_subclass_value(real):
         return torch_function.proxify_typed_input(jit_ctx, value, original)
-    return guards.proxify_input(jit_ctx, value, original)
+    p = guards.proxify_input(jit_ctx, value, original)
+    speculation.record_input(p, real)
+    return p
 
 
 def _symbol_call(sym, args: tuple, kwargs: dict):
@@ -78,6 +82,10 @@ def _symbol_call(sym, args: tuple, kwargs: dict):
         located = type(e).__new__(type(e), f"{e} (the tensor is an argument of {sym.name} at {location})")
         located.__dict__.update(e.__dict__)
         raise located from e
+    value = speculation.item_of_subclass(sym, args, kwargs)
+    if value is not speculation.NOT_SPECULATED:
+        return value
+    speculation.refuse_unknown_numbers(sym, args, kwargs)
     guards.require_no_dispatch_mode(f"{sym.name} on {subclass_names(args, kwargs)}")
     if autocast_in_effect():  # what autocast casts is recorded with the call, also for its backward
         return autograd.record_symbol_call_under_autocast(sym, args, kwargs)
@@ -103,7 +111,8 @@ def _update_aliases(args: tuple, kwargs: dict):
 
 def _lookaside(fn, wrapped_args: tuple):
     return (
-        module_calls.call_impl_lookaside(fn, wrapped_args)
+        speculation.lookaside(fn, wrapped_args)
+        or module_calls.call_impl_lookaside(fn, wrapped_args)
         or autograd.function_apply_lookaside(fn, wrapped_args)
         or distributed.lookaside(fn, wrapped_args)
         or autograd.torch_api_lookaside(fn, wrapped_args)

@@ -359,16 +359,28 @@ class _Builder:
 
 
 def fuse_prologue_checks(trace):
-    """``trace`` (a prologue) with its fusible checks replaced by one ``check_prologue`` before its return."""
-    builder, kept = _Builder(), []
+    """``trace`` (a prologue) with its fusible checks replaced by one ``check_prologue`` before its return, and the
+    checks of speculated values (``thunder_subclass.speculation``: they run operations on the inputs) after every
+    other check, so that an input of another type or shape is rejected before they run."""
+    builder, kept, speculated = _Builder(), [], []
     for bsym in trace.bound_symbols:
-        if not builder.add(bsym):
+        if bsym.sym.name == "check_speculation":
+            speculated.append(bsym)
+        elif not builder.add(bsym):
             kept.append(bsym)
-    if builder.checks < 2 or not kept or kept[-1].sym.id != _P.RETURN:
+    if not kept or kept[-1].sym.id != _P.RETURN:
         return trace
+    if builder.checks < 2:
+        if not speculated:
+            return trace
+        new = from_trace(trace)
+        new.bound_symbols = [b for b in trace.bound_symbols if b.sym.name != "check_speculation"]
+        new.bound_symbols[-1:-1] = speculated
+        return new
     checks = builder.build()
     new = from_trace(trace)
-    new.bound_symbols = [*kept[:-1], check_prologue.bind(tuple(builder.values), checks, output=None), kept[-1]]
+    new.bound_symbols = [*kept[:-1], check_prologue.bind(tuple(builder.values), checks, output=None), *speculated,
+                         kept[-1]]
     new.set_provenance(TraceProvenance(f"Fused {builder.checks} prologue checks (thunder_subclass)"))
     return new
 

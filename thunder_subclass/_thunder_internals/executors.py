@@ -67,12 +67,16 @@ def torch_compile_fusible_symbols() -> dict[Any, tuple[Any, Any]]:
     return types.MappingProxyType(_torch_compile_fusible)
 
 
-def region_callable(bsyms, inputs, outputs, name: str) -> Callable:
+def region_callable(bsyms, inputs, outputs, name: str, *, transform: Callable | None = None,
+                    executors: tuple = ()) -> Callable:
     """A Python function ``name(*inputs) -> list(outputs)`` running a fusion region's bound symbols with thunder's
     torch executor. thunder 0.2.6 has no public API for this: its torch_compile executor builds the same kind of
     function in ``executors/torch_compile.py`` ``make_compiled`` (a ``TraceCtx`` whose arguments are unpacked
     trivially, the region's symbols, a return; lowered by ``transform_for_execution`` with the torch executor) and
-    hands it to ``torch.compile``; here it is made for inductor alone (``compile_with_inductor``)."""
+    hands it to ``torch.compile``; here it is made for inductor alone (``compile_with_inductor``). ``transform``
+    (a function of the trace) runs before lowering, and ``executors`` are tried before thunder's torch executor and
+    its Python executor (for operations on Python numbers): how :mod:`thunder_subclass.speculation` compiles the
+    operations a speculated value depends on (the flatten pass, then the plugin's executor)."""
     from thunder.core import prims
     from thunder.core.codeutils import SigInfo
     from thunder.core.trace import TraceCtx, tracectx
@@ -95,7 +99,14 @@ def region_callable(bsyms, inputs, outputs, name: str) -> Callable:
                     trace.add_name(o.name)
     trace._siginfo = SigInfo(name)
     trace._siginfo.args = [(p.name, None) for p in inputs]
-    lowered = transform_for_execution(trace, executors_list=(torch_ex,))
+    if transform is not None:
+        trace = transform(trace)
+    if executors:
+        from thunder.executors.pythonex import ex as python_ex
+
+        lowered = transform_for_execution(trace, executors_list=(*executors, torch_ex, python_ex))
+    else:
+        lowered = transform_for_execution(trace, executors_list=(torch_ex,))
     return lowered.python_callable(include_decorators=False)
 
 

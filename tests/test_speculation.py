@@ -1,0 +1,149 @@
+"""Branches on tensor values traced as one program (``thunder_subclass.speculation``): the value is computed while
+tracing, the branch it picks is traced, and the prologue checks the value on every call; what is not speculated
+breaks the graph as before."""
+
+import warnings
+
+import pytest
+import thunder
+import torch
+
+import thunder_subclass
+from thunder_subclass import GraphBreakWarning, disk_cache
+from subclasses import TwoTensor
+
+
+def _no_breaks():
+    ctx = warnings.catch_warnings()
+    ctx.__enter__()
+    warnings.simplefilter("error", GraphBreakWarning)
+    return ctx
+
+
+def test_bool_int_float_index_of_tensors_are_guarded_per_value():
+    def f(x, y):
+        n = int(y.sum())  # an integer tensor's value
+        if float(x.max()) > 0.5 and int(x.argmax()) == 1:
+            return x * n
+        return x - n
+
+    jf = thunder_subclass.jit(f, fullgraph=True)
+    calls = [(torch.tensor([0.0, 0.9, 0.1]), torch.tensor([1, 1])), (torch.tensor([0.0, 0.9, 0.1]), torch.tensor([1, 1])),
+             (torch.tensor([0.9, 0.0, 0.1]), torch.tensor([1, 1])), (torch.tensor([0.0, 0.9, 0.1]), torch.tensor([0, 1]))]
+    for x, y in calls:
+        torch.testing.assert_close(jf(x, y), f(x, y))
+    assert thunder.cache_misses(jf) == 3 and thunder.cache_hits(jf) == 1
+    prologue = thunder.last_prologue_traces(jf)[-1]
+    names = [b.sym.name for b in prologue.bound_symbols]
+    assert names.count("check_speculation") == 3  # int, float, int: each its own check
+    # after the other checks: an input of another type or shape is rejected before the values are computed
+    assert names.index("check_speculation") > max(i for i, n in enumerate(names) if n.startswith("check_")
+                                                    and n != "check_speculation")
+
+
+def test_speculated_values_of_a_subclass_trace_with_grads_equal_to_eager():
+    def f(x, w):
+        y = x * w
+        if y.sum() > 0:  # bool of a TwoTensor
+            return (y * 2).sum()
+        return (y - 1).sum()
+
+    jf = thunder_subclass.jit(f, fullgraph=True)
+    for sign in (1.0, -1.0, 1.0):
+        a = sign * torch.rand(3, 2) + 0.1 * sign
+        x, w = TwoTensor(a, a.clone()), torch.rand(2, requires_grad=True)
+        ew = w.detach().clone().requires_grad_()
+        jf(x, w).backward()
+        f(x, ew).backward()
+        torch.testing.assert_close(w.grad, ew.grad)
+    assert thunder.cache_misses(jf) == 2
+
+
+def test_in_place_or_random_operations_before_the_value_are_not_speculated():
+    def in_place(x):
+        y = x.clone()
+        y.add_(1)  # would change a value in the prologue's computation: not speculated
+        if y.sum() > 0:
+            return y * 2
+        return y
+
+    def random(x):
+        if (x + torch.rand(())).sum() > 0:  # running it in the prologue would draw numbers: not speculated
+            return x * 2
+        return x
+
+    for f in (in_place, random):
+        with pytest.raises(NotImplementedError, match=r"casting a TensorProxy to a Python boolean is not supported "
+                                                      r"\(data dependency\)"):
+            thunder_subclass.jit(f, fullgraph=True)(torch.ones(3))
+    jf = thunder_subclass.jit(in_place)
+    with pytest.warns(GraphBreakWarning, match=r"data dependency"):
+        torch.testing.assert_close(jf(torch.ones(3)), in_place(torch.ones(3)))
+    assert jf.graph_breaks.regions == {}
+
+
+def test_a_number_from_a_subclass_item_used_by_a_subclass_operation_is_a_break():
+    def f(x):
+        s = x.sum().item()
+        return x * s  # TwoTensor's dispatch runs on fakes: it needs the number
+
+    x = TwoTensor(torch.rand(3), torch.rand(3))
+    with pytest.raises(NotImplementedError, match=r"mul on TwoTensor at .*test_speculation\.py:\d+ takes f\d+, a number "
+                                                  r"computed from tensor data"):
+        thunder_subclass.jit(f, fullgraph=True)(x)
+    jf = thunder_subclass.jit(f)
+    with pytest.warns(GraphBreakWarning):
+        out = jf(x)
+    assert type(out) is TwoTensor
+    torch.testing.assert_close(out.a, f(x).a)
+
+
+def test_symbolic_values_read_numbers_from_the_inputs():
+    def f(x, limit: int):
+        if x.sum() > limit:  # an int input (a number proxy under symbolic values) and tensor data
+            return x * 2
+        return x - 1
+
+    jf = thunder_subclass.jit(f, cache="symbolic values", fullgraph=True)
+    for n, limit in ((3, 2), (5, 2), (4, 100), (6, 100), (2, 1)):
+        x = torch.ones(n)
+        torch.testing.assert_close(jf(x, limit), f(x, limit))
+    assert thunder.cache_misses(jf) == 2  # one trace per branch, for every size and limit
+
+
+@pytest.fixture
+def disk(tmp_path):
+    config = thunder_subclass.config
+    saved = (config.disk_cache, config.disk_cache_dir)
+    config.disk_cache, config.disk_cache_dir = True, str(tmp_path / "cache")
+    disk_cache.reset_disk_cache_stats()
+    try:
+        yield tmp_path / "cache"
+    finally:
+        config.disk_cache, config.disk_cache_dir = saved
+        disk_cache.reset_disk_cache_stats()
+
+
+def _branchy(x, w):
+    y = x * w
+    if y.sum().item() > 0:
+        return y * 2
+    return y - 1
+
+
+def test_an_entry_with_a_speculated_value_is_not_stored_on_disk(disk):
+    # its check holds the operations to compute the value, whose functions are not stored: the entry is traced in
+    # each process (never loaded without its check)
+    w = torch.rand(3)
+    pos, neg = TwoTensor(torch.rand(2, 3), torch.rand(2, 3)), TwoTensor(-torch.rand(2, 3), -torch.rand(2, 3))
+    with torch.no_grad():
+        thunder_subclass.jit(_branchy)(pos, w)
+        stats = disk_cache.disk_cache_stats()
+        assert stats["stores"] == 0 and stats["not_storable"] == 1
+        assert "SpeculationSpec" in stats["why_not_storable"][-1]
+        jf = thunder_subclass.jit(_branchy)
+        for x in (pos, neg):
+            out = jf(x, w)
+            torch.testing.assert_close(out.a, _branchy(x, w).a)
+            torch.testing.assert_close(out.b, _branchy(x, w).b)
+    assert thunder.cache_misses(jf) == 2 and disk_cache.disk_cache_stats()["hits"] == 0
