@@ -369,7 +369,8 @@ def _scaled_views(x, y):
 
 
 def _symbols(trace) -> list[str]:
-    return [f"{bsym.sym.name}{tuple(str(a) for a in bsym.flat_args)}{sorted(bsym.kwargs)}" for bsym in trace.bound_symbols]
+    return [f"{bsym.sym.name}{tuple(str(a) for a in bsym.flat_args)}{sorted(bsym.kwargs)}"
+            for bsym in trace.bound_symbols]
 
 
 def test_thunders_dtensor_dispatch_wrapper_is_called_through_not_interpreted():

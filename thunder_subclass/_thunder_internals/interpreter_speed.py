@@ -74,6 +74,7 @@ them (198 per further layer; 685 and 272 before the DTensor dispatch wrapper and
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 import sys
 import types
@@ -196,8 +197,6 @@ def _compares_natively(v) -> bool:
     member's name): a str/number/None; a class whose metaclass keeps C ``__eq__``/``__hash__``; an enum member
     whose class keeps a C ``__eq__`` and a C or ``Enum``'s ``__hash__``. Only ``type(v)`` is looked at (no
     ``isinstance``: it may read ``v.__class__`` through a Python ``__getattribute__``)."""
-    import enum
-
     typ = type(v)
     if typ in _SIMPLE:
         return True
