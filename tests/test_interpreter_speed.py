@@ -5,6 +5,8 @@ eager does, and are guarded as before (a changed Python input is a cache miss)."
 
 from __future__ import annotations
 
+import enum
+
 import thunder
 import torch
 from torch.testing import assert_close
@@ -35,7 +37,7 @@ def test_every_helper_of_thunder_0_2_6_is_recognised():
     thunder_subclass.jit(lambda x: x)  # installs the hooks
     import thunder.core.interpreter as interpreter
 
-    assert interpreter._interpret_call.fast_helpers == 15
+    assert interpreter._interpret_call.fast_helpers == 16
     assert interpreter.globals_lookup.__wrapped__ is not None
 
 
@@ -355,3 +357,106 @@ def test_uninstall_restores_thunders_handlers_and_plain_thunder_runs_loops():
     finally:
         thunder_subclass.jit(lambda x: x)  # installs again
     assert getattr(interpreter._default_opcode_handler_map["FOR_ITER"], "_thunder_subclass_hook", False)
+
+
+def _scaled_views(x, y):
+    z = x + y
+    z = z * 2
+    z = z.reshape(-1, 2)
+    z = z.transpose(dim0=0, dim1=1)
+    z = z.add(y.reshape(3, -1).transpose(0, 1), alpha=0.5)
+    return torch.exp(-z)
+
+
+def _symbols(trace) -> list[str]:
+    return [f"{bsym.sym.name}{tuple(str(a) for a in bsym.flat_args)}{sorted(bsym.kwargs)}"
+            for bsym in trace.bound_symbols]
+
+
+def test_thunders_dtensor_dispatch_wrapper_is_called_through_not_interpreted():
+    # thunder 0.2.6 registers `dispatch_to_impl.<locals>.wrapper` for add, mul, reshape, transpose, exp, neg, ...;
+    # tensor methods reach it as interpreted Python (plain thunder.jit runs it frame by frame below)
+    x, y = torch.randn(2, 3), torch.randn(2, 3)
+    plain = thunder.jit(_scaled_views)
+    with _InterpretedFrames() as frames:
+        assert_close(plain(x, y), _scaled_views(x, y))
+    assert frames.counts["dispatch_to_impl.<locals>.wrapper"] >= 4
+
+    jfn = thunder_subclass.jit(_scaled_views)
+    with _InterpretedFrames() as frames:
+        assert_close(jfn(x, y), _scaled_views(x, y))
+    assert frames.counts["dispatch_to_impl.<locals>.wrapper"] == 0
+    assert frames.counts["tree_flatten"] == 0
+    # the symbols (with their keywords) the interpreted wrapper called, on the same arguments
+    assert _symbols(thunder.last_traces(jfn)[0]) == _symbols(thunder.last_traces(plain)[0])
+    # the trace names the user's line where the interpreted wrapper's own line was recorded
+    source = str(thunder.last_traces(jfn)[0])
+    assert "z = z.transpose(dim0=0, dim1=1)" in source and "dtensor_torch_and_prims" not in source
+    assert "dtensor_torch_and_prims" in str(thunder.last_traces(plain)[0])
+
+    tx, ty = _tt(2, 3), _tt(2, 3)
+    jsub = thunder_subclass.jit(_scaled_views)
+    with _InterpretedFrames() as frames:
+        out = jsub(tx, ty)
+    expected = _scaled_views(tx, ty)
+    assert type(out) is type(expected) is TwoTensor
+    assert_close(out.a, expected.a)
+    assert_close(out.b, expected.b)
+    assert frames.counts["dispatch_to_impl.<locals>.wrapper"] == 0
+    names = [bsym.sym.name for bsym in thunder.last_traces(jsub)[0].bound_symbols]
+    assert [n for n in names if n in ("add", "mul", "reshape", "transpose", "neg", "exp")] == \
+        ["add", "mul", "reshape", "transpose", "reshape", "transpose", "add", "neg", "exp"]
+
+
+class _Mode(enum.Enum):
+    A = 1
+    B = 2
+    C = 3
+
+
+class _StrMode(str, enum.Enum):  # str's __eq__ and __hash__ (transformers' ExplicitEnum)
+    X = "x"
+    Y = "y"
+
+
+class _LooseMode(enum.Enum):  # a Python __eq__: thunder's interpreted path decides
+    P = 1
+    Q = 2
+
+    def __eq__(self, other):
+        return self is other or other == self.value
+
+    __hash__ = enum.Enum.__hash__
+
+
+def _memberships(x, mode, kind, loose):
+    found = [
+        type(x) in {TwoTensor, int},
+        type(x) in {float, int},
+        type(x) not in {float, list},
+        type(kind) in {float, str},
+        kind in (str, int),
+        int in (str, kind, None),
+        mode in (_Mode.A, _Mode.B),
+        mode not in [_Mode.B, _Mode.C],
+        mode in {_Mode.C},
+        _StrMode.X in (_StrMode.Y, "x"),
+        _StrMode.Y in (1, None, _Mode.A),
+    ]
+    looses = [loose in (_LooseMode.Q, 1), loose not in (2,)]
+    return x * sum(2 ** i for i, f in enumerate(found) if f), found, looses
+
+
+def test_classes_and_enum_members_are_found_natively_with_pythons_answer():
+    jfn = thunder_subclass.jit(_memberships)
+    x = _tt(2)
+    for mode, kind, loose in [(_Mode.A, int, _LooseMode.P), (_Mode.C, float, _LooseMode.Q),
+                              (_Mode.B, str, _LooseMode.P)]:
+        expected = _memberships(x, mode, kind, loose)
+        with _InterpretedFrames() as frames:
+            out, found, looses = jfn(x, mode, kind, loose)
+        assert (found, looses) == (expected[1], expected[2])
+        assert_close(out, expected[0])
+        # only the two `in`s on the enum with a Python __eq__ interpret thunder's `impl`
+        assert frames.counts["_contains_op_handler.<locals>.impl"] == 2
+    assert thunder.cache_misses(jfn) == 3  # each mode/kind is guarded: a new one is a new trace

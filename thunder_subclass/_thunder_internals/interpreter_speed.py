@@ -27,8 +27,11 @@ would find for the object, no provenance tracking, no plugin jit tracing) goes t
   :mod:`.tracing`) run as Python: their results depend on the argument's class only, and they call no user code.
 * ``core/interpreter.py`` ``_default_opcode_handler_map["CONTAINS_OP"]`` — the item and the container go to
   ``Handlers.compared`` first (membership is decided natively: the plugin guards input objects among them); ``x in d``
-  for an exact dict through its tracking ``__contains__``; a set, frozenset, str, or list/tuple of str/number/None for
-  a str/number/None item natively (no element can run Python code in the comparison).
+  for an exact dict through its tracking ``__contains__``; natively, for an item whose ``==`` and ``hash`` run no
+  Python code (a str/number/None; a class whose metaclass keeps C ``__eq__``/``__hash__``: ``type(x) in {...}``;
+  an enum member whose class keeps a C ``__eq__`` and a C or ``enum.Enum``'s ``__hash__``: transformers'
+  ``deprecate_kwarg`` wrapper tests ``Action`` members on every call), a set or frozenset, a list/tuple all of whose
+  elements are such values too, or a str for a str item. Tensors, proxies and other objects: thunder's handler.
 * ``core/interpreter.py`` ``_default_opcode_handler_map["FOR_ITER"]`` and ``_default_lookaside_map[next]`` — a step
   of a ``SequenceIter`` over an exact ``list``/``tuple`` that is not past its end reads the item through the
   sequence wrapper and advances the position natively; a step of a ``MappingKeysIterator`` calls its own lookaside
@@ -37,7 +40,14 @@ would find for the object, no provenance tracking, no plugin jit tracing) goes t
 * ``core/interpreter.py`` ``_interpret_call`` — thunder's own helper functions, recognised by their code objects
   (``_helper_table``: subscripts, dict merges/updates/``|``, list extends, ``iter``/``next``, ``len``, bound method
   calls, ``functools.partial`` calls, the binary operators' ``outofplace_impl``), are replaced by the calls each
-  makes, for the types listed at each (``docs/internals.md`` lists them); other arguments run the helper.
+  makes, for the types listed at each (``docs/internals.md`` lists them); other arguments run the helper. Among them
+  ``torch/experimental/dtensor_torch_and_prims.py`` ``dispatch_to_impl.<locals>.wrapper``, thunder's DTensor-aware
+  function for ``add``, ``mul``, ``reshape``, ``transpose``, ``linear``, ``exp``, ``neg``, ``reciprocal``, ``silu``
+  (tensor methods reach it as interpreted Python): which of its two closure symbols its body would call is decided
+  natively (thunder's ``tree_flatten`` of the unwrapped arguments, the same ``TensorProxy``/``DTensorProxy`` tests:
+  in the interpreted body too these run natively, inside optree and ``filter``/``map``), and that symbol is called
+  through the interpreter with the same wrapped arguments; symbols it records name the user's source line (the
+  interpreted wrapper's own line was recorded before). A flatten that raises runs the wrapper.
 
 Attribute reads that thunder runs as interpreted Python calls (through the ``general_jit_lookaside`` hook of
 :mod:`.tracing`, :func:`speed_lookaside`):
@@ -56,13 +66,15 @@ Attribute reads that thunder runs as interpreted Python calls (through the ``gen
   guards an attribute's absence). Other values (objects a property makes, methods, tensors) and any other exception:
   interpreted.
 
-Measured on a tiny int8 Llama (1 decoder layer, first call): interpreted frames 35,338 before these paths, 685 with
-them (272 per further layer); see ``benchmarks/bench_cold_start.py`` for times.
+Measured on a tiny int8 Llama (1 decoder layer, first call): interpreted frames 35,338 before these paths, 590 with
+them (198 per further layer; 685 and 272 before the DTensor dispatch wrapper and the class/enum ``in`` paths); see
+``benchmarks/bench_cold_start.py`` for times.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 import sys
 import types
@@ -171,6 +183,29 @@ def fast_getitem(container, index):
 
 _SIMPLE = (str, int, bool, float, type(None))
 
+# the C implementations a class can inherit for ``__eq__`` / ``__hash__`` (slot wrappers of builtin types, builtin
+# methods): calling them runs no Python code
+_NATIVE_METHOD_TYPES = (types.WrapperDescriptorType, types.MethodDescriptorType, types.BuiltinFunctionType)
+
+
+def _is_native_method(method, *pure) -> bool:
+    return type(method) in _NATIVE_METHOD_TYPES or any(method is p for p in pure)
+
+
+def _compares_natively(v) -> bool:
+    """``v == other`` and ``hash(v)`` run no Python code (other than ``enum.Enum.__hash__``, which hashes the
+    member's name): a str/number/None; a class whose metaclass keeps C ``__eq__``/``__hash__``; an enum member
+    whose class keeps a C ``__eq__`` and a C or ``Enum``'s ``__hash__``. Only ``type(v)`` is looked at (no
+    ``isinstance``: it may read ``v.__class__`` through a Python ``__getattribute__``)."""
+    typ = type(v)
+    if typ in _SIMPLE:
+        return True
+    if issubclass(typ, type):  # a class: compared and hashed by its metaclass
+        return _is_native_method(typ.__eq__) and _is_native_method(typ.__hash__)
+    if issubclass(typ, enum.Enum):
+        return _is_native_method(typ.__eq__) and _is_native_method(typ.__hash__, enum.Enum.__hash__)
+    return False
+
 
 def _hook_contains_op(original):
     interpreter = _interp()
@@ -184,15 +219,16 @@ def _hook_contains_op(original):
             plugin_state.handlers.compared("in", getattr(item, "value", item), getattr(container, "value", container))
         res = _NOT_HANDLED
         if type(container) is interpreter.WrappedValue and type(item) is interpreter.WrappedValue \
-                and type(item.value) in _SIMPLE and _tracking():
+                and _compares_natively(item.value) and _tracking():
             value, typ = container.value, type(container.value)
             if typ is dict and _is_known_wrapper(container):
                 # the provenance-tracking dict.__contains__ the interpreted ``impl`` ends in
                 res = interpreter.MutMappingWrapperMethods.__contains__(container, item)
             elif (typ is set or typ is frozenset) or (
-                (typ is tuple or typ is list) and all(type(v) in _SIMPLE for v in value)
+                (typ is tuple or typ is list) and all(_compares_natively(v) for v in value)
             ):
-                # no element can run Python code when compared with a str/number/None: the answer is Python's
+                # no element can run Python code when compared with such an item (thunder's path calls a set's
+                # C ``__contains__`` opaquely, so its elements are compared natively there too): Python's answer
                 res = interpreter.wrap_const(item.value in value)
             elif typ is str and type(item.value) is str:
                 res = interpreter.wrap_const(item.value in value)
@@ -467,9 +503,57 @@ def _nested_code(fn, pred) -> Any:
     return None
 
 
-def _helper_table() -> tuple[dict, set]:
+def _dtensor_dispatch_helper() -> tuple[Any, Callable] | None:
+    """The code object of thunder's DTensor-aware dispatch ``wrapper`` and its fast call, or None where this thunder
+    has no such wrapper (or one whose closure or globals are not the ones read here)."""
+    try:
+        import thunder.torch.experimental.dtensor_torch_and_prims as dtensor_ops
+        from thunder.core import pytree
+        from thunder.core.proxies import TensorProxy
+        from thunder.torch.experimental.dtensor_proxy import DTensorProxy
+    except ImportError:
+        return None
+    dispatch_to_impl = getattr(dtensor_ops, "dispatch_to_impl", None)
+    if type(dispatch_to_impl) is not types.FunctionType:
+        return None
+    code = _nested_code(dispatch_to_impl, lambda c: c.co_name == "wrapper")
+    if code is None or set(code.co_freevars) != {"single_device_symbol", "dtensor_symbol"}:
+        return None
+    # the names the wrapper's body reads from its module (builtins it calls must not be shadowed there)
+    expected_globals = {"tree_flatten": pytree.tree_flatten, "TensorProxy": TensorProxy, "DTensorProxy": DTensorProxy}
+    builtin_names = ("list", "filter", "map", "all", "isinstance")
+    interpreter = _interp()
+
+    def dispatch(fn, *args, **kwargs):
+        # the wrapper's body: ``single_device_symbol(*args, **kwargs)`` unless the flattened arguments hold tensor
+        # proxies that are all DTensorProxies; thunder's interpreted ``tree_flatten`` ends in optree's C flatten of
+        # the unwrapped values, and ``filter``/``map`` run its isinstance lambdas natively (opaque builtins), so the
+        # choice is made here the same way, and the symbol is called with the same wrapped arguments
+        if fn.__code__ is not code or fn.__closure__ is None:
+            return _NOT_HANDLED
+        g = fn.__globals__
+        if any(g.get(k) is not v for k, v in expected_globals.items()) or any(n in g for n in builtin_names):
+            return _NOT_HANDLED
+        try:
+            leaves = pytree.tree_flatten((tuple(a.value for a in args), {k: v.value for k, v in kwargs.items()}))[0]
+            tensors = [t for t in leaves if isinstance(t, TensorProxy)]
+            on_dtensors = bool(tensors) and all(isinstance(t, DTensorProxy) for t in tensors)
+        except Exception:  # noqa: BLE001 - the interpreted body raises it where the program would
+            return _NOT_HANDLED
+        cells = dict(zip(fn.__code__.co_freevars, fn.__closure__))
+        try:
+            symbol = cells["dtensor_symbol" if on_dtensors else "single_device_symbol"].cell_contents
+        except ValueError:  # an empty cell
+            return _NOT_HANDLED
+        return interpreter._interpret_call(symbol, *args, **kwargs)
+
+    return code, dispatch
+
+
+def _helper_table() -> tuple[dict, set, set]:
     """thunder's interpreted helper functions whose calls are made here directly: code object -> fast call (which
-    returns ``_NOT_HANDLED`` where thunder's interpreted helper must run), and the fast calls that take keywords."""
+    returns ``_NOT_HANDLED`` where thunder's interpreted helper must run), the fast calls that take keywords, and
+    those that take the called function first (to read its closure)."""
     import torch
     from thunder.core.proxies import Proxy
 
@@ -620,8 +704,14 @@ def _helper_table() -> tuple[dict, set]:
         _nested_code(interpreter._next_lookaside, lambda c: c.co_name == "impl"): next_step,
         _nested_code(_unhooked(handlers["BINARY_SUBSCR"]), lambda c: c.co_name == "getitem_impl"): getitem,
     }
+    takes_function = set()
+    dtensor_dispatch = _dtensor_dispatch_helper()
+    if dtensor_dispatch is not None:
+        code, dispatch = dtensor_dispatch
+        found[code] = dispatch
+        takes_function.add(dispatch)
     found.pop(None, None)
-    return found, {bound_method, partial_call}
+    return found, {bound_method, partial_call, *takes_function}, takes_function
 
 
 def _unhooked(fn):
@@ -629,13 +719,16 @@ def _unhooked(fn):
 
 
 def _hook_interpret_call(original):
-    table, takes_keywords = _helper_table()
+    table, takes_keywords, takes_function = _helper_table()
+    WrappedValue = _interp().WrappedValue
+    FunctionType = types.FunctionType
 
     @functools.wraps(original)
     def _interpret_call(fn, /, *args, **kwargs):
-        fast = table.get(getattr(fn, "__code__", None))
+        func = fn.value if type(fn) is WrappedValue else fn  # a function read in traced code comes wrapped
+        fast = table.get(func.__code__) if type(func) is FunctionType else None
         if fast is not None and (not kwargs or fast in takes_keywords) and _tracking():
-            res = fast(*args, **kwargs)
+            res = fast(func, *args, **kwargs) if fast in takes_function else fast(*args, **kwargs)
             if res is not _NOT_HANDLED:
                 return res
         return original(fn, *args, **kwargs)
