@@ -370,18 +370,17 @@ def fuse_prologue_checks(trace):
             kept.append(bsym)
     if not kept or kept[-1].sym.id != _P.RETURN:
         return trace
-    if builder.checks < 2:
-        if not speculated:
-            return trace
-        new = from_trace(trace)
-        new.bound_symbols = [b for b in trace.bound_symbols if b.sym.name != "check_speculation"]
-        new.bound_symbols[-1:-1] = speculated
-        return new
-    checks = builder.build()
+    fused = builder.checks >= 2
+    if fused:
+        body = [*kept[:-1], check_prologue.bind(tuple(builder.values), builder.build(), output=None)]
+    elif speculated:
+        body = [b for b in trace.bound_symbols[:-1] if b.sym.name != "check_speculation"]
+    else:
+        return trace
     new = from_trace(trace)
-    new.bound_symbols = [*kept[:-1], check_prologue.bind(tuple(builder.values), checks, output=None), *speculated,
-                         kept[-1]]
-    new.set_provenance(TraceProvenance(f"Fused {builder.checks} prologue checks (thunder_subclass)"))
+    new.bound_symbols = [*body, *speculated, kept[-1]]
+    if fused:
+        new.set_provenance(TraceProvenance(f"Fused {builder.checks} prologue checks (thunder_subclass)"))
     return new
 
 

@@ -26,6 +26,7 @@ that already speculated :data:`SPECULATION_LIMIT` values for the compiled functi
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 from collections.abc import Callable
@@ -160,13 +161,9 @@ class SpeculationSpec:
 
 
 def _no_autocast():
-    import contextlib
+    from thunder_subclass.fake import autocast_context
 
-    stack = contextlib.ExitStack()
-    for device in ("cpu", "cuda"):
-        if torch.is_autocast_enabled(device):
-            stack.enter_context(torch.autocast(device, enabled=False))
-    return stack
+    return autocast_context(())  # autocast off on every device, whatever the caller's state
 
 
 def _result_leaves(result) -> list:
@@ -290,7 +287,7 @@ def _slice(target, trace, real_inputs: dict) -> tuple | None:
     had before the change (thunder makes operations functional only after tracing), so the operations a value depends
     on are not those of its producers alone (an input, or a view of it, changed before the branch would give the
     prologue's value of the unchanged one)."""
-    if any(_is_unsafe(b, random=False) for b in trace.bound_symbols):
+    if _thunder_internals.trace_recorded(functools.partial(_is_unsafe, random=False), "in_place_scan"):
         return None
     producers = {}
     for i, bsym in enumerate(trace.bound_symbols):
@@ -406,7 +403,6 @@ def speculate(target, conversion: str) -> Any:
     # (the spec first: thunder compares a new constraint with each earlier one item by item, and a tuple of tensor
     # proxies compared with another would record an `==` operation)
     jit_ctx.add_constraint((check_speculation, spec, tuple(real_inputs[n][0] for n in inputs)))
-    state.setdefault("speculations", []).append(spec)
     return value
 
 

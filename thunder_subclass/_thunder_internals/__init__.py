@@ -87,6 +87,7 @@ from thunder_subclass._thunder_internals.symbolic_values import (  # noqa: F401
     symbolic_values_lookaside,
 )
 from thunder_subclass._thunder_internals.thunder_state import (  # noqa: F401
+    trace_recorded,
     trace_wrote_integer_tensors,
     attribute_provenance,
     call_in_epilogue,

@@ -835,31 +835,26 @@ def _count_impl(seq, value):
     return n
 
 
-def _hook_list_remove(original):
-    # replaces thunder's list.remove lookaside (MutSequenceWrapperMethods.remove: "Sequence.remove, please file an issue")
-    def remove(self, x, /):
-        if not is_plugin_active():
-            return original(self, x)
-        from thunder.core.interpreter import _interpret_call, wrap_const
+def _interpreted_method(impl):
+    """A hook replacing one of thunder's sequence method lookasides (one that raises "please file an issue") by
+    ``impl`` interpreted on the sequence's wrapper, for plugin jits."""
+    def hook(original):
+        def method(self, x, /):
+            if not is_plugin_active():
+                return original(self, x)
+            from thunder.core.interpreter import _interpret_call, wrap_const
 
-        self.track_items()
-        return _interpret_call(wrap_const(_remove_impl), self, x)
+            self.track_items()
+            return _interpret_call(wrap_const(impl), self, x)
 
-    return remove
+        return method
+
+    return hook
 
 
-def _hook_sequence_count(original):
-    # replaces thunder's list.count / tuple.count lookaside (SequenceWrapperMethods.count: "Sequence.count, please
-    # file an issue")
-    def count(self, x, /):
-        if not is_plugin_active():
-            return original(self, x)
-        from thunder.core.interpreter import _interpret_call, wrap_const
-
-        self.track_items()
-        return _interpret_call(wrap_const(_count_impl), self, x)
-
-    return count
+# list.remove (MutSequenceWrapperMethods.remove) and list.count / tuple.count (SequenceWrapperMethods.count)
+_hook_list_remove = _interpreted_method(_remove_impl)
+_hook_sequence_count = _interpreted_method(_count_impl)
 
 
 def _is_less(a, b):

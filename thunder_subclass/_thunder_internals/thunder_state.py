@@ -172,17 +172,12 @@ def trace_wrote_integer_tensors() -> bool:
     """Whether the trace being interpreted has recorded, so far, an operation that changes an integer tensor in place
     (thunder's ``_is_inplace_op``, in every open scope and their subsymbols): after ``o[1] = 4`` on an offsets input
     the proxy ``o`` still stands for the input (thunder renames later uses only after tracing), so its values as
-    passed are no longer what later operations read. The scan state lives in :func:`jit_state`.
-    True when no trace is being interpreted (nothing is known then)."""
+    passed are no longer what later operations read. True when no trace is being interpreted (nothing is known
+    then)."""
     from thunder.core.proxies import TensorProxy
-    from thunder.core.trace import get_tracectx
     from thunder.core.update_aliases import _is_inplace_op
 
     import thunder.core.dtypes as dtypes
-
-    trace, state = get_tracectx(), jit_state()
-    if trace is None or state is None:
-        return True
 
     def writes_integer(bsym) -> bool:
         if _is_inplace_op(bsym):
@@ -191,15 +186,27 @@ def trace_wrote_integer_tensors() -> bool:
                 return True
         return any(writes_integer(sub) for sub in bsym.subsymbols)
 
-    # the trace's top-level list grows as it is interpreted: scanned once per symbol (the scan state: that list, how
-    # far, whether found); the open inner scopes (an operation being recorded) are short and scanned whole
+    return trace_recorded(writes_integer, "inplace_integer_scan")
+
+
+def trace_recorded(predicate, key: str) -> bool:
+    """Whether the trace being interpreted has recorded, so far, a bound symbol for which ``predicate`` holds, in
+    every open scope (``predicate`` looks into subsymbols itself). True when no trace is being interpreted. The
+    top-level list grows as it is interpreted: it is scanned once per symbol, the scan state kept under ``key`` in
+    :func:`jit_state` (one key per predicate); the open inner scopes (an operation being recorded) are short and
+    scanned whole."""
+    from thunder.core.trace import get_tracectx
+
+    trace, state = get_tracectx(), jit_state()
+    if trace is None or state is None:
+        return True
     top = trace.scopes[0]
-    scanned_list, done, found = state.get("inplace_integer_scan", (None, 0, False))
+    scanned_list, done, found = state.get(key, (None, 0, False))
     if scanned_list is not top:
         done, found = 0, False
-    found = found or any(writes_integer(b) for b in top[done:])
-    state["inplace_integer_scan"] = (top, len(top), found)
-    return found or any(writes_integer(b) for scope in trace.scopes[1:] for b in scope)
+    found = found or any(predicate(b) for b in top[done:])
+    state[key] = (top, len(top), found)
+    return found or any(predicate(b) for scope in trace.scopes[1:] for b in scope)
 
 
 def trace_state(trace=None) -> dict | None:
