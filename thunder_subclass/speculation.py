@@ -54,13 +54,17 @@ _CONVERSIONS: dict[str, Callable[[Any], Any]] = {
     "number": lambda n: n,
 }
 
+def _convert_number(v, numbertype):
+    return numbertype(v)
+
+
 # thunder symbols on Python numbers (a number proxy from .item() compared, added, ...) -> the Python operation
 _NUMBER_OPS: dict[str, Callable] = {
     "add": operator.add, "sub": operator.sub, "mul": operator.mul, "true_divide": operator.truediv,
     "div": operator.truediv, "floor_divide": operator.floordiv, "mod": operator.mod, "pow": operator.pow,
     "eq": operator.eq, "ne": operator.ne, "lt": operator.lt, "le": operator.le, "gt": operator.gt,
     "ge": operator.ge, "neg": operator.neg, "abs": abs, "bitwise_and": operator.and_, "bitwise_or": operator.or_,
-    "bitwise_xor": operator.xor, "logical_not": operator.not_, "convert_element_type": lambda v, dtype: dtype(v),
+    "bitwise_xor": operator.xor, "logical_not": operator.not_, "convert_element_type": _convert_number,
 }
 
 _BINARY = frozenset({"add", "sub", "mul", "true_divide", "div", "eq", "ne", "lt", "le", "gt", "ge"})
