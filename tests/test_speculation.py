@@ -146,3 +146,23 @@ def test_a_speculated_entry_loaded_from_disk_keeps_its_check(disk):
     stats = disk_cache.disk_cache_stats()
     assert stats["hits"] == 1 and stats["rejected"] == 1 and stats["stores"] == 2
     assert thunder.cache_misses(jf) == 2
+
+
+def test_tracing_keeps_no_reference_to_the_arguments():
+    import gc
+    import weakref
+
+    def f(x):
+        if x.sum() > 0:  # the slice starts from the call's real arguments while tracing
+            return x * 2
+        return x - 1
+
+    jf = thunder_subclass.jit(f)
+    x = torch.rand(1000)
+    ref = weakref.ref(x)
+    torch.testing.assert_close(jf(x), f(x))
+    del x
+    gc.collect()
+    assert ref() is None
+    torch.testing.assert_close(jf(-torch.ones(3)), f(-torch.ones(3)))  # the speculation itself still works
+    assert thunder.cache_misses(jf) == 2

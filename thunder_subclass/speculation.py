@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 import math
 import operator
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -75,10 +76,23 @@ _RANDOM_NAMES = ("rand", "randn", "randint", "randperm", "bernoulli", "multinomi
 
 def record_input(p, real) -> None:
     """Input proxy ``p`` of the trace being interpreted stands for the real object ``real`` (called when inputs are
-    proxified): what a slice starts from."""
+    proxified): what a slice starts from. Held weakly where it can be (a tensor): the state outlives the trace, and
+    must not keep the call's arguments alive."""
     state = _thunder_internals.jit_state()
     if state is not None and isinstance(p, Proxy):
-        state.setdefault("real_inputs", {})[p.name] = (p, real)
+        state.setdefault("real_inputs", {})[p.name] = (p, _held(real))
+
+
+def _held(value) -> Callable[[], Any]:
+    """A callable giving ``value`` back: a weak reference where ``value`` takes one."""
+    try:
+        return weakref.ref(value)
+    except TypeError:  # a number, a string: small, held as it is
+        return lambda: value
+
+
+def _real_values(real_inputs: dict, names) -> list:
+    return [real_inputs[n][1]() for n in names]
 
 
 class _Step:
@@ -318,7 +332,7 @@ def _slice(target, trace, real_inputs: dict) -> tuple | None:
         if i is None and name in number_inputs:
             # a number read from the inputs (cache="symbolic values": a proxy the prologue unpacks, e.g. a module's
             # int attribute)
-            real_inputs = {**real_inputs, name: (number_inputs[name], number_inputs[name].value)}
+            real_inputs = {**real_inputs, name: (number_inputs[name], _held(number_inputs[name].value))}
             extra[name] = real_inputs[name]
             inputs.append(name)
             continue
@@ -356,7 +370,7 @@ def _compile(spec: SpeculationSpec, bsyms: list, real_inputs: dict, target) -> N
             bsyms, [real_inputs[n][0] for n in spec.inputs], [target], "speculated_value",
             transform=flatten_subclasses, executors=(subclass_executor,))
         with torch.no_grad(), _no_autocast():
-            value = _CONVERSIONS[spec.conversion](fn(*[real_inputs[n][1] for n in spec.inputs])[0])
+            value = _CONVERSIONS[spec.conversion](fn(*_real_values(real_inputs, spec.inputs))[0])
     except Exception:  # noqa: BLE001 - the eager steps stay
         return
     if _same_value(value, spec.expected):
@@ -396,7 +410,7 @@ def speculate(target, conversion: str) -> Any:
         from thunder_subclass.fake import real_execution
 
         with real_execution():
-            value = spec.evaluate([real_inputs[n][1] for n in inputs])
+            value = spec.evaluate(_real_values(real_inputs, inputs))
     except Exception:  # noqa: BLE001 - the slice cannot run eagerly here: not speculated
         return NOT_SPECULATED
     if not isinstance(value, (bool, int, float)) or isinstance(value, complex):
