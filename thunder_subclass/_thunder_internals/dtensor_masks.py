@@ -121,11 +121,9 @@ def _journaled(original: Callable) -> Callable:
     return hook
 
 
-def own_mask_buffers(ctx: Any, after: dict, memo: dict) -> Any:
-    """``ctx`` (a flatten context a fake run's result gave) with each ``_MaskPartial`` that is not already a traced
-    value's replaced by a copy whose buffer is its own, in the state ``after`` says the run left it (else its current
-    state). ``memo`` (``id(placement) -> copy``, one per run) makes the results of one run share a copy where they
-    share a placement. Unchanged objects are returned as they are."""
+def _map_mask_partials(ctx: Any, fn) -> Any:
+    """``ctx`` (a flatten context) with ``fn(p)`` in place of each ``_MaskPartial`` ``p`` in it (in tuples, lists and a
+    ``DTensorSpec``'s placements, rebuilt where something changed). Unchanged objects are returned as they are."""
     classes = _mask_partial_classes()
     if classes is None:
         return ctx
@@ -133,49 +131,52 @@ def own_mask_buffers(ctx: Any, after: dict, memo: dict) -> Any:
 
     def visit(x):
         if isinstance(x, mask_partial):
-            buffer = x.mask_buffer
-            if getattr(buffer, _OWNED, False):
-                return x
-            owned = memo.get(id(x))
-            if owned is None:
-                own = type(buffer)()
-                own.data, own.refcount = after.get(id(buffer), (buffer.data, buffer.refcount))
-                setattr(own, _OWNED, True)
-                # (copy.copy keeps only reduce_op: torch 2.13's placements are pybind11 objects)
-                owned = type(x)(reduce_op=x.reduce_op, mask_buffer=own, offset_shape=x.offset_shape,
-                                offset_dim=x.offset_dim)
-                memo[id(x)] = owned
-                memo.setdefault("_keep", []).append(x)  # ids stay unique while the memo lives
-            return owned
+            return fn(x)
         if type(x) in (tuple, list):
             new = [visit(v) for v in x]
             return x if all(a is b for a, b in zip(new, x)) else type(x)(new)
-        if dataclasses.is_dataclass(x) and not isinstance(x, type) and type(x).__name__ == "DTensorSpec":
-            placements = visit(x.placements)  # older torch: the spec itself is in the flatten context
-            return x if placements is x.placements else dataclasses.replace(x, placements=placements)
+        if type(x).__name__ == "DTensorSpec" and not isinstance(x, type):  # older torch: the spec is in the context
+            old = getattr(x, "placements", ())
+            placements = visit(old)
+            if placements is old or not dataclasses.is_dataclass(x):
+                return x
+            return dataclasses.replace(x, placements=placements)
         return x
 
     return visit(ctx)
 
 
+def own_mask_buffers(ctx: Any, after: dict, memo: dict) -> Any:
+    """``ctx`` (a flatten context a fake run's result gave) with each ``_MaskPartial`` that is not already a traced
+    value's replaced by a copy whose buffer is its own, in the state ``after`` says the run left it (else its current
+    state). ``memo`` (``id(placement) -> copy``, one per run) makes the results of one run share a copy where they
+    share a placement. Unchanged objects are returned as they are."""
+
+    def own(x):
+        buffer = x.mask_buffer
+        if getattr(buffer, _OWNED, False):
+            return x
+        owned = memo.get(id(x))
+        if owned is None:
+            own_buffer = type(buffer)()
+            own_buffer.data, own_buffer.refcount = after.get(id(buffer), (buffer.data, buffer.refcount))
+            setattr(own_buffer, _OWNED, True)
+            # (copy.copy keeps only reduce_op: torch 2.13's placements are pybind11 objects)
+            owned = type(x)(reduce_op=x.reduce_op, mask_buffer=own_buffer, offset_shape=x.offset_shape,
+                            offset_dim=x.offset_dim)
+            memo[id(x)] = owned
+            memo.setdefault("_keep", []).append(x)  # ids stay unique while the memo lives
+        return owned
+
+    return _map_mask_partials(ctx, own)
+
+
 def holds_mask(ctx: Any, *, unreduced: bool = True) -> bool:
     """Whether ``ctx`` holds a ``_MaskPartial`` whose buffer holds a mask (a value of ``embedding`` on a row-sharded
     weight not reduced yet); with ``unreduced=False``, any ``_MaskPartial``."""
-    classes = _mask_partial_classes()
-    if classes is None:
-        return False
-    mask_partial, _ = classes
-
-    def visit(x):
-        if isinstance(x, mask_partial):
-            return x.mask_buffer.data is not None or not unreduced
-        if type(x) in (tuple, list):
-            return any(visit(v) for v in x)
-        if type(x).__name__ == "DTensorSpec":
-            return visit(getattr(x, "placements", ()))
-        return False
-
-    return visit(ctx)
+    found = []
+    _map_mask_partials(ctx, lambda p: found.append(p) or p)
+    return any(p.mask_buffer.data is not None or not unreduced for p in found)
 
 
 def hook_targets() -> list[tuple[Any, str, Callable]]:
