@@ -51,7 +51,7 @@ SPECULATION_LIMIT = 4
 NOT_SPECULATED = object()
 
 _CONVERSIONS: dict[str, Callable[[Any], Any]] = {
-    "bool": bool, "int": int, "float": float, "index": operator.index, "item": lambda t: t.item(),
+    "bool": bool, "int": int, "float": float, "index": operator.index,
     "number": lambda n: n,
 }
 
