@@ -5,7 +5,9 @@ Hooks (thunder 0.2.6 paths, relative to the installed ``thunder/``):
 * ``executors/passes.py`` ``_transform_for_operator_executor_execution`` — the point after autograd and before
   executors claim operations (looked up at call time by ``thunder/__init__.py`` and by ``transform_for_execution``):
   subclass-level bound symbols are replaced by their flat subsymbols (``Handlers.before_executors``:
-  ``thunder_subclass.flatten``). In thunder 0.2.6 ``grad_transform_on_trace`` builds one joint forward+backward trace
+  ``thunder_subclass.flatten``). Its call from ``apply_transforms_and_build_cache_entry`` made only for
+  ``maybe_sort_waits`` returns the trace unchanged when it holds no distributed ``wait`` (:mod:`.transform_speed`).
+  In thunder 0.2.6 ``grad_transform_on_trace`` builds one joint forward+backward trace
   before this point, so the pass sees (and flattens) forward and backward together, before
   ``split_into_forward_and_backward``.
 * ``transforms/autodiff.py`` ``grad_transform_on_trace`` — gradients reach inputs changed in place, whose new
@@ -45,7 +47,7 @@ from typing import Any
 
 import torch
 
-from thunder_subclass._thunder_internals import plugin_state
+from thunder_subclass._thunder_internals import plugin_state, transform_speed
 from thunder_subclass._thunder_internals.plugin_state import (
     NOT_HANDLED,
     is_plugin_active,
@@ -57,6 +59,8 @@ def _hook_operator_executor_execution(original):
     # wraps thunder.executors.passes._transform_for_operator_executor_execution
     @functools.wraps(original)
     def _transform_for_operator_executor_execution(trace, executors_list):
+        if is_plugin_active() and transform_speed.is_sort_waits_probe() and not transform_speed.may_hold_waits(trace):
+            return trace  # a result maybe_sort_waits would discard (see transform_speed)
         if plugin_state.handlers is not None and plugin_state.handlers.executor in executors_list:
             trace = plugin_state.handlers.before_executors(trace)
         return original(trace, executors_list)

@@ -21,6 +21,7 @@ from thunder_subclass._thunder_internals import (
     runtime,
     symbolic_values,
     tracing,
+    transform_speed,
 )
 from thunder_subclass._thunder_internals.executors import (
     register_torch_compile_fusible,
@@ -41,6 +42,7 @@ def _targets() -> list[tuple[Any, str, Callable]]:
         *interpreter_speed.hook_targets(),
         *symbolic_values.hook_targets(),
         *dtensor_masks.hook_targets(),
+        *transform_speed.hook_targets(),
     ]
 
 

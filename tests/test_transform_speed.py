@@ -1,0 +1,170 @@
+"""Trace-building fast paths (``_thunder_internals.transform_speed``) give thunder's results: the one-pass
+``tree_flatten_with_dataclass`` gives thunder's leaves, spec, registrations and errors; the indexed
+``add_constraint`` keeps exactly the constraints thunder's duplicate scan keeps; the executors' pass made only for
+``maybe_sort_waits`` is skipped when nothing could become a distributed ``wait``."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import sys
+import types
+
+import pytest
+import thunder
+import torch
+from torch.testing import assert_close
+from torch.testing._internal.two_tensor import TwoTensor
+
+import thunder_subclass
+from thunder_subclass._thunder_internals import transform_speed
+
+
+def _original(owner, name):
+    thunder_subclass.install_hooks()
+    return sys.modules["thunder_subclass._thunder_internals.install"]._originals[(id(owner), name)][2]
+
+
+@dataclasses.dataclass
+class _Inner:
+    a: object
+    b: object
+
+
+@dataclasses.dataclass
+class _Outer:
+    inner: object
+    c: object
+
+
+_Pair = collections.namedtuple("_Pair", ["x", "y"])
+
+
+def _plain_trees():
+    t = torch.ones(2)
+    return [(1, [2.0, None], {"k": t, "j": (t, 3)}), _Pair(t, ["s", (t,)]), ()]
+
+
+def _trees_thunder_rebuilds():  # thunder's first pass changes these (new dataclass instances, Size -> tuple)
+    t = torch.ones(2)
+    return [[_Outer(_Inner(t, 1), {"z": t})], _Inner(_Outer(t, 2), t), _Pair(t, [torch.Size([2, 3])]),
+            (slice(1, 2),)]
+
+
+def test_one_pass_flatten_gives_thunders_leaves_specs_and_registrations():
+    import thunder.core.symbol as symbol
+
+    original = _original(symbol, "tree_flatten_with_dataclass")
+    assert symbol.tree_flatten_with_dataclass is not original
+    delegated = []
+
+    def spy(tree):
+        delegated.append(tree)
+        return original(tree)
+
+    for tree in _plain_trees():
+        fast_leaves, fast_spec = transform_speed.fast_tree_flatten_with_dataclass(tree, spy)
+        leaves, spec = original(tree)
+        assert len(fast_leaves) == len(leaves) and all(a is b for a, b in zip(fast_leaves, leaves))
+        assert fast_spec == spec
+    assert delegated == []
+    for tree in _trees_thunder_rebuilds():  # thunder's own function: the same registrations, leaves and specs
+        transform_speed.fast_tree_flatten_with_dataclass(tree, spy)
+        assert delegated[-1] is tree
+
+    with pytest.raises(TypeError, match="tree_flatten of type <class 'object'> is not supported"):
+        transform_speed.fast_tree_flatten_with_dataclass(object(), spy)
+    with pytest.raises(TypeError, match="tree_flatten of type <class 'object'> is not supported"):
+        original(object())
+
+
+def test_indexed_add_constraint_keeps_what_thunders_scan_keeps():
+    import thunder.core.jit_ext as jit_ext
+    from thunder.core.proxies import IntegerProxy
+
+    original = _original(jit_ext.JitCtx, "add_constraint")
+    hooked = jit_ext.JitCtx.add_constraint
+    assert hooked is not original
+    from thunder.core.trace import TraceCtx, tracectx
+
+    with tracectx(TraceCtx()):
+        p, q = IntegerProxy(name="n0", value=3), IntegerProxy(name="n1", value=3)
+    with tracectx(TraceCtx()):
+        same_name = IntegerProxy(name="n0", value=3)  # another object of the same name: the same variable
+    check = object()
+    constraints = [
+        (check, p, 3), (check, same_name, 3), (check, q, 3), (check, p, 4), (check, p, 3.0),
+        (check, [1, 2], p), (check, [1, 2], p),  # unhashable: thunder's scan
+        (check, p), (len, p, 3), (check, p, 3),
+    ]
+    ours, theirs = types.SimpleNamespace(_constraints=[]), types.SimpleNamespace(_constraints=[])
+    for c in constraints:
+        hooked(ours, c)
+        original(theirs, c)
+    assert ours._constraints == theirs._constraints
+    assert len(ours._constraints) == 6
+
+    # a list thunder replaced, or items appended to it directly, are indexed again
+    ours._constraints = [(check, q, 3)]
+    hooked(ours, (check, q, 3))
+    ours._constraints.append((check, p, 5))
+    hooked(ours, (check, p, 5))
+    hooked(ours, (check, p, 6))
+    assert ours._constraints == [(check, q, 3), (check, p, 5), (check, p, 6)]
+
+
+def test_the_executors_pass_made_only_to_look_for_waits_is_skipped(monkeypatch):
+    from thunder_subclass import tangents
+
+    def f(x, w):
+        return torch.nn.functional.linear(x, w).relu() * 2
+
+    x = torch.randn(3, 4)
+    w = TwoTensor(torch.randn(5, 4), torch.randn(5, 4))
+    calls = []
+    flatten = tangents.flatten_subclasses
+
+    def counting(trace, *args, **kwargs):
+        calls.append(trace)
+        return flatten(trace, *args, **kwargs)
+
+    monkeypatch.setattr(tangents, "flatten_subclasses", counting)
+    jf = thunder_subclass.jit(f)
+    out = jf(x, w)
+    assert_close(out, f(x, w))
+    assert type(out) is TwoTensor
+    assert len(calls) == 1  # transform_for_execution's pass; not thunder's earlier pass for maybe_sort_waits
+    trace = str(thunder.last_traces(jf)[-1])  # flattened before executors as before: aten ops on the inner tensors
+    assert trace.count("torch.nn.functional.relu(") == 2 and "unflatten_TwoTensor((" in trace
+
+
+def test_a_trace_with_a_distributed_wait_is_still_probed():
+    def bsym(name, subsymbols=()):
+        return types.SimpleNamespace(sym=types.SimpleNamespace(id=name, name=name), subsymbols=list(subsymbols))
+
+    plain = types.SimpleNamespace(bound_symbols=[bsym("add", [bsym("mul")]), bsym("return")])
+    nested = types.SimpleNamespace(bound_symbols=[bsym("all_reduce_and_wait", [bsym("all_reduce"), bsym("wait")])])
+    assert not transform_speed.may_hold_waits(plain)
+    assert transform_speed.may_hold_waits(nested)
+    assert not transform_speed.is_sort_waits_probe(depth=1)  # called from a test, not from thunder
+
+
+def test_plain_thunder_jit_still_runs_thunders_probe():
+    thunder_subclass.install_hooks()
+    import thunder.executors.passes as passes
+
+    seen = []
+    hooked = passes._transform_for_operator_executor_execution
+
+    def spy(trace, executors_list):
+        seen.append(len(trace.bound_symbols))
+        return hooked(trace, executors_list)
+
+    passes._transform_for_operator_executor_execution = spy
+    try:
+        jf = thunder.jit(lambda x: (x * 2).sin())
+        x = torch.randn(3)
+        assert_close(jf(x), (x * 2).sin())
+    finally:
+        passes._transform_for_operator_executor_execution = hooked
+    assert len(seen) == 5  # prologue's two, the probe, the computation's two: a plain jit is thunder's
