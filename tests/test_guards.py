@@ -1,6 +1,7 @@
 """Prologue guards: cache hits for identical inputs, misses (with correct results) for any change (issue 2)."""
 
 import dataclasses
+import functools
 from types import SimpleNamespace
 
 import pytest
@@ -358,3 +359,202 @@ def test_compared_object_with_value_equality_hits_for_an_equal_copy():
     jf(x, _Token())
     torch.testing.assert_close(jf(x, _Token()), x * 2)  # another object, equal: the same trace
     assert (thunder.cache_misses(jf), thunder.cache_hits(jf)) == (1, 1)
+
+
+class _Key:
+    """An object used as a dict key, with state traced code reads (attributes, a list, a method, a nested object)."""
+
+    def __init__(self, n, scale=1.0):
+        self.n = n
+        self.cfg = SimpleNamespace(scale=scale)
+        self.steps = [1, 2]
+
+    def times(self, x):
+        return x * self.n
+
+
+_K1, _K2 = _Key(2), _Key(3)
+_KEYED = {_K1: 1.0, _K2: 2.0}  # a module-level table keyed by objects
+
+
+def _loop_global(x):
+    for k in _KEYED:
+        x = x * k.n + _KEYED[k]
+    return x
+
+
+def _loop_items(x, d):
+    for k, v in d.items():
+        x = k.times(x) * k.cfg.scale + v
+    return x
+
+
+def _loop_steps(x, d):
+    for k in d.keys():
+        for s in k.steps:
+            x = x + s
+    return x
+
+
+def _tuple_keys(x, d):
+    for (k, j) in d:
+        x = x * k.n + j
+    return x
+
+
+def _sorted_keys(x, d):
+    for k in sorted(d, key=lambda k: k.n):
+        x = x * 2 + k.n
+    return x
+
+
+def _max_key(x, d):
+    return x + max(d, key=lambda k: k.n).n + min(d, key=lambda k: k.n).n
+
+
+def _set_n(k, n):
+    k.n = n
+
+
+@pytest.mark.parametrize("fn, table, change", [
+    ("global", None, lambda d: _set_n(_K1, 5)),
+    ("items", {_Key(2, 0.5): 1.0, _Key(3): 2.0}, lambda d: _set_n(next(iter(d)), 5)),
+    ("items", {_Key(2, 0.5): 1.0}, lambda d: setattr(next(iter(d)).cfg, "scale", 4.0)),
+    ("items", {_Key(2, 0.5): 1.0}, lambda d: setattr(next(iter(d)), "cfg", SimpleNamespace(scale=7.0))),
+    ("steps", {_Key(2): 0}, lambda d: next(iter(d)).steps.append(10)),
+    ("tuple", {(_Key(2), 1): 0}, lambda d: _set_n(next(iter(d))[0], 5)),
+    ("sorted", {_Key(2): 0, _Key(3): 1}, lambda d: _set_n(next(iter(d)), 5)),
+    ("max", {_Key(2): 0, _Key(3): 1}, lambda d: _set_n(next(iter(d)), 5)),
+])
+def test_state_read_from_dict_key_objects_is_guarded(fn, table, change):
+    # thunder wraps dict keys as constants: what traced code read from a key object (its attributes, their items, what
+    # a method or a sort key read) was inlined unchecked, and a changed value silently reused the old trace
+    f = {"global": lambda x, d: _loop_global(x), "items": _loop_items, "steps": _loop_steps, "tuple": _tuple_keys,
+         "sorted": _sorted_keys, "max": _max_key}[fn]
+    x = torch.randn(3)
+    jf = thunder_subclass.jit(f)
+    try:
+        torch.testing.assert_close(jf(x, table), f(x, table))
+        torch.testing.assert_close(jf(x, table), f(x, table))
+        assert (thunder.cache_misses(jf), thunder.cache_hits(jf)) == (1, 1)
+        change(table)
+        torch.testing.assert_close(jf(x, table), f(x, table))
+        assert thunder.cache_misses(jf) == 2
+    finally:
+        _K1.n = 2
+
+
+def test_the_guard_of_a_dict_key_object_says_what_changed():
+    d = {_Key(2): 1.0}
+    jf = thunder_subclass.jit(_loop_items)
+    x = torch.randn(3)
+    jf(x, d)
+    prologue = str(thunder.last_prologue_traces(jf)[-1])
+    assert prologue.count("check_constant_path(") == 3  # k.n (read in k.times), k.cfg, k.cfg.scale
+    checks = [b.args for b in thunder.last_prologue_traces(jf)[-1].bound_symbols if b.sym.name == "check_constant_path"]
+    assert sorted(repr(where) for where, _ in checks) == [
+        "<dict key _Key>.cfg", "<dict key _Key>.cfg.scale", "<dict key _Key>.n"]
+    next(iter(d)).n = 7
+    jf(x, d)
+    assert any("<dict key _Key>.n is 7, the trace was made for 2" in r for r in thunder_subclass.last_miss_reasons(jf))
+
+
+def test_a_tensor_read_from_a_dict_key_object_is_a_typed_error():
+    k = _Key(1)
+    k.t = torch.ones(3)
+
+    def f(x, d):
+        for key in d:
+            x = x + key.t
+        return x
+
+    with pytest.raises(thunder_subclass.errors.UnsupportedTracingError,
+                       match=r"read the tensor <dict key _Key>\.t from an object used as a dict key \(at .*test_guards"):
+        thunder_subclass.jit(f)(torch.ones(3), {k: 0})
+
+
+def test_sorted_min_max_of_plain_numbers_stay_thunders_calls():
+    def f(x, a, b):
+        return x * max(a, b) + min([a, b, 3]) + sorted((b, a))[0]
+
+    jf = thunder_subclass.jit(f)
+    x = torch.randn(2)
+    torch.testing.assert_close(jf(x, 2, 5), f(x, 2, 5))
+    torch.testing.assert_close(jf(x, 4, 1), f(x, 4, 1))
+    assert thunder.cache_misses(jf) == 2
+
+    def g(x, objs):
+        return x + max(objs, key=lambda o: o.n).n + len(sorted(objs, key=lambda o: -o.n, reverse=True))
+
+    objs = [_Key(1), _Key(4)]
+    jg = thunder_subclass.jit(g)
+    torch.testing.assert_close(jg(x, objs), g(x, objs))
+    objs[0].n = 9
+    torch.testing.assert_close(jg(x, objs), g(x, objs))
+    with pytest.raises(ValueError, match="empty"):
+        jg(x, [])
+
+
+@functools.total_ordering
+class _Ranked:
+    def __init__(self, n):
+        self.n = n
+
+    def __eq__(self, other):
+        return self.n == other.n
+
+    def __lt__(self, other):
+        return self.n < other.n
+
+    __hash__ = object.__hash__
+
+
+class _Ordered:  # only __lt__: `a > b` is b.__lt__(a), reflected
+    def __init__(self, n):
+        self.n = n
+
+    def __lt__(self, other):
+        return self.n < other.n if isinstance(other, _Ordered) else NotImplemented
+
+
+@dataclasses.dataclass(order=True)
+class _Row:
+    n: int
+
+
+def _bump(objs):
+    objs[0].n = 10
+
+
+@pytest.mark.parametrize("name, f", [
+    ("max", lambda x, o: x * max(o).n),
+    ("max of two", lambda x, o: x * max(o[0], o[1]).n),
+    ("branch on <", lambda x, o: x + 1 if o[1] > o[0] else x - 1),
+    ("sorted", lambda x, o: x * sorted(o)[-1].n),
+    ("map", lambda x, o: x + sum(map(lambda k: k.n, o))),
+    ("filter", lambda x, o: x + len(list(filter(lambda k: k.n > 1, o)))),
+])
+@pytest.mark.parametrize("cls", [_Ranked, _Ordered, _Row])
+def test_what_python_comparisons_and_map_filter_functions_read_is_guarded(name, f, cls):
+    # thunder runs comparisons and map/filter natively: what a Python __lt__ or a mapped function read was unseen by
+    # the trace, and after a change the trace made for the old values ran (max(o) gave the old maximum's value)
+    objs = [cls(1), cls(2)]
+    x = torch.randn(3)
+    jf = thunder_subclass.jit(f)
+    torch.testing.assert_close(jf(x, objs), f(x, objs))
+    _bump(objs)
+    torch.testing.assert_close(jf(x, objs), f(x, objs))
+    assert thunder.cache_misses(jf) == 2
+    assert jf(x, objs) is not None and thunder.cache_misses(jf) == 2  # unchanged: a hit
+
+
+def test_an_unsupported_python_comparison_raises_as_in_eager():
+    def f(x, a, b):
+        return x + (1 if a < b else 0)
+
+    with pytest.raises(TypeError, match="'<' not supported between instances of '_Ordered' and 'int'"):
+        f(torch.ones(2), _Ordered(1), 3)
+    with pytest.raises(TypeError, match="'<' not supported between instances of '_Ordered' and 'int'"):
+        thunder_subclass.jit(f)(torch.ones(2), _Ordered(1), 3)
+    with pytest.raises(TypeError, match="'>' not supported between instances of 'int' and '_Ordered'"):
+        thunder_subclass.jit(lambda x, a, b: x + (1 if b > a else 0))(torch.ones(2), _Ordered(1), 3)

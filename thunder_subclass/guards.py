@@ -37,7 +37,12 @@ import thunder.core.prims as prims
 from thunder.core.proxies import TensorProxy
 
 from thunder_subclass import _thunder_internals
-from thunder_subclass.errors import SubclassProtocolError, UnsupportedSubclassOperationError, format_location
+from thunder_subclass.errors import (
+    SubclassProtocolError,
+    UnsupportedSubclassOperationError,
+    UnsupportedTracingError,
+    format_location,
+)
 from thunder_subclass.executor import subclass_executor
 from thunder_subclass.fake import (
     FakeEnv,
@@ -792,6 +797,8 @@ class ObjectSpec:
             return len(obj) == self.value
         if self.kind == "keys":
             return tuple(obj) == self.value
+        if self.kind == "same":
+            return is_same_value(obj, self.value)
         return self.kind == "type" or _equal_to_snapshot(obj, self.value)
 
     def expression(self, v: str, const) -> str:
@@ -807,6 +814,8 @@ class ObjectSpec:
             return f"(type({v}) is {const(self.typ)} and len({v}) == {self.value!r})"
         if self.kind == "keys":
             return f"(type({v}) is {const(self.typ)} and tuple({v}) == {const(self.value)})"
+        if self.kind == "same":
+            return f"(type({v}) is {const(self.typ)} and {const(is_same_value)}({v}, {const(self.value)}))"
         return f"(type({v}) is {const(self.typ)} and {const(_equal_to_snapshot)}({v}, {const(self.value)}))"
 
     def explain(self, obj) -> str:
@@ -823,6 +832,8 @@ class ObjectSpec:
             return f"{what} has {len(obj)} items, the trace was made for {self.value}"
         if self.kind == "keys":
             return f"{what} has the keys {tuple(obj)!r}, the trace was made for {self.value!r}"
+        if self.kind == "same":
+            return f"{what} is {obj!r}, the trace was made for {self.value!r}"
         return f"{what} is {obj!r}, not equal to {self.value!r} as when traced"
 
 
@@ -978,6 +989,10 @@ def guard_input_object(obj, provenance) -> None:
     jit_ctx = _thunder_internals.jit_context()
     if state is None or jit_ctx is None:
         return
+    rooted = _thunder_internals.constant_rooted_path(provenance)
+    if rooted is not None:
+        _guard_constant_path(obj, *rooted, state, jit_ctx)
+        return
     # every value read from the inputs, by its provenance record: the holders of later attribute reads
     seen = state.setdefault("input_values", {})
     seen[id(provenance)] = (provenance, obj)
@@ -994,17 +1009,97 @@ def guard_input_object(obj, provenance) -> None:
     stable = _is_stored(obj, provenance, seen)
     if kind == "identity" and not stable and not isinstance(obj, _SINGLETON_TYPES):
         kind = "type"  # made anew by each read (a property): the same object will not come again
+    spec = _object_spec(obj, kind, _describe_provenance(provenance))
+    guarded[id(obj)] = (obj, spec, stable)  # the object is kept for the trace's lifetime, so its id stays its own
+    state.setdefault("object_guard_paths", {})[id(obj)] = {provenance}
+    name = f"guarded_object{next(_guarded_object_names)}"
+    jit_ctx.add_constraint((check_object, AnyProxy(obj, name=name, history=provenance), spec))
+
+
+def _object_spec(obj, kind: str, where: str) -> ObjectSpec:
+    """The spec of an object guarded by ``kind`` (``"identity"`` or ``"type"``): a Python function by identity becomes
+    a ``"function"`` spec (the same code, defaults and closure values)."""
     value = obj if kind == "identity" else None
     if kind == "identity" and type(obj) is types.FunctionType:
         try:
             kind, value = "function", _function_snapshot(obj)
         except ValueError:  # an empty closure cell: the object itself
             pass
-    spec = ObjectSpec(kind, type(obj), value, _describe_provenance(provenance))
-    guarded[id(obj)] = (obj, spec, stable)  # the object is kept for the trace's lifetime, so its id stays its own
-    state.setdefault("object_guard_paths", {})[id(obj)] = {provenance}
-    name = f"guarded_object{next(_guarded_object_names)}"
-    jit_ctx.add_constraint((check_object, AnyProxy(obj, name=name, history=provenance), spec))
+    return ObjectSpec(kind, type(obj), value, where)
+
+
+class ConstantPath:
+    """Where a value traced code read from a dict key object sits: the key object (which the prologue holds, as thunder
+    wraps dict keys as constants) and the attribute reads and subscripts from it (``(".", name)`` / ``("[]", index)``
+    steps, see :func:`thunder_subclass._thunder_internals.constant_rooted_path`)."""
+
+    __slots__ = ("root", "path")
+
+    def __init__(self, root, path: tuple):
+        self.root, self.path = root, path
+
+    def follow(self):
+        obj = self.root
+        for kind, name in self.path:
+            obj = getattr(obj, name) if kind == "." else obj[name]
+        return obj
+
+    def __repr__(self) -> str:
+        return "<dict key " + type(self.root).__qualname__ + ">" + "".join(
+            f".{name}" if kind == "." else f"[{name!r}]" for kind, name in self.path)
+
+
+def _check_constant_path_impl(where: ConstantPath, spec: ObjectSpec) -> None:
+    try:
+        obj = where.follow()
+    except Exception as e:  # noqa: BLE001 - the attribute or item is gone: not the object the trace was made for
+        raise SubclassGuardFailure(explain=lambda: f"{spec.where} could not be read ({type(e).__name__}: {e})") from e
+    if not spec.matches(obj):
+        raise SubclassGuardFailure(explain=lambda: spec.explain(obj))
+
+
+check_constant_path = subclass_executor.register_operator(
+    "check_constant_path", meta=lambda where, spec: None, fn=_check_constant_path_impl, tags=[prims.OpTags.DONT_DCE]
+)
+
+
+def _guard_constant_path(obj, root, path: tuple, state, jit_ctx) -> None:
+    """Guard ``obj``, read by traced code from the dict key object ``root`` along ``path``: thunder inlines such values
+    as constants (it wraps dict keys as constants), so without this a changed ``k.n`` reused the trace made with the
+    old value. Numbers, strings and other scalars are checked by value (:func:`is_same_value`), lists/tuples by
+    length and dicts by keys (each item read has its own guard), other objects as :func:`guard_input_object` guards
+    them (identity or type); a tensor cannot be checked this way (a typed error)."""
+    from thunder.core.proxies import Proxy, TensorProxy
+
+    where = ConstantPath(root, path)
+    if isinstance(obj, (torch.Tensor, TensorProxy)):
+        # raised here, thunder would wrap it in an InterpreterError: the first operation on the value raises it
+        error = UnsupportedTracingError(
+            f"traced code read the tensor {where!r} from an object used as a dict key (at "
+            f"{format_location(*_thunder_internals.source_location())}); thunder_subclass cannot pass such a tensor to "
+            "the compiled program. Store the tensor as a value of the dict, or pass it as an argument."
+        )
+        if isinstance(obj, TensorProxy):
+            mark_protocol_error(obj, error)
+        return
+    if isinstance(obj, Proxy):
+        return
+    done = state.setdefault("constant_path_guards", set())
+    key = (id(root), path)
+    if key in done:
+        return
+    if type(obj) in _SCALARS or isinstance(obj, (slice, torch.device)):
+        spec = ObjectSpec("same", type(obj), obj, repr(where))
+    elif type(obj) in (list, tuple, dict):
+        spec = ObjectSpec("keys" if type(obj) is dict else "length", type(obj), _Pending(obj), repr(where))
+    else:
+        kind = object_guard_kind(obj)
+        if kind is None:
+            return
+        spec = _object_spec(obj, kind, repr(where))
+    done.add(key)
+    state.setdefault("constant_path_roots", []).append(root)  # ids stay the roots' own while the trace lives
+    jit_ctx.add_constraint((check_constant_path, where, spec))
 
 
 def _guard_another_path(obj, provenance, spec: ObjectSpec, state, jit_ctx) -> None:

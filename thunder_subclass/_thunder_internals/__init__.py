@@ -91,6 +91,7 @@ from thunder_subclass._thunder_internals.thunder_state import (  # noqa: F401
     trace_wrote_integer_tensors,
     attribute_provenance,
     call_in_epilogue,
+    constant_rooted_path,
     hooked_module_provenance,
     compile_data_context,
     current_compile_data,

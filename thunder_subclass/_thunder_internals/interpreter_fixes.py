@@ -49,6 +49,14 @@ around:
   tuple.count]`` — list methods thunder lacks ("Sequence.insert, please file an issue"); comparisons interpreted.
 * a C ``__setattr__`` slot other than ``object``'s (``types.SimpleNamespace``; a lookaside) — thunder took it for an
   opaque function ("'wrapper_descriptor' object has no attribute '__module__'").
+* ``core/interpreter.py`` ``populate_item_wrappers`` — thunder wraps a dict's keys as constants, so what traced code
+  read from a key object (``for k in TABLE: x + k.n``) was inlined unchecked. The keys of a dict read from the inputs
+  (and the items of a tuple key) are marked; values read from them are guarded through the key object
+  (``thunder_state.constant_rooted_path``, ``Handlers.input_object``).
+* ``sorted`` / ``min`` / ``max`` (lookasides, with a ``key=`` or items other than plain numbers and strings), ``map`` /
+  ``filter`` (with a Python function) — run as Python through the interpreter, not natively: what the functions read
+  is traced and guarded. ``COMPARE_OP`` ``<``/``<=``/``>``/``>=`` on objects whose comparison methods are Python runs
+  CPython's rich-comparison order through the interpreter (thunder compares natively).
 * ``core/jit_ext.py`` ``unpack_inputs`` and ``_infer_name_postfix_from_provenance`` — values under object dict keys
   (a global dict keyed by objects, iterated) unpacked by the prologue, with valid names.
 """
@@ -57,6 +65,7 @@ from __future__ import annotations
 
 import functools
 import operator
+import sys
 import inspect
 import types
 from collections.abc import Callable
@@ -68,7 +77,11 @@ from thunder_subclass._thunder_internals import plugin_state
 from thunder_subclass._thunder_internals.plugin_state import is_plugin_active
 from thunder_subclass._thunder_internals.symbolic_values import pin_input_numbers, unpacked_parameters_tagged
 from thunder_subclass._thunder_internals.thunder_state import (
+    constant_rooted_path,
+    interpret_call,
     is_interpreting,
+    is_unpackable_provenance,
+    mark_dict_key,
     source_location,
     torch_callables_of_symbol,
 )
@@ -392,8 +405,98 @@ def _object_getattribute_lookaside(obj, name):
     return wrap_attribute(result, obj, name)
 
 
-def interpreter_fix_lookaside(fn, wrapped_args: tuple = ()):
-    """The lookaside of an interpreter fix for ``fn`` called with ``wrapped_args``, or None."""
+def _sorted(iterable, /, *, key=None, reverse=False):
+    result = list(iterable)
+    result.sort(key=key, reverse=reverse)
+    return result
+
+
+_NO_DEFAULT = object()
+
+
+def _min_or_max(builtin, greater: bool, *args, key=None, default=_NO_DEFAULT):
+    if not args:
+        raise TypeError(f"{builtin.__name__} expected at least 1 argument, got 0")
+    if len(args) > 1 and default is not _NO_DEFAULT:
+        raise TypeError(f"Cannot specify a default for {builtin.__name__}() with multiple positional arguments")
+    items = list(args[0]) if len(args) == 1 else list(args)
+    if not items:
+        return builtin([]) if default is _NO_DEFAULT else default  # CPython's error (natively: no items), or the default
+    best = items[0]
+    best_key = best if key is None else key(best)
+    for item in items[1:]:
+        k = item if key is None else key(item)
+        if (k > best_key) if greater else (k < best_key):  # CPython keeps the first of equal items
+            best, best_key = item, k
+    return best
+
+
+_PLAIN_ITEMS = (int, float, bool, str, bytes, type(None))
+
+
+def _compares_python_objects(args: tuple, kwargs: dict) -> bool:
+    """Whether ``sorted``/``min``/``max`` called with these (unwrapped) arguments would run Python code natively:
+    a ``key`` function, or items other than plain numbers and strings (their ``__lt__``), or an iterable whose items
+    cannot be seen without consuming it."""
+    from thunder.core.proxies import Proxy
+
+    if kwargs.get("key") is not None:
+        return True
+    items = args
+    if len(args) == 1:
+        if type(args[0]) not in (list, tuple, dict, set, frozenset):
+            return True
+        items = args[0]
+    return not all(type(i) in _PLAIN_ITEMS or isinstance(i, (Proxy, torch.Tensor)) for i in items)
+
+
+def _interpreted_builtin(fn):
+    """``sorted``/``min``/``max`` as Python, interpreted: the key function and the items' comparisons run traced
+    (what they read is guarded like the rest of the traced code) instead of natively, where thunder's native call
+    left them unseen: ``max(TABLE, key=lambda k: k.n)`` reused the trace after ``k.n`` changed."""
+    return _interpreted(_sorted if fn is sorted else functools.partial(_min_or_max, fn, fn is max))
+
+
+def _map(fn, *iterables):
+    for args in zip(*iterables):
+        yield fn(*args)
+
+
+def _filter(fn, iterable):
+    for item in iterable:
+        if (item if fn is None else fn(item)):
+            yield item
+
+
+def _runs_python(fn) -> bool:
+    """Whether calling ``fn`` may run Python code (anything but a builtin function or a builtin type)."""
+    return not (isinstance(fn, (types.BuiltinFunctionType, types.BuiltinMethodType))
+                or (isinstance(fn, type) and fn.__module__ == "builtins") or fn is None)
+
+
+def _interpreted(impl):
+    def lookaside(*args, **kwargs):
+        return interpret_call(impl, *args, **kwargs)
+
+    return lookaside
+
+
+def interpreter_fix_lookaside(fn, wrapped_args: tuple = (), wrapped_kwargs: dict | None = None):
+    """The lookaside of an interpreter fix for ``fn`` called with ``wrapped_args`` / ``wrapped_kwargs``, or None."""
+    if (fn is map or fn is filter) and wrapped_args and not wrapped_kwargs:
+        from thunder.core.interpreter import unwrap
+
+        # thunder calls map/filter natively: a Python function they call ran outside the trace (its reads unguarded)
+        if _runs_python(unwrap(wrapped_args[0])) and (fn is map or len(wrapped_args) == 2):
+            return _interpreted(_map if fn is map else _filter)
+        return None
+    if fn is sorted or fn is min or fn is max:
+        from thunder.core.interpreter import unwrap
+
+        kwargs = {k: unwrap(v) for k, v in (wrapped_kwargs or {}).items()}
+        if _compares_python_objects(tuple(unwrap(a) for a in wrapped_args), kwargs):
+            return _interpreted_builtin(fn)
+        return None  # plain numbers and strings: thunder's own call
     if fn is getattr and len(wrapped_args) in (2, 3):
         from thunder.core.interpreter import unwrap
 
@@ -741,18 +844,88 @@ def report_comparison(op: str, a, b) -> None:
         plugin_state.handlers.compared(op, getattr(a, "value", a), getattr(b, "value", b))
 
 
+_ORDERING = {"<": ("__lt__", "__gt__"), "<=": ("__le__", "__ge__"), ">": ("__gt__", "__lt__"),
+             ">=": ("__ge__", "__le__")}
+
+
+def _rich_compare(a, b, name, reflected, symbol):
+    # CPython's do_richcompare, interpreted: the reflected method of a strict subclass of a's type first, then a's,
+    # then b's reflected one
+    ta, tb = type(a), type(b)
+    checked_reverse = False
+    if ta is not tb and issubclass(tb, ta):
+        checked_reverse = True
+        res = getattr(tb, reflected)(b, a)
+        if res is not NotImplemented:
+            return res
+    res = getattr(ta, name)(a, b)
+    if res is not NotImplemented:
+        return res
+    if not checked_reverse:
+        res = getattr(tb, reflected)(b, a)
+        if res is not NotImplemented:
+            return res
+    raise TypeError(f"'{symbol}' not supported between instances of '{ta.__name__}' and '{tb.__name__}'")
+
+
+def _python_ordering(a, b, names: tuple) -> bool:
+    """Whether ``a < b`` (and the like) would run Python code: a comparison method written in Python on either
+    operand's type (``functools.total_ordering``, a dataclass with ``order=True``, a class's own ``__lt__``).
+    Proxies and tensors keep thunder's path (their comparisons are traced operations)."""
+    from thunder.core.proxies import Proxy
+
+    if isinstance(a, (Proxy, torch.Tensor)) or isinstance(b, (Proxy, torch.Tensor)):
+        return False
+    return any(type(getattr(t, n, None)) is types.FunctionType for t in (type(a), type(b)) for n in names)
+
+
+def _compare_op_index(inst) -> int:
+    if sys.version_info >= (3, 13):
+        return inst.arg >> 5
+    if sys.version_info >= (3, 12):
+        return inst.arg >> 4
+    return inst.arg
+
+
 def _hook_comparison(op: str):
     def make(original):
         # wraps thunder.core.interpreter's IS_OP / COMPARE_OP handler, which compares the unwrapped operands natively
         @functools.wraps(original)
         def comparison_handler(inst, /, stack, **kwargs):
             if len(stack) >= 2:
-                report_comparison(op, stack.getitem_wrapped(-2), stack.getitem_wrapped(-1))
+                a, b = stack.getitem_wrapped(-2), stack.getitem_wrapped(-1)
+                report_comparison(op, a, b)
+                if op == "==" and is_plugin_active():
+                    import dis
+
+                    symbol = dis.cmp_op[_compare_op_index(inst)]
+                    names = _ORDERING.get(symbol)
+                    if names is not None and _python_ordering(getattr(a, "value", a), getattr(b, "value", b), names):
+                        return _interpreted_ordering(inst, stack, symbol, names)
             return original(inst, stack=stack, **kwargs)
 
         return comparison_handler
 
     return make
+
+
+def _interpreted_ordering(inst, stack, symbol: str, names: tuple):
+    """``a < b`` (``<=``, ``>``, ``>=``) on objects whose comparison methods are Python, interpreted: thunder runs
+    every comparison natively, so what ``__lt__`` read (``self.n < other.n``) was unseen by the trace, and a changed
+    value reused it (``max(objs)``, ``if a < b:``)."""
+    from thunder.core.interpreter import INTERPRETER_SIGNALS, _interpret_call, wrap_const
+
+    b = stack.pop_wrapped()
+    a = stack.pop_wrapped()
+    res = _interpret_call(_rich_compare, a, b, wrap_const(names[0]), wrap_const(names[1]), wrap_const(symbol))
+    if res is INTERPRETER_SIGNALS.EXCEPTION_RAISED:
+        return res
+    if sys.version_info >= (3, 13) and (inst.arg & 0x10):
+        res = _interpret_call(bool, res)
+        if res is INTERPRETER_SIGNALS.EXCEPTION_RAISED:
+            return res
+    stack.append(res)
+    return None
 
 
 def _hook_keyed_lookup(original):
@@ -1110,6 +1283,38 @@ def exception_source_lines(e: BaseException) -> list[tuple[str, int]]:
     return [(f, line) for f, line, _ in e.__dict__.get(_RAISED_AT, {}).values()]
 
 
+def _hook_populate_item_wrappers(original):
+    # wraps thunder.core.interpreter.populate_item_wrappers (a module global its containers' track_items calls): the
+    # keys of a dict read from the inputs are wrapped as constants, so values traced code read from a key object
+    # (``for k in TABLE: x + k.n``) were inlined unchecked: changing ``k.n`` reused the trace. For a plugin jit,
+    # the record of each key that is not an int or str is marked; values read from it through attributes and items
+    # are guarded through the key object (Handlers.input_object, thunder_state.constant_rooted_path)
+    @functools.wraps(original)
+    def populate_item_wrappers(obj):
+        original(obj)
+        if not is_plugin_active():
+            return
+        from thunder.core.interpreter import PseudoInst
+
+        def constant_of(w, value) -> bool:
+            return getattr(w.provenance, "inst", None) is PseudoInst.CONSTANT and w.provenance.value is value
+
+        if type(obj.value) is dict and getattr(obj, "key_wrappers", None) and is_unpackable_provenance(obj.provenance):
+            for k, wk in obj.key_wrappers.items():
+                if type(k) not in (int, str) and constant_of(wk, k):
+                    mark_dict_key(wk.provenance)
+        elif type(obj.value) in (tuple, list) and obj.item_wrappers and constant_of(obj, obj.value):
+            # the items of a tuple key (``for a, b in TABLE``): thunder wraps items of a constant as constants
+            rooted = constant_rooted_path(obj.provenance, allow_empty=True)
+            if rooted is not None:
+                root, path = rooted
+                for i, (v, wv) in enumerate(zip(obj.value, obj.item_wrappers)):
+                    if wv is not None and type(v) not in (int, str) and constant_of(wv, v):
+                        mark_dict_key(wv.provenance, (root, (*path, ("[]", i))))
+
+    return populate_item_wrappers
+
+
 def hook_targets() -> list[tuple[Any, str, Callable]]:
     import thunder.clang as clang
     import thunder.core.interpreter as interpreter
@@ -1135,4 +1340,5 @@ def hook_targets() -> list[tuple[Any, str, Callable]]:
         (jit_ext, "unpack_inputs", _hook_unpack_inputs),
         (jit_ext, "_infer_name_postfix_from_provenance", _hook_name_postfix),
         (jit_ext, "build_value_from_wrapped", _hook_build_value_from_wrapped),
+        (interpreter, "populate_item_wrappers", _hook_populate_item_wrappers),
     ]

@@ -428,6 +428,49 @@ def is_unpackable_provenance(record) -> bool:
     return known
 
 
+# marks the provenance record of a key of a dict read from the inputs (thunder wraps such keys as constants): values
+# read from the key object are guarded through it (constant_rooted_path)
+DICT_KEY_MARK = "_thunder_subclass_dict_key"
+
+
+def mark_dict_key(record, reached: tuple | None = None) -> None:
+    """Mark ``record`` (a constant's) as a dict key object, or as an object ``reached`` ``(key, path)`` from one
+    (an item of a tuple key: thunder wraps the items of a constant as constants, without a path)."""
+    record.__dict__[DICT_KEY_MARK] = True if reached is None else reached
+
+
+def constant_rooted_path(record, *, allow_empty: bool = False) -> tuple[Any, tuple] | None:
+    """``(key object, path)`` when ``record`` reads a value from a dict key object (:func:`mark_dict_key`) by
+    attribute reads and int/str subscripts: ``path`` holds ``(".", name)`` / ``("[]", index)`` steps from the key
+    outwards. thunder wraps dict keys as constants, so such values (``for k in d: x + k.n``) were inlined unchecked.
+    None for any other record, and for a path through a dunder attribute other than ``__self__`` (the interpreter's
+    own reads on its way)."""
+    import dis
+
+    from thunder.core.interpreter import ProvenanceRecord, PseudoInst
+
+    steps = []
+    while isinstance(record, ProvenanceRecord) and len(record.inputs) == 2:
+        inst = record.inst.opname if isinstance(record.inst, dis.Instruction) else getattr(record.inst, "name", None)
+        key = record.inputs[1]
+        if getattr(key, "inst", None) is not PseudoInst.CONSTANT:
+            return None
+        if inst == "LOAD_ATTR" and isinstance(key.value, str):
+            if key.value.startswith("__") and key.value.endswith("__") and key.value != "__self__":
+                return None
+            steps.append((".", key.value))
+        elif inst == "BINARY_SUBSCR" and type(key.value) in (int, str):
+            steps.append(("[]", key.value))
+        else:
+            return None
+        record = record.inputs[0]
+    mark = record.__dict__.get(DICT_KEY_MARK) if isinstance(record, ProvenanceRecord) else None
+    if mark is None or not (steps or allow_empty):
+        return None
+    root, prefix = (record.value, ()) if mark is True else mark
+    return root, (*prefix, *reversed(steps))
+
+
 def hooked_module_provenance(module, provenance):
     """The provenance under which the prologue reaches ``module`` itself, for checks of its hooks. thunder's prologue
     unpacks the jitted module (``INPUT_FN``) as its ``ThunderModule`` (``core/module.py`` ``get_thunder_module``),

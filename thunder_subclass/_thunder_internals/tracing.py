@@ -70,7 +70,11 @@ from thunder_subclass._thunder_internals.plugin_state import (
 from thunder_subclass._thunder_internals.symbolic_values import (
     symbolic_values_lookaside,
 )
-from thunder_subclass._thunder_internals.thunder_state import is_torch_level_symbol, is_unpackable_provenance
+from thunder_subclass._thunder_internals.thunder_state import (
+    constant_rooted_path,
+    is_torch_level_symbol,
+    is_unpackable_provenance,
+)
 
 
 def _hook_proxify(original):
@@ -208,7 +212,7 @@ def _hook_general_jit_lookaside(original):
                 return interpreter_needs_wrap(fn)
             lookaside = (
                 plugin_state.handlers.lookaside(fn, args) or speed_lookaside(fn, args)
-                or interpreter_fix_lookaside(fn, args) or symbolic_values_lookaside(fn, args)
+                or interpreter_fix_lookaside(fn, args, kwargs) or symbolic_values_lookaside(fn, args)
             )
             if lookaside is not None:
                 return lookaside
@@ -246,7 +250,8 @@ def _hook_general_jit_callbacks(original: dict) -> dict:
 
     def wrap_callback_with_object_guards(value):
         result = wrap_callback(value)
-        if is_plugin_active() and value.provenance.inputs and is_unpackable_provenance(value.provenance):
+        if is_plugin_active() and value.provenance.inputs and (
+                is_unpackable_provenance(value.provenance) or constant_rooted_path(value.provenance) is not None):
             plugin_state.handlers.input_object(value.value, value.provenance)
         return result
 
