@@ -41,6 +41,40 @@ def test_bool_int_float_index_of_tensors_are_guarded_per_value():
                                                     and n != "check_speculation")
 
 
+def test_tolist_of_a_computed_tensor_is_guarded_per_list():
+    def f(x):
+        counts = (x > 0).sum(0).tolist()  # routing-style counts read as Python numbers
+        out = x
+        for i, c in enumerate(counts):
+            if c > 1:
+                out = out + i
+        return out * counts[0]
+
+    jf = thunder_subclass.jit(f, fullgraph=True)
+    a = torch.tensor([[1.0, -1.0], [1.0, 1.0], [1.0, -1.0]])  # counts [3, 1]
+    b = torch.tensor([[1.0, 1.0], [1.0, 1.0], [-1.0, 1.0]])  # counts [2, 3]
+    for x in (a, a * 2, b, a):
+        torch.testing.assert_close(jf(x), f(x))
+    assert (thunder.cache_misses(jf), thunder.cache_hits(jf)) == (2, 2)
+    checks = [b.args[0] for b in thunder.last_prologue_traces(jf)[-1].bound_symbols
+              if b.sym.name == "check_speculation"]
+    assert [(c.conversion, c.expected) for c in checks] == [("tolist", [3, 1])]  # the last call's entry
+    assert any("tolist of data) was [3, 1] when traced and is [2, 3] now" in r
+               for r in thunder_subclass.last_miss_reasons(jf))
+
+
+def test_a_long_tolist_is_not_speculated():
+    def f(x):
+        return x * len([v for v in (x > 0).tolist() if v])
+
+    x = torch.randn(thunder_subclass.speculation.TOLIST_LIMIT + 1)
+    with pytest.raises(NotImplementedError, match="tolist"):
+        thunder_subclass.jit(f, fullgraph=True)(x)
+    jf = thunder_subclass.jit(f)
+    with pytest.warns(GraphBreakWarning):
+        torch.testing.assert_close(jf(x), f(x))
+
+
 def test_speculated_values_of_a_subclass_trace_with_grads_equal_to_eager():
     def f(x, w):
         y = x * w

@@ -2,7 +2,8 @@
 
 In: a conversion of a value computed from tensor data to a Python value while a plugin jit traces —
 ``if tensor:`` / ``bool(t)``, ``int(t)``, ``float(t)``, ``operator.index(t)`` of a tensor, the same of a number
-``t.item()`` made (``if x.sum().item() > 0:``), and ``.item()`` of a subclass tensor. thunder cannot trace past such a
+``t.item()`` made (``if x.sum().item() > 0:``), ``.item()`` of a subclass tensor, and ``t.tolist()`` of a tensor (at
+most :data:`TOLIST_LIMIT` numbers: MoE routing's ``counts.tolist()``). thunder cannot trace past such a
 point (its proxies have no values), and the program would run as compiled regions with eager code between them
 (:mod:`thunder_subclass.graph_breaks`), as torch.compile breaks its graph there.
 
@@ -37,23 +38,48 @@ import torch
 import thunder.core.prims as prims
 from thunder.core.proxies import NumberProxy, Proxy, TensorProxy
 from thunder.core.pytree import tree_flatten, tree_map
+from thunder.core.symbol import Symbol
 
 from thunder_subclass import _thunder_internals
 from thunder_subclass.executor import subclass_executor
 from thunder_subclass.guards import SubclassGuardFailure
 from thunder_subclass.proxy import SubclassTensorProxy
 
-__all__ = ["SPECULATION_LIMIT", "SpeculationSpec", "check_speculation", "lookaside", "record_input", "speculate"]
+__all__ = ["SPECULATION_LIMIT", "TOLIST_LIMIT", "SpeculationSpec", "check_speculation", "lookaside", "record_input", "speculate"]
 
 # distinct values a source line may speculate per compiled function before it breaks the graph instead
 SPECULATION_LIMIT = 4
 
 NOT_SPECULATED = object()
 
+def _tolist(t):
+    return t.tolist()
+
+
 _CONVERSIONS: dict[str, Callable[[Any], Any]] = {
     "bool": bool, "int": int, "float": float, "index": operator.index,
-    "number": lambda n: n,
+    "number": lambda n: n, "tolist": _tolist,
 }
+
+# the most numbers a speculated ``.tolist()`` may hold (a bigger one is not speculated: its check would copy it)
+TOLIST_LIMIT = 256
+
+
+def _speculable(value, conversion: str) -> bool:
+    if conversion != "tolist":
+        return isinstance(value, (bool, int, float))
+    count, todo = 0, [value]
+    while todo:
+        v = todo.pop()
+        if isinstance(v, list):
+            todo.extend(v)
+        elif isinstance(v, (bool, int, float)):
+            count += 1
+            if count > TOLIST_LIMIT:
+                return False
+        else:
+            return False
+    return True
 
 def _convert_number(v, numbertype):
     return numbertype(v)
@@ -413,7 +439,7 @@ def speculate(target, conversion: str) -> Any:
             value = spec.evaluate(_real_values(real_inputs, inputs))
     except Exception:  # noqa: BLE001 - the slice cannot run eagerly here: not speculated
         return NOT_SPECULATED
-    if not isinstance(value, (bool, int, float)) or isinstance(value, complex):
+    if not _speculable(value, conversion):
         return NOT_SPECULATED
     spec.expected = value
     _compile(spec, bsyms, real_inputs, target)
@@ -446,14 +472,18 @@ _CONVERTERS = {bool: "bool", int: "int", float: "float", operator.index: "index"
 
 def lookaside(fn, wrapped_args: tuple) -> Callable | None:
     """The interpreter lookaside for ``bool``/``int``/``float``/``operator.index`` of a tensor proxy or of a number
-    proxy without a value, when the value can be speculated (module docstring); else None."""
-    conversion = _CONVERTERS.get(fn) if type(fn) is type or fn is operator.index else None
+    proxy without a value, and ``.tolist()`` of a tensor proxy, when the value can be speculated (module docstring);
+    else None."""
+    if type(fn) is Symbol and fn.id == "Tensor.tolist":  # thunder's symbol for it fails on fakes
+        conversion = "tolist"
+    else:
+        conversion = _CONVERTERS.get(fn) if type(fn) is type or fn is operator.index else None
     if conversion is None or len(wrapped_args) != 1:
         return None
     from thunder.core.interpreter import interpreter_needs_wrap, unwrap
 
     v = unwrap(wrapped_args[0])
-    if not (isinstance(v, TensorProxy) or (isinstance(v, NumberProxy) and v.value is None)):
+    if not (isinstance(v, TensorProxy) or (isinstance(v, NumberProxy) and v.value is None and conversion != "tolist")):
         return None
     try:
         value = speculate(v, "number" if isinstance(v, NumberProxy) else conversion)
