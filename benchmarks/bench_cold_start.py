@@ -5,7 +5,8 @@
 The model: a random-weight ``LlamaForCausalLM`` (hidden 64, 4 heads, 2 key/value heads, vocabulary 256) with torchao
 ``Int8WeightOnlyConfig`` weights, called as users call it (``model(input_ids)``, input (2, 16), ``torch.no_grad()``,
 one intra-op thread). Every figure is the wall time of the first call (trace + compile + run) in a new Python
-process, after imports and model construction; two processes run one after the other per configuration:
+process, after imports and model construction (with ``--repeats N``, the median of N rounds); two processes run one
+after the other per configuration:
 
 * ``ts``            ``thunder_subclass.jit(model)`` with the on-disk cache on (``THUNDER_SUBCLASS_DISK_CACHE=1``) and
                     empty: trace, transforms and storing the entry;
@@ -77,6 +78,14 @@ def measure(layers: int, configs: tuple[str, ...]) -> dict[str, float | str]:
     return out
 
 
+def _median(values: list) -> float | str:
+    times = sorted(v for v in values if isinstance(v, float))
+    if not times:
+        return values[0]
+    mid = len(times) // 2
+    return times[mid] if len(times) % 2 else (times[mid - 1] + times[mid]) / 2
+
+
 def _slope(xs, ys) -> float:
     n = len(xs)
     mx, my = sum(xs) / n, sum(ys) / n
@@ -88,9 +97,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=CONFIGS)
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="rounds over all layer counts and configurations; each cell is the median")
     args = parser.parse_args()
     configs = tuple(c for c in CONFIGS if c in args.configs)
-    rows = {layers: measure(layers, configs) for layers in args.layers}
+    rounds = [{layers: measure(layers, configs) for layers in args.layers} for _ in range(max(1, args.repeats))]
+    rows = {layers: {c: _median([r[layers][c] for r in rounds]) for c in configs} for layers in args.layers}
+    if args.repeats > 1:
+        print(f"median of {args.repeats} rounds (layer counts and configurations interleaved in each round)")
     width = 14
     print("first call in a fresh process, seconds (tiny int8 Llama, input (2, 16), 1 thread)")
     print("layers".ljust(8) + "".join(c.rjust(width) for c in configs) + "ts/aot_eager".rjust(width))

@@ -168,3 +168,29 @@ def test_plain_thunder_jit_still_runs_thunders_probe():
     finally:
         passes._transform_for_operator_executor_execution = hooked
     assert len(seen) == 5  # prologue's two, the probe, the computation's two: a plain jit is thunder's
+
+
+def test_the_source_a_callable_was_built_from_is_kept_for_the_disk_cache():
+    from thunder.common import transform_to_torch_types
+
+    def f(x, w):
+        return torch.nn.functional.linear(x, w).relu() * 2
+
+    x = torch.randn(3, 4)
+    w = TwoTensor(torch.randn(5, 4), torch.randn(5, 4))
+    jf = thunder_subclass.jit(f)
+    jf(x, w)
+    entry = thunder.compile_stats(jf).interpreter_cache[-1]
+    prologue = entry.prologue_traces[-1]
+    source, ctx = transform_speed.printed_trace(prologue, include_decorators=False)
+    assert source == prologue.python(include_decorators=False) and ctx.keys() == prologue.python_ctx().keys()
+    # the computation's callable is built from a last trace thunder does not keep: found through the function
+    computation = transform_to_torch_types(entry.computation_traces[-1])
+    source, ctx = transform_speed.printed_trace(entry.computation_traces[-1], entry.computation_fn)
+    assert source == computation.python() and ctx.keys() == computation.python_ctx().keys()
+    assert transform_speed.printed_trace(entry.computation_traces[-1]) is None
+    # a trace changed after its callable was built is printed again
+    prologue.bound_symbols = prologue.bound_symbols[:-1]
+    assert transform_speed.printed_trace(prologue, include_decorators=False) is None
+    # another printing option was not recorded
+    assert transform_speed.printed_trace(entry.computation_traces[-1], entry.computation_fn, print_depth=2) is None

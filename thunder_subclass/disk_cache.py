@@ -644,12 +644,15 @@ class DiskCache:
         files.update(_files_of_generated_code(unreadable))
         enc = _Encoder()
         traces = {}
-        for name, trcs, kwargs in (("prologue", entry.prologue_traces, {"include_decorators": False}),
-                                   ("computation", entry.computation_traces, {}),
-                                   ("epilogue", entry.epilogue_traces, {})):
+        for name, trcs, fn, kwargs in (
+                ("prologue", entry.prologue_traces, entry.prologue_fn, {"include_decorators": False}),
+                ("computation", entry.computation_traces, entry.computation_fn, {}),
+                ("epilogue", entry.epilogue_traces, entry.epilogue_fn, {})):
             trc = trcs[-1]
-            source = trc.python(**kwargs)
-            ctx = trc.python_ctx()
+            # as printed for the callable just built (the same bound symbols, or what the callable was built from),
+            # else printed again
+            source, ctx = _thunder_internals.printed_trace(trc, fn, **kwargs) or (trc.python(**kwargs),
+                                                                                 trc.python_ctx())
             uses_fn = "__function_obj" in source
             if uses_fn and trc.fn is not cd.fn:
                 raise NotStorable(f"the {name} trace refers to a function other than the compiled one")

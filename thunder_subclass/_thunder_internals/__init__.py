@@ -86,6 +86,7 @@ from thunder_subclass._thunder_internals.symbolic_values import (  # noqa: F401
     pin_numbers,
     symbolic_values_lookaside,
 )
+from thunder_subclass._thunder_internals.transform_speed import printed_trace  # noqa: F401
 from thunder_subclass._thunder_internals.thunder_state import (  # noqa: F401
     trace_recorded,
     trace_wrote_integer_tensors,

@@ -24,6 +24,12 @@ result:
   at that call site when no bound symbol, at any depth, is a distributed ``wait`` (:func:`may_hold_waits`): the pass
   can only make a ``wait`` from one, so ``maybe_sort_waits`` would have discarded the result.
 
+Also, for plugin jits, ``core/trace.py`` ``TraceCtx.python_callable`` keeps on the trace the source and context it
+printed (``TraceCtx.python`` / ``python_ctx`` called inside it), with the bound symbols they were printed from:
+the on-disk cache stores the final traces' source and context right after the callables are built, and printed them
+again (~0.2 s per Llama decoder layer, most of a store). :func:`printed_trace` returns them while the trace still
+holds the same bound symbols, else None (the caller prints again).
+
 The first two give thunder's results for any jit. The third changes nothing in what a trace computes, only which
 proxy names later traces get (the discarded pass no longer takes names), so it acts for plugin jits only: a plain
 ``thunder.jit``'s traces stay exactly thunder's.
@@ -33,10 +39,16 @@ from __future__ import annotations
 
 import functools
 import sys
+import threading
+import types
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["fast_tree_flatten_with_dataclass", "may_hold_waits", "is_sort_waits_probe", "hook_targets"]
+from thunder_subclass._thunder_internals.plugin_state import is_plugin_active
+
+__all__ = [
+    "fast_tree_flatten_with_dataclass", "may_hold_waits", "is_sort_waits_probe", "printed_trace", "hook_targets",
+]
 
 
 def fast_tree_flatten_with_dataclass(tree, original: Callable):
@@ -162,11 +174,88 @@ def is_sort_waits_probe(depth: int = 2) -> bool:
     return code is not None and sys._getframe(depth).f_code is code
 
 
+_printing = threading.local()  # (trace, record) while TraceCtx.python_callable runs for a plugin jit
+_PRINTED = "_thunder_subclass_printed"
+
+
+def _hook_python_callable(original):
+    @functools.wraps(original)
+    def python_callable(self, *args, **kwargs):
+        if not is_plugin_active():
+            return original(self, *args, **kwargs)
+        record: dict = {}
+        outer = getattr(_printing, "current", None)
+        _printing.current = (self, record)
+        try:
+            fn = original(self, *args, **kwargs)
+        finally:
+            _printing.current = outer
+        self.__dict__[_PRINTED] = (tuple(self.bound_symbols), record)
+        if type(fn) is types.FunctionType:
+            fn.__dict__[_PRINTED] = (None, record)  # what the function runs, whatever becomes of the trace
+        return fn
+
+    return python_callable
+
+
+def _recording(trace) -> dict | None:
+    current = getattr(_printing, "current", None)
+    return current[1] if current is not None and current[0] is trace else None
+
+
+def _hook_python(original):
+    @functools.wraps(original)
+    def python(self, **kwargs):
+        source = original(self, **kwargs)
+        record = _recording(self)
+        if record is not None:
+            record[("python", tuple(sorted(kwargs.items())))] = source
+        return source
+
+    return python
+
+
+def _hook_python_ctx(original):
+    @functools.wraps(original)
+    def python_ctx(self):
+        ctx = original(self)
+        record = _recording(self)
+        if record is not None:
+            record["python_ctx"] = dict(ctx)  # python_callable adds its own names to the dict it gets
+        return ctx
+
+    return python_ctx
+
+
+def printed_trace(trace, fn=None, **kwargs) -> tuple[str, dict] | None:
+    """``(trace.python(**kwargs), trace.python_ctx())`` as printed when the trace's callable was built, when the trace
+    still holds the same bound symbols; or, given ``fn`` (a function ``python_callable`` returned), the source and
+    context ``fn`` was built from (thunder builds the computation and epilogue from a last trace it does not keep,
+    ``transform_to_torch_types``); else None."""
+    for holder, bsyms_now in ((trace, trace.bound_symbols), (fn, None)):
+        printed = getattr(holder, "__dict__", {}).get(_PRINTED)
+        if printed is None:
+            continue
+        bsyms, record = printed
+        source = record.get(("python", tuple(sorted(kwargs.items()))))
+        ctx = record.get("python_ctx")
+        if source is None or ctx is None:
+            continue
+        if bsyms is not None and (len(bsyms_now) != len(bsyms) or any(a is not b for a, b in zip(bsyms_now, bsyms))):
+            continue
+        return source, dict(ctx)
+    return None
+
+
 def hook_targets() -> list[tuple[Any, str, Callable]]:
     import thunder.core.jit_ext as jit_ext
     import thunder.core.symbol as symbol
+    from thunder.core.trace import TraceCtx
 
     return [
         (symbol, "tree_flatten_with_dataclass", _hook_tree_flatten_with_dataclass),
         (jit_ext.JitCtx, "add_constraint", _hook_add_constraint),
+        (TraceCtx, "python_callable", _hook_python_callable),
+        (TraceCtx, "python", _hook_python),
+        (TraceCtx, "python_ctx", _hook_python_ctx),
     ]
