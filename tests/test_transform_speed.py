@@ -194,3 +194,37 @@ def test_the_source_a_callable_was_built_from_is_kept_for_the_disk_cache():
     assert transform_speed.printed_trace(prologue, include_decorators=False) is None
     # another printing option was not recorded
     assert transform_speed.printed_trace(entry.computation_traces[-1], entry.computation_fn, print_depth=2) is None
+
+
+def test_tracing_collects_garbage_less_often_and_restores_the_thresholds():
+    import gc
+
+    from thunder_subclass._thunder_internals import runtime
+
+    seen = []
+
+    def f(x):
+        seen.append(gc.get_threshold()[0])  # traced: runs while the call traces
+        return x * 2
+
+    def g(x):
+        raise ValueError("the program's own error")
+
+    before = gc.get_threshold()
+    try:
+        gc.set_threshold(700, 10, 10)
+        jf = thunder_subclass.jit(f)
+        torch.testing.assert_close(jf(torch.ones(2)), torch.ones(2) * 2)
+        assert seen == [runtime.TRACING_GC_THRESHOLD] and gc.get_threshold() == (700, 10, 10)
+        jf(torch.ones(2))  # a cache hit does not trace: the thresholds are untouched
+        assert seen == [runtime.TRACING_GC_THRESHOLD]
+        with pytest.raises(ValueError, match="the program's own error"):
+            thunder_subclass.jit(g)(torch.ones(2))
+        assert gc.get_threshold() == (700, 10, 10)
+        gc.disable()  # a collector the user turned off stays off, thresholds as they were
+        seen.clear()
+        thunder_subclass.jit(f)(torch.ones(3))
+        assert seen == [700] and not gc.isenabled()
+    finally:
+        gc.enable()
+        gc.set_threshold(*before)

@@ -23,6 +23,10 @@
   thunder) — kept bound to the module as it is now (:class:`ModuleBindings`): a parameter or submodule replaced after
   compiling is what the next call reads.
 
+* tracing (a miss of the fast path) runs with a higher threshold for CPython's youngest garbage-collector generation
+  (:func:`fewer_gc_collections`, restored afterwards): fewer collections walking the process's heap during a first
+  call.
+
 Owner of state: the fast path keeps the jit's compile data and stats weakly (no cycle through the compiled function)
 and an index of the cache entries
 (:class:`_EntryIndex`), freed with the compiled function; the cache policy lives on the compile data and the compiled
@@ -55,6 +59,7 @@ Threads. Owner of each piece of shared state, and who frees it:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 from collections.abc import Callable
@@ -541,6 +546,32 @@ def _undecorated(fn):
 _PLAIN_FNS_ATTR = "_thunder_subclass_undecorated"
 
 
+# the youngest generation's collection threshold while a plugin jit traces (CPython's default: 700)
+TRACING_GC_THRESHOLD = 20_000
+
+
+@contextlib.contextmanager
+def fewer_gc_collections():
+    """While a call traces: CPython's cyclic garbage collector collects its youngest generation every
+    :data:`TRACING_GC_THRESHOLD` allocations instead of every 700 (and the older generations as rarely in proportion).
+    Tracing allocates millions of short-lived objects while the process holds a large heap (torch, the model), and each
+    older-generation collection walks it: measured on a tiny int8 Llama's first call, ~0.13 s of collections per
+    decoder layer (550 collections at 6 layers), ~0.04 s with this. The thresholds in force are restored afterwards,
+    also when tracing raises; a collector the user disabled (or set to 0) is left alone. Process-wide, as CPython's
+    thresholds are: another thread allocating meanwhile collects less often too, for the trace's duration."""
+    import gc
+
+    old = gc.get_threshold()
+    if not gc.isenabled() or old[0] == 0 or old[0] >= TRACING_GC_THRESHOLD:
+        yield
+        return
+    gc.set_threshold(TRACING_GC_THRESHOLD, *old[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*old)
+
+
 def with_fast_cache_hits(jfn, policy=None, *, automatic_dynamic: bool = False):
     """A ``thunder.jit`` result (function or ``ThunderModule``) of a plugin jit whose calls take a shorter path to a
     cache hit than thunder 0.2.6's ``fn_`` (``thunder/__init__.py``): the same steps for the same result — the per-call
@@ -604,7 +635,7 @@ def with_fast_cache_hits(jfn, policy=None, *, automatic_dynamic: bool = False):
     def trace(args, kwargs):
         # a miss: under the tracing lock, also the automatic-dynamic decision (it switches the jit's shared cache
         # option, which a trace in another thread reads)
-        with TRACING_LOCK:
+        with TRACING_LOCK, fewer_gc_collections():
             return trace_call(args, kwargs)
 
     @functools.wraps(original)

@@ -58,9 +58,22 @@ def fast_tree_flatten_with_dataclass(tree, original: Callable):
     from thunder.core import pytree
 
     leaves, spec = pytree.tree_flatten(tree)
-    if spec.namespace or any(pytree._maybe_register_dataclass(leaf) for leaf in leaves):
+    if spec.namespace:
         return original(tree)
+    for leaf in leaves:
+        cls = type(leaf)
+        if cls in _NOT_DATACLASSES:
+            continue
+        if not hasattr(cls, "__dataclass_fields__"):  # dataclasses.is_dataclass of an instance (or a class: never one)
+            _NOT_DATACLASSES.add(cls)
+            continue
+        if pytree._maybe_register_dataclass(leaf):
+            return original(tree)
     return leaves, spec
+
+
+# types of leaves that are not dataclass instances (proxies, numbers, dtypes, ...): thunder's per-leaf test, once per type
+_NOT_DATACLASSES: set[type] = set()
 
 
 def _hook_tree_flatten_with_dataclass(original):
