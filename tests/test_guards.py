@@ -444,6 +444,31 @@ def test_state_read_from_dict_key_objects_is_guarded(fn, table, change):
         _K1.n = 2
 
 
+def _sum_set(x, s):
+    for k in s:
+        x = x * 2 + k.n
+    return x
+
+
+@pytest.mark.parametrize("kind", [set, frozenset])
+def test_state_read_from_the_items_of_a_set_is_guarded(kind):
+    # thunder iterates a set natively: its items had no provenance and `k.n` was inlined unchecked
+    a, b = _Key(2), _Key(3)
+    s = kind([a, b])
+    x = torch.randn(3)
+    jf = thunder_subclass.jit(_sum_set)
+    torch.testing.assert_close(jf(x, s), _sum_set(x, s))
+    torch.testing.assert_close(jf(x, s), _sum_set(x, s))
+    assert (thunder.cache_misses(jf), thunder.cache_hits(jf)) == (1, 1)
+    next(iter(s)).n = 7
+    torch.testing.assert_close(jf(x, s), _sum_set(x, s))
+    assert thunder.cache_misses(jf) == 2
+    assert any("<item 0 of a set>.n is 7, the trace was made for" in r for r in thunder_subclass.last_miss_reasons(jf))
+    other = kind([_Key(7), _Key(3)])  # other objects: the set's own guard (its items in iteration order)
+    torch.testing.assert_close(jf(x, other), _sum_set(x, other))
+    assert thunder.cache_misses(jf) == 3
+
+
 def test_the_guard_of_a_dict_key_object_says_what_changed():
     d = {_Key(2): 1.0}
     jf = thunder_subclass.jit(_loop_items)
@@ -533,9 +558,10 @@ def _bump(objs):
     ("sorted", lambda x, o: x * sorted(o)[-1].n),
     ("map", lambda x, o: x + sum(map(lambda k: k.n, o))),
     ("filter", lambda x, o: x + len(list(filter(lambda k: k.n > 1, o)))),
+    ("vars", lambda x, o: x + vars(o[0])["n"]),
 ])
 @pytest.mark.parametrize("cls", [_Ranked, _Ordered, _Row])
-def test_what_python_comparisons_and_map_filter_functions_read_is_guarded(name, f, cls):
+def test_what_python_comparisons_map_filter_and_vars_read_is_guarded(name, f, cls):
     # thunder runs comparisons and map/filter natively: what a Python __lt__ or a mapped function read was unseen by
     # the trace, and after a change the trace made for the old values ran (max(o) gave the old maximum's value)
     objs = [cls(1), cls(2)]

@@ -831,7 +831,8 @@ class ObjectSpec:
         if self.kind == "length":
             return f"{what} has {len(obj)} items, the trace was made for {self.value}"
         if self.kind == "keys":
-            return f"{what} has the keys {tuple(obj)!r}, the trace was made for {self.value!r}"
+            items = "items in the order" if self.typ in (set, frozenset) else "keys"
+            return f"{what} has the {items} {tuple(obj)!r}, the trace was made for {self.value!r}"
         if self.kind == "same":
             return f"{what} is {obj!r}, the trace was made for {self.value!r}"
         return f"{what} is {obj!r}, not equal to {self.value!r} as when traced"
@@ -996,7 +997,7 @@ def guard_input_object(obj, provenance) -> None:
     # every value read from the inputs, by its provenance record: the holders of later attribute reads
     seen = state.setdefault("input_values", {})
     seen[id(provenance)] = (provenance, obj)
-    if type(obj) in (list, tuple, dict):
+    if type(obj) in (list, tuple, dict, set, frozenset):
         _guard_container_size(obj, provenance, state, jit_ctx)
         return
     kind = object_guard_kind(obj)
@@ -1045,8 +1046,11 @@ class ConstantPath:
         return obj
 
     def __repr__(self) -> str:
-        return "<dict key " + type(self.root).__qualname__ + ">" + "".join(
-            f".{name}" if kind == "." else f"[{name!r}]" for kind, name in self.path)
+        root = f"<dict key {type(self.root).__qualname__}>"
+        path = self.path
+        if isinstance(self.root, _thunder_internals.SetItems) and path and path[0][0] == "[]":
+            root, path = f"<item {path[0][1]} of a set>", path[1:]
+        return root + "".join(f".{name}" if kind == "." else f"[{name!r}]" for kind, name in path)
 
 
 def _check_constant_path_impl(where: ConstantPath, spec: ObjectSpec) -> None:
@@ -1123,8 +1127,9 @@ def _guard_another_path(obj, provenance, spec: ObjectSpec, state, jit_ctx) -> No
 
 
 def _guard_container_size(obj, provenance, state, jit_ctx) -> None:
-    """A list, tuple or dict read from the inputs: its length (dict: keys in order) is guarded, once per object and
-    trace (see :class:`ObjectSpec` ``"length"``/``"keys"``). The call's own ``args``/``kwargs`` are bound by thunder."""
+    """A list, tuple, dict, set or frozenset read from the inputs: its length (dict: keys in order; set: items in
+    iteration order, which a loop over it follows) is guarded, once per object and trace (see :class:`ObjectSpec`
+    ``"length"``/``"keys"``). The call's own ``args``/``kwargs`` are bound by thunder."""
     import dis
 
     from thunder.core.proxies import AnyProxy
@@ -1140,12 +1145,12 @@ def _guard_container_size(obj, provenance, state, jit_ctx) -> None:
     guarded = state.setdefault("object_guards", {})
     if id(obj) in guarded:
         return
-    if type(obj) is not tuple:
+    if type(obj) in (list, dict):
         # as it is now, for write_back_input_containers at the end of the trace, and to restore if the trace fails
         before = list(obj.items()) if type(obj) is dict else list(obj)
         state.setdefault("input_containers", []).append((obj, provenance, before, _thunder_internals.source_location()))
         _thunder_internals.undo_if_trace_fails(functools.partial(_restore_container, obj, before))
-    spec = ObjectSpec("keys" if type(obj) is dict else "length", type(obj), _Pending(obj),
+    spec = ObjectSpec("length" if type(obj) in (list, tuple) else "keys", type(obj), _Pending(obj),
                       _describe_provenance(provenance))
     guarded[id(obj)] = (obj, spec, True)
     name = f"guarded_object{next(_guarded_object_names)}"

@@ -90,6 +90,7 @@ from thunder_subclass._thunder_internals.transform_speed import printed_trace  #
 from thunder_subclass._thunder_internals.thunder_state import (  # noqa: F401
     trace_recorded,
     trace_wrote_integer_tensors,
+    SetItems,
     attribute_provenance,
     call_in_epilogue,
     constant_rooted_path,

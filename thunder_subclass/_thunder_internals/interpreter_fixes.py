@@ -52,7 +52,9 @@ around:
 * ``core/interpreter.py`` ``populate_item_wrappers`` — thunder wraps a dict's keys as constants, so what traced code
   read from a key object (``for k in TABLE: x + k.n``) was inlined unchecked. The keys of a dict read from the inputs
   (and the items of a tuple key) are marked; values read from them are guarded through the key object
-  (``thunder_state.constant_rooted_path``, ``Handlers.input_object``).
+  (``thunder_state.constant_rooted_path``, ``Handlers.input_object``). ``iter()`` of an input set or frozenset
+  (lookaside) iterates a constant tuple of its items, marked the same way (thunder iterated it natively);
+  ``vars(obj)`` (lookaside) reads ``obj.__dict__`` through the interpreter (thunder called it natively).
 * ``sorted`` / ``min`` / ``max`` (lookasides, with a ``key=`` or items other than plain numbers and strings), ``map`` /
   ``filter`` (with a Python function) — run as Python through the interpreter, not natively: what the functions read
   is traced and guarded. ``COMPARE_OP`` ``<``/``<=``/``>``/``>=`` on objects whose comparison methods are Python runs
@@ -77,6 +79,7 @@ from thunder_subclass._thunder_internals import plugin_state
 from thunder_subclass._thunder_internals.plugin_state import is_plugin_active
 from thunder_subclass._thunder_internals.symbolic_values import pin_input_numbers, unpacked_parameters_tagged
 from thunder_subclass._thunder_internals.thunder_state import (
+    SetItems,
     constant_rooted_path,
     interpret_call,
     is_interpreting,
@@ -481,8 +484,36 @@ def _interpreted(impl):
     return lookaside
 
 
+def _vars(wrapped_obj):
+    """``vars(obj)``: ``obj.__dict__`` read as traced code reads an attribute (its items keep a path to ``obj``)."""
+    from thunder.core.interpreter import _interpret_call, wrap_const
+
+    return _interpret_call(getattr, wrapped_obj, wrap_const("__dict__"))
+
+
+def _set_iter(wrapped_set):
+    """``iter(s)`` of a set or frozenset read from the inputs: an iterator over a constant tuple of its items in
+    CPython's order, marked so that what traced code reads from an item is guarded through it (thunder iterates a set
+    natively: its items came back without provenance, and ``k.n`` of an item was inlined unchecked). The set's own
+    guard checks its items and their order (``guards._guard_container_size``)."""
+    from thunder.core.interpreter import _interpret_call, wrap_const
+
+    items = wrap_const(tuple(wrapped_set.value))
+    mark_dict_key(items.provenance, (SetItems(items.value), ()))
+    return _interpret_call(tuple.__iter__, items)
+
+
 def interpreter_fix_lookaside(fn, wrapped_args: tuple = (), wrapped_kwargs: dict | None = None):
     """The lookaside of an interpreter fix for ``fn`` called with ``wrapped_args`` / ``wrapped_kwargs``, or None."""
+    if fn is vars and len(wrapped_args) == 1 and not wrapped_kwargs \
+            and hasattr(getattr(wrapped_args[0], "value", None), "__dict__"):
+        # thunder calls vars() natively: the dict came back without provenance, what was read from it unchecked
+        return _vars
+    if fn is iter and len(wrapped_args) == 1 and not wrapped_kwargs:
+        s = wrapped_args[0]
+        if type(getattr(s, "value", None)) in (set, frozenset) and is_unpackable_provenance(s.provenance):
+            return _set_iter
+        return None
     if (fn is map or fn is filter) and wrapped_args and not wrapped_kwargs:
         from thunder.core.interpreter import unwrap
 

@@ -433,6 +433,19 @@ def is_unpackable_provenance(record) -> bool:
 DICT_KEY_MARK = "_thunder_subclass_dict_key"
 
 
+class SetItems:
+    """The items of a set or frozenset that traced code iterated, in the order it iterated them (the set's guard
+    checks that order): values read from an item are guarded through it, as from a dict key object."""
+
+    __slots__ = ("items",)
+
+    def __init__(self, items: tuple):
+        self.items = items
+
+    def __getitem__(self, i: int):
+        return self.items[i]
+
+
 def mark_dict_key(record, reached: tuple | None = None) -> None:
     """Mark ``record`` (a constant's) as a dict key object, or as an object ``reached`` ``(key, path)`` from one
     (an item of a tuple key: thunder wraps the items of a constant as constants, without a path)."""
