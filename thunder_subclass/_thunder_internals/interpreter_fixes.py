@@ -447,7 +447,7 @@ def _compares_python_objects(args: tuple, kwargs: dict) -> bool:
         return True
     items = args
     if len(args) == 1:
-        if type(args[0]) not in (list, tuple, dict, set, frozenset):
+        if not isinstance(args[0], (list, tuple, dict, set, frozenset)):  # (torch.Size is a tuple)
             return True
         items = args[0]
     return not all(type(i) in _PLAIN_ITEMS or isinstance(i, (Proxy, torch.Tensor)) for i in items)
