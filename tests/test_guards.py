@@ -2,6 +2,8 @@
 
 import dataclasses
 import functools
+import itertools
+import operator
 from types import SimpleNamespace
 
 import pytest
@@ -584,3 +586,47 @@ def test_an_unsupported_python_comparison_raises_as_in_eager():
         thunder_subclass.jit(f)(torch.ones(2), _Ordered(1), 3)
     with pytest.raises(TypeError, match="'>' not supported between instances of 'int' and '_Ordered'"):
         thunder_subclass.jit(lambda x, a, b: x + (1 if b > a else 0))(torch.ones(2), _Ordered(1), 3)
+
+
+def _group_sizes(x, o):
+    groups = [(key, list(g)) for key, g in itertools.groupby(o, key=lambda k: k.n > 1)]
+    return x + sum(len(g) * 10 + key for key, g in groups)
+
+
+def _consumed_groups(x, o):
+    groups = list(itertools.groupby(o, key=lambda k: k.n))  # advancing leaves earlier groups empty, as in CPython
+    return x + sum(len(list(g)) for _, g in groups) + len(groups)
+
+
+@pytest.mark.parametrize("name, f", [
+    ("chain", lambda x, o: x + sum(k.n for k in itertools.chain(o, o[:1]))),
+    ("chain.from_iterable", lambda x, o: x + sum(k.n for k in itertools.chain.from_iterable([o, o]))),
+    ("islice", lambda x, o: x + sum(k.n for k in itertools.islice(o, 1, None, 2)) + len(list(itertools.islice(o, 2)))),
+    ("starmap", lambda x, o: x + sum(itertools.starmap(lambda a, b: a.n * b, zip(o, [1, 2, 3])))),
+    ("accumulate", lambda x, o: x + list(itertools.accumulate([k.n for k in o], initial=1))[-1]
+     + list(itertools.accumulate(o, lambda t, k: t + k.n, initial=0))[-1]),
+    ("takewhile/dropwhile", lambda x, o: x + len(list(itertools.takewhile(lambda k: k.n < 3, o)))
+     + sum(k.n for k in itertools.dropwhile(lambda k: k.n < 2, o))),
+    ("filterfalse/compress", lambda x, o: x + sum(k.n for k in itertools.filterfalse(lambda k: k.n > 2, o))
+     + sum(k.n for k in itertools.compress(o, [1, 0, 1]))),
+    ("zip_longest/pairwise", lambda x, o: x + sum(a.n * (b.n if b else 5) for a, b in itertools.zip_longest(o, o[:1]))
+     + sum(a.n - b.n for a, b in itertools.pairwise(o))),
+    ("groupby", _group_sizes),
+    ("groupby, consumed", _consumed_groups),
+    ("attrgetter", lambda x, o: x + sum(map(operator.attrgetter("n"), o)) + operator.attrgetter("cfg.scale", "n")(o[0])[1]),
+    ("itemgetter", lambda x, o: x + operator.itemgetter(0)(o).n + sum(k.n for k in operator.itemgetter(1, 2)(o))),
+    ("computed getattr name", lambda x, o: x + sum(getattr(k, "".join(["n"])) for k in o)),
+])
+def test_what_itertools_and_getters_read_is_guarded(name, f):
+    # thunder runs itertools functions and attrgetter/itemgetter natively, and records a getattr with a computed name
+    # with a path its prologue cannot read: the objects they handed back had no path to the inputs, and `k.n` was
+    # inlined unchecked (a stale trace after a change)
+    objs = [_Key(1, 0.5), _Key(2), _Key(3)]
+    x = torch.randn(3)
+    jf = thunder_subclass.jit(f)
+    torch.testing.assert_close(jf(x, objs), f(x, objs))
+    for k in objs:  # every value any of these programs reads changes
+        k.n += 10
+        k.cfg.scale += 1.0
+    torch.testing.assert_close(jf(x, objs), f(x, objs))
+    assert thunder.cache_misses(jf) == 2

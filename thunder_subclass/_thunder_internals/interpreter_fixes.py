@@ -54,7 +54,9 @@ around:
   (and the items of a tuple key) are marked; values read from them are guarded through the key object
   (``thunder_state.constant_rooted_path``, ``Handlers.input_object``). ``iter()`` of an input set or frozenset
   (lookaside) iterates a constant tuple of its items, marked the same way (thunder iterated it natively);
-  ``vars(obj)`` (lookaside) reads ``obj.__dict__`` through the interpreter (thunder called it natively).
+  ``vars(obj)`` (lookaside) reads ``obj.__dict__`` through the interpreter (thunder called it natively);
+  ``itertools`` functions that hand objects back or to a callback and ``operator.attrgetter`` / ``itemgetter`` calls
+  (lookasides) run Python versions through the interpreter; ``getattr`` with a computed name reads it as a constant.
 * ``sorted`` / ``min`` / ``max`` (lookasides, with a ``key=`` or items other than plain numbers and strings), ``map`` /
   ``filter`` (with a Python function) — run as Python through the interpreter, not natively: what the functions read
   is traced and guarded. ``COMPARE_OP`` ``<``/``<=``/``>``/``>=`` on objects whose comparison methods are Python runs
@@ -484,6 +486,218 @@ def _interpreted(impl):
     return lookaside
 
 
+# Python versions of itertools functions and of calls of operator.attrgetter / itemgetter, run through the
+# interpreter: thunder runs the C versions natively, so the objects they hand back (or give their callbacks) had no
+# path to the inputs, and what traced code read from them was inlined unchecked (``for k in chain(objs): x + k.n``).
+# Each keeps CPython's order of iteration, of calls and of what it consumes.
+
+def _chain(*iterables):
+    for iterable in iterables:
+        yield from iterable
+
+
+def _chain_from_iterable(iterables):
+    for iterable in iterables:
+        yield from iterable
+
+
+def _islice(iterable, *args):
+    bounds = slice(*args)
+    start = 0 if bounds.start is None else bounds.start
+    step = 1 if bounds.step is None else bounds.step
+    counter = range(bounds.stop) if bounds.stop is not None else _count()
+    wanted = start
+    for i, item in zip(counter, iterable):  # zip asks the counter first: nothing past stop is consumed
+        if i == wanted:
+            yield item
+            wanted += step
+
+
+def _count():
+    i = 0
+    while True:
+        yield i
+        i += 1
+
+
+def _starmap(function, iterable):
+    for args in iterable:
+        yield function(*args)
+
+
+def _accumulate(iterable, func=None, *, initial=None):
+    it = iter(iterable)
+    total = initial
+    if initial is None:
+        for total in it:
+            break
+        else:
+            return
+    yield total
+    for item in it:
+        total = total + item if func is None else func(total, item)
+        yield total
+
+
+def _takewhile(predicate, iterable):
+    for item in iterable:
+        if not predicate(item):
+            return
+        yield item
+
+
+def _dropwhile(predicate, iterable):
+    it = iter(iterable)
+    for item in it:
+        if not predicate(item):
+            yield item
+            break
+    yield from it
+
+
+def _filterfalse(predicate, iterable):
+    for item in iterable:
+        if not (item if predicate is None else predicate(item)):
+            yield item
+
+
+def _compress(data, selectors):
+    for item, selected in zip(data, selectors):
+        if selected:
+            yield item
+
+
+def _zip_longest(*iterables, fillvalue=None):
+    iterators = [iter(i) for i in iterables]
+    active = len(iterators)
+    if not active:
+        return
+    while True:
+        values = []
+        for i in range(len(iterators)):
+            try:
+                value = next(iterators[i])
+            except StopIteration:
+                active -= 1
+                if not active:
+                    return
+                iterators[i] = _repeat(fillvalue)
+                value = fillvalue
+            values.append(value)
+        yield tuple(values)
+
+
+def _repeat(value):
+    while True:
+        yield value
+
+
+def _pairwise(iterable):
+    it = iter(iterable)
+    for first in it:
+        break
+    else:
+        return
+    for second in it:
+        yield first, second
+        first = second
+
+
+class _GroupBy:
+    """``itertools.groupby`` as Python: each group shares the underlying iterator, and advancing to the next key
+    leaves the previous group empty, as CPython's does."""
+
+    _UNSET = object()
+
+    def __init__(self, iterable, key=None):
+        self.keyfunc = key
+        self.it = iter(iterable)
+        self.tgtkey = self.currkey = self.currvalue = _GroupBy._UNSET
+        self.marker = object()
+
+    def __iter__(self):
+        return self
+
+    def _key(self, value):
+        return value if self.keyfunc is None else self.keyfunc(value)
+
+    def __next__(self):
+        self.marker = object()
+        while self.currkey is _GroupBy._UNSET or (self.tgtkey is not _GroupBy._UNSET and self.currkey == self.tgtkey):
+            self.currvalue = next(self.it)
+            self.currkey = self._key(self.currvalue)
+        self.tgtkey = self.currkey
+        return self.currkey, self._group(self.tgtkey, self.marker)
+
+    def _group(self, tgtkey, marker):
+        while self.marker is marker and self.currkey == tgtkey:
+            yield self.currvalue
+            try:
+                self.currvalue = next(self.it)
+            except StopIteration:
+                return
+            self.currkey = self._key(self.currvalue)
+
+
+def _attrgetter_call(paths: tuple, obj):
+    values = []
+    for path in paths:  # each dotted name, split natively beforehand
+        value = obj
+        for part in path:
+            value = getattr(value, part)
+        values.append(value)
+    return values[0] if len(paths) == 1 else tuple(values)
+
+
+def _itemgetter_call(items: tuple, obj):
+    return obj[items[0]] if len(items) == 1 else tuple(obj[i] for i in items)
+
+
+@functools.cache
+def _python_itertools() -> dict:
+    import itertools
+
+    return {
+        itertools.chain: _chain, itertools.chain.from_iterable: _chain_from_iterable, itertools.islice: _islice,
+        itertools.starmap: _starmap, itertools.accumulate: _accumulate, itertools.takewhile: _takewhile,
+        itertools.dropwhile: _dropwhile, itertools.filterfalse: _filterfalse, itertools.compress: _compress,
+        itertools.zip_longest: _zip_longest, itertools.pairwise: _pairwise, itertools.groupby: _GroupBy,
+    }
+
+
+def _getter_call(impl, parts: tuple):
+    from thunder.core.interpreter import wrap_const
+
+    def lookaside(*args, **kwargs):
+        return interpret_call(impl, wrap_const(parts), *args, **kwargs)
+
+    return lookaside
+
+
+def _python_iteration_lookaside(fn, wrapped_args: tuple, wrapped_kwargs: dict):
+    """The interpreted Python version of an ``itertools`` function or of an attrgetter/itemgetter call, or None."""
+    if type(fn) in (operator.attrgetter, operator.itemgetter) and len(wrapped_args) == 1 and not wrapped_kwargs:
+        parts = fn.__reduce__()[1]
+        if type(fn) is operator.attrgetter:
+            return _getter_call(_attrgetter_call, tuple(tuple(name.split(".")) for name in parts))
+        return _getter_call(_itemgetter_call, parts)
+    if not is_hashable(fn):
+        return None
+    impl = _python_itertools().get(fn)
+    if impl is None:
+        return None
+    if impl is _islice:
+        import itertools
+
+        from thunder.core.interpreter import unwrap
+
+        bounds = [unwrap(a) for a in wrapped_args[1:]]
+        if wrapped_kwargs or not all(b is None or type(b) is int for b in bounds):
+            return None  # thunder's own call (keywords, number proxies)
+        itertools.islice((), *bounds)  # CPython's errors for bad bounds, before anything is consumed
+    return _interpreted(impl)
+
+
 def _vars(wrapped_obj):
     """``vars(obj)``: ``obj.__dict__`` read as traced code reads an attribute (its items keep a path to ``obj``)."""
     from thunder.core.interpreter import _interpret_call, wrap_const
@@ -503,8 +717,17 @@ def _set_iter(wrapped_set):
     return _interpret_call(tuple.__iter__, items)
 
 
+def _getattr_with_constant_name(obj, name, *default):
+    from thunder.core.interpreter import _interpret_call, unwrap, wrap_const
+
+    return _interpret_call(getattr, obj, wrap_const(unwrap(name)), *default)
+
+
 def interpreter_fix_lookaside(fn, wrapped_args: tuple = (), wrapped_kwargs: dict | None = None):
     """The lookaside of an interpreter fix for ``fn`` called with ``wrapped_args`` / ``wrapped_kwargs``, or None."""
+    lookaside = _python_iteration_lookaside(fn, wrapped_args, wrapped_kwargs or {})
+    if lookaside is not None:
+        return lookaside
     if fn is vars and len(wrapped_args) == 1 and not wrapped_kwargs \
             and hasattr(getattr(wrapped_args[0], "value", None), "__dict__"):
         # thunder calls vars() natively: the dict came back without provenance, what was read from it unchecked
@@ -529,9 +752,15 @@ def interpreter_fix_lookaside(fn, wrapped_args: tuple = (), wrapped_kwargs: dict
             return _interpreted_builtin(fn)
         return None  # plain numbers and strings: thunder's own call
     if fn is getattr and len(wrapped_args) in (2, 3):
-        from thunder.core.interpreter import unwrap
+        from thunder.core.interpreter import PseudoInst, unwrap
 
         name = unwrap(wrapped_args[1])
+        if type(name) is str and getattr(getattr(wrapped_args[1], "provenance", None), "inst", None) is not \
+                PseudoInst.CONSTANT:
+            # a name computed in traced code (``getattr(cfg, f"w{i}")``): thunder records the read with the name's
+            # own provenance, which its prologue cannot unpack, and inlined the value unchecked. Read with the name
+            # as a constant (its value is the traced code's, itself checked or constant), the value is guarded
+            return _getattr_with_constant_name
         if not isinstance(name, str) or (name.startswith("__") and name.endswith("__")):
             # dunders: thunder reads them with the real getattr (which calls the class's __getattribute__); its own
             # emulation of object.__getattribute__ reads obj.__dict__ that way too
