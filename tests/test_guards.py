@@ -616,6 +616,11 @@ def _consumed_groups(x, o):
     ("attrgetter", lambda x, o: x + sum(map(operator.attrgetter("n"), o)) + operator.attrgetter("cfg.scale", "n")(o[0])[1]),
     ("itemgetter", lambda x, o: x + operator.itemgetter(0)(o).n + sum(k.n for k in operator.itemgetter(1, 2)(o))),
     ("computed getattr name", lambda x, o: x + sum(getattr(k, "".join(["n"])) for k in o)),
+    ("product", lambda x, o: x + sum(a.n * b for a, b in itertools.product(o, [1, 2]))),
+    ("combinations", lambda x, o: x + sum(a.n - b.n for a, b in itertools.combinations(o, 2))
+     + len(list(itertools.combinations_with_replacement(o, 2))) * o[0].n),
+    ("permutations", lambda x, o: x + sum(a.n * 2 - b.n for a, b in itertools.permutations(o, 2))),
+    ("methodcaller", lambda x, o: x + sum(map(operator.methodcaller("times", 1.0), o))),
 ])
 def test_what_itertools_and_getters_read_is_guarded(name, f):
     # thunder runs itertools functions and attrgetter/itemgetter natively, and records a getattr with a computed name

@@ -55,7 +55,8 @@ around:
   (``thunder_state.constant_rooted_path``, ``Handlers.input_object``). ``iter()`` of an input set or frozenset
   (lookaside) iterates a constant tuple of its items, marked the same way (thunder iterated it natively);
   ``vars(obj)`` (lookaside) reads ``obj.__dict__`` through the interpreter (thunder called it natively);
-  ``itertools`` functions that hand objects back or to a callback and ``operator.attrgetter`` / ``itemgetter`` calls
+  ``itertools`` functions that hand objects back or to a callback and ``operator.attrgetter`` / ``itemgetter`` /
+  ``methodcaller`` calls
   (lookasides) run Python versions through the interpreter; ``getattr`` with a computed name reads it as a constant.
 * ``sorted`` / ``min`` / ``max`` (lookasides, with a ``key=`` or items other than plain numbers and strings), ``map`` /
   ``filter`` (with a Python function) — run as Python through the interpreter, not natively: what the functions read
@@ -603,6 +604,89 @@ def _pairwise(iterable):
         first = second
 
 
+def _advance(indices: list, limits: list) -> bool:
+    # odometer step over indices[i] < limits[i], rightmost first; False when it wraps around
+    for i in reversed(range(len(indices))):
+        indices[i] += 1
+        if indices[i] < limits[i]:
+            return True
+        indices[i] = 0
+    return False
+
+
+def _product(*iterables, repeat=1):
+    if repeat < 0:
+        raise ValueError("repeat argument cannot be negative")
+    pools = [tuple(pool) for pool in iterables] * repeat  # CPython reads every input first
+    if any(len(pool) == 0 for pool in pools):
+        return
+    indices = [0] * len(pools)
+    limits = [len(pool) for pool in pools]
+    while True:
+        yield tuple(pools[i][indices[i]] for i in range(len(pools)))
+        if not _advance(indices, limits):
+            return
+
+
+def _combinations_indices(n: int, r: int, replacement: bool):
+    # index tuples in CPython's (lexicographic) order
+    if r < 0:
+        raise ValueError("r must be non-negative")
+    if (n == 0 and r > 0) or (not replacement and r > n):
+        return
+    indices = [0] * r if replacement else list(range(r))
+    while True:
+        yield tuple(indices)
+        i = r - 1
+        while i >= 0 and indices[i] == (n - 1 if replacement else i + n - r):
+            i -= 1
+        if i < 0:
+            return
+        indices[i] += 1
+        for j in range(i + 1, r):
+            indices[j] = indices[i] if replacement else indices[j - 1] + 1
+
+
+def _combinations(iterable, r):
+    pool = tuple(iterable)
+    for indices in _combinations_indices(len(pool), r, False):
+        yield tuple(pool[i] for i in indices)
+
+
+def _combinations_with_replacement(iterable, r):
+    pool = tuple(iterable)
+    for indices in _combinations_indices(len(pool), r, True):
+        yield tuple(pool[i] for i in indices)
+
+
+def _permutations(iterable, r=None):
+    pool = tuple(iterable)
+    r = len(pool) if r is None else r
+    if r < 0:
+        raise ValueError("r must be non-negative")
+    if r <= len(pool):
+        yield from _distinct_positions(pool, r, [], [False] * len(pool))
+
+
+def _distinct_positions(pool: tuple, r: int, chosen: list, used: list):
+    # r-tuples of distinct positions in lexicographic order (CPython's order of permutations)
+    if len(chosen) == r:
+        yield tuple(pool[i] for i in chosen)
+        return
+    for i in range(len(pool)):
+        if not used[i]:
+            used[i] = True
+            chosen.append(i)
+            yield from _distinct_positions(pool, r, chosen, used)
+            chosen.pop()
+            used[i] = False
+
+
+def _methodcaller_call(spec: tuple, obj):
+    name, args, kwargs = spec
+    return getattr(obj, name)(*args, **kwargs)
+
+
 class _GroupBy:
     """``itertools.groupby`` as Python: each group shares the underlying iterator, and advancing to the next key
     leaves the previous group empty, as CPython's does."""
@@ -662,6 +746,8 @@ def _python_itertools() -> dict:
         itertools.starmap: _starmap, itertools.accumulate: _accumulate, itertools.takewhile: _takewhile,
         itertools.dropwhile: _dropwhile, itertools.filterfalse: _filterfalse, itertools.compress: _compress,
         itertools.zip_longest: _zip_longest, itertools.pairwise: _pairwise, itertools.groupby: _GroupBy,
+        itertools.product: _product, itertools.combinations: _combinations,
+        itertools.combinations_with_replacement: _combinations_with_replacement, itertools.permutations: _permutations,
     }
 
 
@@ -676,6 +762,13 @@ def _getter_call(impl, parts: tuple):
 
 def _python_iteration_lookaside(fn, wrapped_args: tuple, wrapped_kwargs: dict):
     """The interpreted Python version of an ``itertools`` function or of an attrgetter/itemgetter call, or None."""
+    if type(fn) is operator.methodcaller and len(wrapped_args) == 1 and not wrapped_kwargs:
+        name = fn.__reduce__()  # (methodcaller, (name, *args)) or (partial(methodcaller, name, **kwargs), args)
+        if name[0] is operator.methodcaller:
+            spec = (name[1][0], tuple(name[1][1:]), {})
+        else:
+            spec = (name[0].args[1], tuple(name[1]), dict(name[0].keywords))
+        return _getter_call(_methodcaller_call, spec)
     if type(fn) in (operator.attrgetter, operator.itemgetter) and len(wrapped_args) == 1 and not wrapped_kwargs:
         parts = fn.__reduce__()[1]
         if type(fn) is operator.attrgetter:
