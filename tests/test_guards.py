@@ -496,7 +496,8 @@ def test_a_tensor_read_from_a_dict_key_object_is_a_typed_error():
         return x
 
     with pytest.raises(thunder_subclass.errors.UnsupportedTracingError,
-                       match=r"read the tensor <dict key _Key>\.t from an object used as a dict key \(at .*test_guards"):
+                       match=r"read the tensor <dict key _Key>\.t from an object used as a dict key "
+                             r"\(at .*test_guards"):
         thunder_subclass.jit(f)(torch.ones(3), {k: 0})
 
 
@@ -613,7 +614,8 @@ def _consumed_groups(x, o):
      + sum(a.n - b.n for a, b in itertools.pairwise(o))),
     ("groupby", _group_sizes),
     ("groupby, consumed", _consumed_groups),
-    ("attrgetter", lambda x, o: x + sum(map(operator.attrgetter("n"), o)) + operator.attrgetter("cfg.scale", "n")(o[0])[1]),
+    ("attrgetter", lambda x, o: x + sum(map(operator.attrgetter("n"), o))
+     + operator.attrgetter("cfg.scale", "n")(o[0])[1]),
     ("itemgetter", lambda x, o: x + operator.itemgetter(0)(o).n + sum(k.n for k in operator.itemgetter(1, 2)(o))),
     ("computed getattr name", lambda x, o: x + sum(getattr(k, "".join(["n"])) for k in o)),
     ("product", lambda x, o: x + sum(a.n * b for a, b in itertools.product(o, [1, 2]))),
@@ -635,3 +637,34 @@ def test_what_itertools_and_getters_read_is_guarded(name, f):
         k.cfg.scale += 1.0
     torch.testing.assert_close(jf(x, objs), f(x, objs))
     assert thunder.cache_misses(jf) == 2
+
+
+def test_the_python_versions_of_itertools_give_cpythons_results():
+    # the interpreted stand-ins (_thunder_internals.interpreter_fixes) on plain data, run directly, against itertools
+    from thunder_subclass._thunder_internals import interpreter_fixes as fx
+
+    for data in ([], [3], [1, 2, 3], "abcd"):
+        assert list(fx._chain(data, data[:1])) == list(itertools.chain(data, data[:1]))
+        assert list(fx._chain_from_iterable([data, data])) == list(itertools.chain.from_iterable([data, data]))
+        for bounds in ((2,), (1, None), (0, 3, 2), (1, None, 2), (5,)):
+            assert list(fx._islice(data, *bounds)) == list(itertools.islice(data, *bounds)), bounds
+        assert list(fx._accumulate(data[:3] if data != "abcd" else [1, 2])) == \
+            list(itertools.accumulate(data[:3] if data != "abcd" else [1, 2]))
+        assert list(fx._pairwise(data)) == list(itertools.pairwise(data))
+        assert list(fx._zip_longest(data, [9], fillvalue=0)) == list(itertools.zip_longest(data, [9], fillvalue=0))
+        assert [(k, list(g)) for k, g in fx._GroupBy(data, key=lambda v: v in (1, "a"))] == \
+            [(k, list(g)) for k, g in itertools.groupby(data, key=lambda v: v in (1, "a"))]
+        assert [len(list(g)) for _, g in list(fx._GroupBy(data))] == \
+            [len(list(g)) for _, g in list(itertools.groupby(data))]
+        for r in range(5):
+            assert list(fx._combinations(data, r)) == list(itertools.combinations(data, r))
+            assert list(fx._combinations_with_replacement(data, r)) == \
+                list(itertools.combinations_with_replacement(data, r))
+            assert list(fx._permutations(data, r)) == list(itertools.permutations(data, r))
+        assert list(fx._permutations(data)) == list(itertools.permutations(data))
+        for repeat in (0, 1, 2):
+            assert list(fx._product(data, [7, 8], repeat=repeat)) == \
+                list(itertools.product(data, [7, 8], repeat=repeat))
+    assert list(fx._product()) == list(itertools.product())
+    it = iter([1, 2, 3, 4])  # consumption: what islice leaves in its iterator
+    assert list(fx._islice(it, 2)) == [1, 2] and next(it) == 3

@@ -427,7 +427,7 @@ def _min_or_max(builtin, greater: bool, *args, key=None, default=_NO_DEFAULT):
         raise TypeError(f"Cannot specify a default for {builtin.__name__}() with multiple positional arguments")
     items = list(args[0]) if len(args) == 1 else list(args)
     if not items:
-        return builtin([]) if default is _NO_DEFAULT else default  # CPython's error (natively: no items), or the default
+        return builtin([]) if default is _NO_DEFAULT else default  # CPython's error (no items), or the default
     best = items[0]
     best_key = best if key is None else key(best)
     for item in items[1:]:
