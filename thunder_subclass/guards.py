@@ -990,7 +990,9 @@ def guard_input_object(obj, provenance) -> None:
     jit_ctx = _thunder_internals.jit_context()
     if state is None or jit_ctx is None:
         return
-    rooted = _thunder_internals.constant_rooted_path(provenance)
+    # (a path the prologue unpacks never ends at a marked key, which is neither an int nor a str: no walk for those)
+    rooted = None if _thunder_internals.is_unpackable_provenance(provenance) else \
+        _thunder_internals.constant_rooted_path(provenance)
     if rooted is not None:
         _guard_constant_path(obj, *rooted, state, jit_ctx)
         return
@@ -1102,7 +1104,7 @@ def _guard_constant_path(obj, root, path: tuple, state, jit_ctx) -> None:
             return
         spec = _object_spec(obj, kind, repr(where))
     done.add(key)
-    state.setdefault("constant_path_roots", []).append(root)  # ids stay the roots' own while the trace lives
+    # (the constraint holds the root for the trace's lifetime, so the id in ``done`` stays the root's own)
     jit_ctx.add_constraint((check_constant_path, where, spec))
 
 
