@@ -78,6 +78,69 @@ def test_one_pass_flatten_gives_thunders_leaves_specs_and_registrations():
         original(object())
 
 
+def test_tree_flatten_with_its_code_swapped_gives_thunders_results_and_is_restored():
+    import thunder.core.pytree as pytree
+    from thunder.core.proxies import TensorProxy
+    from thunder.core.trace import TraceCtx, tracectx
+
+    thunder_subclass.install_hooks()
+    fn = pytree.tree_flatten
+    original_code = _original(fn, "__code__")
+    assert fn.__code__ is not original_code
+    thunder_code = types.FunctionType(original_code, fn.__globals__, "tree_flatten", fn.__defaults__)
+    # the plain types are found by calling thunder's code: each is in thunder's set, and the usual ones are there
+    plain = transform_speed.plain_flatten_types(thunder_code)
+    assert {tuple, list, dict, int, float, bool, str, type(None), torch.dtype, torch.device, torch.Size} <= plain
+    assert object not in plain and _Pair not in plain
+    with tracectx(TraceCtx()):
+        proxy = TensorProxy(shape=(2,), device=thunder.devices.cpu, dtype=thunder.dtypes.float32)
+    trees = [*_plain_trees(), *_trees_thunder_rebuilds(), proxy, (proxy, [proxy, 1]), _Pair(proxy, 2), None, 3,
+             torch.float32, {"a": torch.Size([1, 2])}]
+    for tree in trees:  # the same leaves and specs as thunder's code, through every module that bound the function
+        for namespace in ("thunder", ""):
+            leaves, spec = fn(tree, namespace)
+            expected_leaves, expected_spec = thunder_code(tree, namespace)
+            assert len(leaves) == len(expected_leaves) and all(a is b for a, b in zip(leaves, expected_leaves))
+            assert spec == expected_spec
+        assert thunder.core.symbol.tree_flatten(tree)[1] == thunder_code(tree)[1]
+    for bad in (object(), torch.nn.Linear(1, 1)):  # thunder's error, from thunder's code
+        with pytest.raises(TypeError, match=f"tree_flatten of type {type(bad)!r} is not supported"):
+            fn(bad)
+    thunder_subclass.uninstall_hooks()
+    try:
+        assert fn.__code__ is original_code
+        assert "_thunder_subclass_checked" not in fn.__dict__ and "_thunder_subclass_plain_types" not in fn.__dict__
+        assert fn((1, 2))[0] == [1, 2]
+    finally:
+        thunder_subclass.install_hooks()
+    assert fn.__code__ is not original_code and fn((1, [2]))[0] == [1, 2]
+
+
+def test_symbol_normalize_binds_as_thunder_with_one_signature_per_meta():
+    import inspect
+
+    import thunder.core.prims as prims
+    import thunder.core.symbol as symbol
+    import thunder.torch as ltorch
+
+    original = _original(symbol.Symbol, "normalize")
+    assert symbol.Symbol.normalize is not original
+    calls = [(ltorch.linear, (1, 2), {}), (ltorch.linear, (1, 2), {"bias": 3}),
+             (ltorch.sum, (1,), {"dim": 0, "keepdim": True}), (ltorch.sum, (1, 0, True), {"dtype": 4}),
+             (prims.broadcast_in_dim, (1, (2, 3), (1,)), {}), (prims.broadcast_in_dim, (1,), {"shape": (2,),
+                                                                                            "broadcast_dimensions": ()})]
+    for sym, args, kwargs in calls:
+        assert sym.normalize(*args, **kwargs) == original(sym, *args, **kwargs)
+        assert transform_speed.meta_signature(sym.meta) is transform_speed.meta_signature(sym.meta)
+        assert transform_speed.meta_signature(sym.meta) == inspect.signature(sym.meta)
+    for bad_args, bad_kwargs, message in (((1,), {}, "missing a required argument: 'w'"),
+                                          ((1,), {"w": 2}, "'w' parameter is positional only")):
+        with pytest.raises(TypeError, match=message):
+            ltorch.linear.normalize(*bad_args, **bad_kwargs)
+        with pytest.raises(TypeError, match=message):
+            original(ltorch.linear, *bad_args, **bad_kwargs)
+
+
 def test_indexed_add_constraint_keeps_what_thunders_scan_keeps():
     import thunder.core.jit_ext as jit_ext
     from thunder.core.proxies import IntegerProxy

@@ -71,6 +71,11 @@ def install(handlers: Handlers) -> None:
             hook._thunder_subclass_hook = True
             owner[name] = hook
             continue
+        if name == "__code__":  # a function's code swapped in place: every module that bound the function by name
+            original = owner.__code__
+            _originals[(id(owner), name)] = (owner, name, original)
+            owner.__code__ = make_hook(original)
+            continue
         # an inherited attribute (StringProxy's comparisons come from Proxy) is shadowed, and deleted by uninstall
         original = owner.__dict__.get(name, _INHERITED)
         _originals[(id(owner), name)] = (owner, name, original)
@@ -87,10 +92,13 @@ def uninstall() -> None:
     for owner, name, original in _originals.values():
         if type(owner) is dict:
             owner[name] = original
+        elif name == "__code__":
+            owner.__code__ = original
         elif original is _INHERITED:
             delattr(owner, name)
         else:
             setattr(owner, name, original)
     _originals.clear()
+    transform_speed.unhook_tree_flatten()
     plugin_state.hooks_installed = False
     unregister_torch_compile_fusible()

@@ -38,6 +38,7 @@ proxy names later traces get (the discarded pass no longer takes names), so it a
 from __future__ import annotations
 
 import functools
+import inspect
 import sys
 import threading
 import types
@@ -47,7 +48,7 @@ from typing import Any
 from thunder_subclass._thunder_internals.plugin_state import is_plugin_active
 
 __all__ = [
-    "fast_tree_flatten_with_dataclass", "may_hold_waits", "is_sort_waits_probe", "printed_trace", "hook_targets",
+    "fast_tree_flatten_with_dataclass", "plain_flatten_types", "unhook_tree_flatten", "meta_signature", "may_hold_waits", "is_sort_waits_probe", "printed_trace", "hook_targets",
 ]
 
 
@@ -82,6 +83,99 @@ def _hook_tree_flatten_with_dataclass(original):
         return fast_tree_flatten_with_dataclass(tree, original)
 
     return tree_flatten_with_dataclass
+
+
+# --- thunder.core.pytree.tree_flatten ---------------------------------------------------------------------------
+# thunder's tree_flatten tests the argument's type against a set literal of ~30 types that it builds on every call
+# (it holds starred expressions, so Python cannot make it a constant): ~2.8 us of a ~5.5 us call, ~13,500 calls per
+# Llama decoder layer. 30 modules bound the function by name (``from thunder.core.pytree import tree_flatten``), so
+# the hook swaps the function's code, not a module attribute: every holder gets the new code at once. The new code
+# answers the types thunder's set accepts from a set built once (:func:`plain_flatten_types`, found by calling
+# thunder's own function, so it is never larger than thunder's) and hands every other argument to thunder's code.
+
+
+def _fast_tree_flatten_code(args, namespace="thunder"):  # pragma: no cover - only its __code__ is used
+    # runs as thunder.core.pytree.tree_flatten, with that module's globals (tree_flatten, optree) and thunder's
+    # default for ``namespace``
+    if type(args) in tree_flatten._thunder_subclass_plain_types:  # noqa: F821
+        return optree.tree_flatten(args, none_is_leaf=True, namespace=namespace)  # noqa: F821
+    return tree_flatten._thunder_subclass_checked(args, namespace)  # noqa: F821
+
+
+def plain_flatten_types(checked: Callable) -> frozenset:
+    """The types of common values that thunder's ``tree_flatten`` (``checked``: a function with its original code)
+    accepts by its type test alone: each candidate is kept only when ``checked`` flattens an instance of it."""
+    import torch
+    import thunder.core.devices as devices
+    import thunder.core.dtypes as dtypes
+
+    samples = [
+        (), [], {}, "", 0, 1.5, True, None, 1j, slice(1), ..., int, torch.float32, torch.device("cpu"),
+        torch.Size([1]), torch.contiguous_format, dtypes.float32, dtypes.int64, dtypes.bool8, devices.cpu,
+    ]
+    found = set()
+    for x in samples:
+        try:
+            checked(x)
+        except TypeError:
+            continue
+        found.add(type(x))
+    return frozenset(found)
+
+
+def _hook_tree_flatten_code(original_code):
+    """The code that ``thunder.core.pytree.tree_flatten`` runs while hooked (see the comment above). Keeps, on the
+    function, thunder's code as a function of its own and the set of plain types; :func:`_unhook_tree_flatten` (called
+    by ``uninstall``) removes them."""
+    from thunder.core import pytree
+
+    fn = pytree.tree_flatten
+    checked = types.FunctionType(original_code, fn.__globals__, fn.__name__, fn.__defaults__)
+    fn._thunder_subclass_checked = checked
+    fn._thunder_subclass_plain_types = plain_flatten_types(checked)
+    names = {"co_name": original_code.co_name}
+    if hasattr(original_code, "co_qualname"):  # Python >= 3.11
+        names["co_qualname"] = original_code.co_qualname
+    return _fast_tree_flatten_code.__code__.replace(**names)
+
+
+def unhook_tree_flatten() -> None:
+    from thunder.core import pytree
+
+    for name in ("_thunder_subclass_checked", "_thunder_subclass_plain_types"):
+        pytree.tree_flatten.__dict__.pop(name, None)
+
+
+# --- Symbol.normalize -------------------------------------------------------------------------------------------
+# thunder's Symbol.bind normalizes a call's arguments with inspect.signature(self.meta) on every bound symbol it makes
+# (~1,000 per Llama decoder layer, ~23 us each). A signature depends only on the function, so it is made once per
+# meta function; the binding itself is thunder's (Signature.bind + apply_defaults).
+
+_SIGNATURES: dict[int, tuple[Callable, inspect.Signature]] = {}  # id(meta) -> (meta, its signature); meta kept alive
+_SIGNATURES_LIMIT = 8192  # symbols made per trace (fusions) would otherwise grow it without end
+
+
+def meta_signature(meta: Callable) -> inspect.Signature:
+    """``inspect.signature(meta)``, made once per function."""
+    entry = _SIGNATURES.get(id(meta))
+    if entry is None or entry[0] is not meta:
+        if len(_SIGNATURES) >= _SIGNATURES_LIMIT:
+            _SIGNATURES.clear()
+        entry = _SIGNATURES[id(meta)] = (meta, inspect.signature(meta))
+    return entry[1]
+
+
+def _hook_normalize(original):
+    @functools.wraps(original)
+    def normalize(self, *args, **kwargs):
+        meta = self.meta
+        if meta is None:  # thunder's assertion
+            return original(self, *args, **kwargs)
+        bound = meta_signature(meta).bind(*args, **kwargs)
+        bound.apply_defaults()
+        return bound.args, bound.kwargs
+
+    return normalize
 
 
 _UNHASHABLE = object()
@@ -262,11 +356,14 @@ def printed_trace(trace, fn=None, **kwargs) -> tuple[str, dict] | None:
 
 def hook_targets() -> list[tuple[Any, str, Callable]]:
     import thunder.core.jit_ext as jit_ext
+    import thunder.core.pytree as pytree
     import thunder.core.symbol as symbol
     from thunder.core.trace import TraceCtx
 
     return [
+        (pytree.tree_flatten, "__code__", _hook_tree_flatten_code),
         (symbol, "tree_flatten_with_dataclass", _hook_tree_flatten_with_dataclass),
+        (symbol.Symbol, "normalize", _hook_normalize),
         (jit_ext.JitCtx, "add_constraint", _hook_add_constraint),
         (TraceCtx, "python_callable", _hook_python_callable),
         (TraceCtx, "python", _hook_python),
