@@ -623,6 +623,10 @@ def _consumed_groups(x, o):
      + len(list(itertools.combinations_with_replacement(o, 2))) * o[0].n),
     ("permutations", lambda x, o: x + sum(a.n * 2 - b.n for a, b in itertools.permutations(o, 2))),
     ("methodcaller", lambda x, o: x + sum(map(operator.methodcaller("times", 1.0), o))),
+    ("tee", lambda x, o: x + sum(a.n * 2 - b.n for a, b in zip(*itertools.tee(o)))),
+    ("tee, one iterator", lambda x, o: x + sum(k.n for k in itertools.tee(o, 3)[2])),
+    ("cmp_to_key", lambda x, o: x * o.index(sorted(o, key=functools.cmp_to_key(lambda a, b: b.n - a.n))[0])),
+    ("cmp_to_key, max", lambda x, o: x * o.index(max(o, key=functools.cmp_to_key(lambda a, b: a.n % 3 - b.n % 3)))),
 ])
 def test_what_itertools_and_getters_read_is_guarded(name, f):
     # thunder runs itertools functions and attrgetter/itemgetter natively, and records a getattr with a computed name
@@ -668,3 +672,18 @@ def test_the_python_versions_of_itertools_give_cpythons_results():
     assert list(fx._product()) == list(itertools.product())
     it = iter([1, 2, 3, 4])  # consumption: what islice leaves in its iterator
     assert list(fx._islice(it, 2)) == [1, 2] and next(it) == 3
+    for n in (0, 1, 3):  # tee: independent iterators over one source, each consuming it only as far as it is ahead
+        source = iter([1, 2, 3])
+        tees = fx._tee(source, n)
+        assert len(tees) == n and all(list(t) == [1, 2, 3] for t in tees)
+    for tee in (fx._tee, itertools.tee):  # what each iterator sees after the source was advanced elsewhere
+        source = iter([1, 2, 3, 4, 5])
+        a, b = tee(source)
+        assert [next(a), next(a), next(b), next(source)] == [1, 2, 1, 3]
+        assert list(b) == [2, 4, 5] and list(a) == [4, 5]
+    with pytest.raises(ValueError, match="n must be >= 0"):
+        fx._tee([], -1)
+    data = [3, 1, 2, 1]
+    cmp = lambda a, b: (a > b) - (a < b)  # noqa: E731
+    assert sorted(data, key=fx._cmp_to_key(cmp)) == sorted(data, key=functools.cmp_to_key(cmp))
+    assert max(data, key=fx._cmp_to_key(cmp)) == max(data, key=functools.cmp_to_key(cmp))

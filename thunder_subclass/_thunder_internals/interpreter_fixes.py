@@ -55,8 +55,8 @@ around:
   (``thunder_state.constant_rooted_path``, ``Handlers.input_object``). ``iter()`` of an input set or frozenset
   (lookaside) iterates a constant tuple of its items, marked the same way (thunder iterated it natively);
   ``vars(obj)`` (lookaside) reads ``obj.__dict__`` through the interpreter (thunder called it natively);
-  ``itertools`` functions that hand objects back or to a callback and ``operator.attrgetter`` / ``itemgetter`` /
-  ``methodcaller`` calls
+  ``itertools`` functions that hand objects back or to a callback (``tee`` included), ``functools.cmp_to_key``
+  and ``operator.attrgetter`` / ``itemgetter`` / ``methodcaller`` calls
   (lookasides) run Python versions through the interpreter; ``getattr`` with a computed name reads it as a constant.
 * ``sorted`` / ``min`` / ``max`` (lookasides, with a ``key=`` or items other than plain numbers and strings), ``map`` /
   ``filter`` (with a Python function) — run as Python through the interpreter, not natively: what the functions read
@@ -737,6 +737,72 @@ def _itemgetter_call(items: tuple, obj):
     return obj[items[0]] if len(items) == 1 else tuple(obj[i] for i in items)
 
 
+class _TeeIterator:
+    """One of ``itertools.tee``'s iterators as Python: all of one call's iterators share the source iterator and a
+    linked buffer of the items some iterator has taken from it and others have not yet (cells ``[item, next]``,
+    ``next`` None until fetched)."""
+
+    def __init__(self, source, cell):
+        self._source = source
+        self._cell = cell
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        cell = self._cell
+        if cell[1] is None:
+            cell[0] = next(self._source)
+            cell[1] = [None, None]
+        self._cell = cell[1]
+        return cell[0]
+
+    def __copy__(self):
+        return _TeeIterator(self._source, self._cell)
+
+
+def _tee(iterable, n=2):
+    if not isinstance(n, int):
+        raise TypeError(f"'{type(n).__name__}' object cannot be interpreted as an integer")
+    if n < 0:
+        raise ValueError("n must be >= 0")
+    source, cell = iter(iterable), [None, None]
+    return tuple(_TeeIterator(source, cell) for _ in range(n))
+
+
+class _CmpKey:
+    """An item of ``functools.cmp_to_key(cmp)`` as Python: its comparisons call ``cmp`` through the interpreter."""
+
+    __slots__ = ("obj", "cmp")
+    __hash__ = None
+
+    def __init__(self, obj, cmp):
+        self.obj = obj
+        self.cmp = cmp
+
+    def __lt__(self, other):
+        return self.cmp(self.obj, other.obj) < 0
+
+    def __gt__(self, other):
+        return self.cmp(self.obj, other.obj) > 0
+
+    def __eq__(self, other):
+        return self.cmp(self.obj, other.obj) == 0
+
+    def __le__(self, other):
+        return self.cmp(self.obj, other.obj) <= 0
+
+    def __ge__(self, other):
+        return self.cmp(self.obj, other.obj) >= 0
+
+
+def _cmp_to_key(mycmp):
+    def key(obj):
+        return _CmpKey(obj, mycmp)
+
+    return key
+
+
 @functools.cache
 def _python_itertools() -> dict:
     import itertools
@@ -748,6 +814,7 @@ def _python_itertools() -> dict:
         itertools.zip_longest: _zip_longest, itertools.pairwise: _pairwise, itertools.groupby: _GroupBy,
         itertools.product: _product, itertools.combinations: _combinations,
         itertools.combinations_with_replacement: _combinations_with_replacement, itertools.permutations: _permutations,
+        itertools.tee: _tee, functools.cmp_to_key: _cmp_to_key,
     }
 
 
