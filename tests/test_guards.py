@@ -1,7 +1,9 @@
 """Prologue guards: cache hits for identical inputs, misses (with correct results) for any change (issue 2)."""
 
+import copy
 import dataclasses
 import functools
+import heapq
 import itertools
 import operator
 from types import SimpleNamespace
@@ -641,6 +643,113 @@ def test_what_itertools_and_getters_read_is_guarded(name, f):
         k.cfg.scale += 1.0
     torch.testing.assert_close(jf(x, objs), f(x, objs))
     assert thunder.cache_misses(jf) == 2
+
+
+class _Num:
+    """An object whose Python methods C code calls natively (sum, operator, range, heapq, set, len) and whose
+    ``__dict__`` copy.copy reads natively; no value equality (compared by identity)."""
+
+    def __init__(self, n):
+        self.n = n
+        self.cfg = SimpleNamespace(scale=1)
+
+    def __add__(self, other):
+        return _Num(self.n * self.cfg.scale + (other.n if isinstance(other, _Num) else other))
+
+    __radd__ = __add__
+
+    def __lt__(self, other):
+        return self.n < other.n
+
+    def __index__(self):
+        return self.n
+
+    def __len__(self):
+        return self.n
+
+    def __hash__(self):
+        return 7
+
+
+def _heap_first(x, o):
+    heap = list(o)
+    heapq.heapify(heap)  # reorders the traced code's own list in place, natively
+    return x * o.index(heap[0]) + heap[0].n
+
+
+@pytest.mark.parametrize("name, f", [
+    ("sum with a start object", lambda x, o: x * sum(o, _Num(0)).n),
+    ("operator.add", lambda x, o: x + operator.add(o[0], o[1]).n),
+    ("range of an __index__ object", lambda x, o: x + sum(range(o[2]))),
+    ("map with a builtin", lambda x, o: x + sum(map(len, o))),
+    ("set of objects, sorted", lambda x, o: x + sum(k.n for k in sorted(set(o)))),
+    ("copy.copy", lambda x, o: x + copy.copy(o[0]).n),
+    ("heapq.heapify", _heap_first),
+])
+def test_what_c_code_reads_through_python_methods_is_guarded(name, f):
+    # C code that calls an input object's Python methods (or reads its __dict__) does so out of the interpreter's
+    # sight: an object without value equality was guarded by identity only, and after `k.n` changed in place the
+    # trace made for the old values ran. Such objects are now guarded by their state when passed to native code.
+    objs = [_Num(1), _Num(2), _Num(3)]
+    x = torch.randn(3)
+    jf = thunder_subclass.jit(f)
+    torch.testing.assert_close(jf(x, objs), f(x, objs))
+    for k, n in zip(objs, (4, 4, 2)):
+        k.n = n
+    torch.testing.assert_close(jf(x, objs), f(x, objs))
+    assert thunder.cache_misses(jf) == 2
+    objs[0].cfg.scale = 2  # nested state (a SimpleNamespace): operator.add reads it through __add__
+    torch.testing.assert_close(jf(x, objs), f(x, objs))
+    if name == "operator.add":
+        assert thunder.cache_misses(jf) == 3
+
+
+def test_a_state_guard_says_what_changed_and_type_only_natives_add_none():
+    def f(x, o):
+        return x * sum(o, _Num(0)).n
+
+    objs = [_Num(1), _Num(2)]
+    jf = thunder_subclass.jit(f)
+    jf(torch.ones(2), objs)
+    objs[1].cfg.scale = 5
+    torch.testing.assert_close(jf(torch.ones(2), objs), f(torch.ones(2), objs))
+    assert thunder.cache_misses(jf) == 2
+    assert "args[1] changed since the trace was made: args[1][1].cfg.scale is 5, the trace was made for 1" in \
+        thunder_subclass.explain_recompiles(jf)[-1]
+
+    def g(x, o):  # isinstance depends on types only: a changed attribute is no cache miss
+        return x + (1 if isinstance(o[0], _Num) else 0)
+
+    jg = thunder_subclass.jit(g)
+    jg(torch.ones(2), objs)
+    objs[0].n = 100
+    torch.testing.assert_close(jg(torch.ones(2), objs), g(torch.ones(2), objs))
+    assert thunder.cache_misses(jg) == 1
+
+
+def test_state_snapshots_record_state_and_fall_back_for_big_objects():
+    from thunder_subclass import guards
+
+    k = _Num(3)
+    k.items = [1, "a", (None, 2.5)]
+    k.self_ref = k
+    snap = guards.state_snapshot(k)
+    assert guards.same_state(k, snap)
+    k.items[2] = (None, 3.5)
+    assert guards.state_difference(k, snap, "k") == "k.items[2][1] is 3.5, the trace was made for 2.5"
+    k.items[2] = (None, 2.5)
+    assert guards.same_state(k, snap) and not guards.same_state(_Num(3), snap)  # another object
+    assert guards.same_state(_Num(3), guards.state_snapshot(_Num(3), identity=False))
+    k.t = torch.ones(2)
+    k.f = print
+    snap = guards.state_snapshot(k)
+    k.t = torch.zeros(3)  # tensors by type (those the trace reads are guarded on their own)
+    assert guards.same_state(k, snap)
+    k.f = len  # other objects by identity
+    assert guards.state_difference(k, snap, "k") == "k.f is another object"
+    big = _Num(1)
+    big.values = list(range(guards._STATE_LIMIT + 1))
+    assert guards.state_snapshot(big) is None
 
 
 def test_the_python_versions_of_itertools_give_cpythons_results():

@@ -762,6 +762,12 @@ class ObjectSpec:
       interpreter inlined its body);
     * ``"equal"``: an object of the same type equal (``==``) to a copy taken when traced (an object passed to a native
       call, which may read any of its state, when its type defines value equality);
+    * ``"state"``: an object passed to a native call whose type has no value equality, or a list or tuple of such
+      objects: the same object (when it is stored where it is read) whose instance state, read recursively through
+      its attributes, slots and items (numbers and strings by value; tensors by type; modules, functions and classes
+      by identity; other Python objects by their state), is what it was when traced (:func:`state_snapshot`): C code can call the object's Python methods
+      (``sum(objs, start)``, ``heapq``, ``range(obj)``) or read its ``__dict__`` (``copy.copy``) natively, out of the
+      trace's sight;
     * ``"type"``: an object of the same exact type (any other object): methods and class attributes come from the type,
       and every attribute or item the trace read from it has its own check (numbers, strings, tensors) or guard;
     * ``"length"``: a list or tuple of the same exact type and length, ``"keys"``: a dict of the same exact type with
@@ -799,6 +805,8 @@ class ObjectSpec:
             return tuple(obj) == self.value
         if self.kind == "same":
             return is_same_value(obj, self.value)
+        if self.kind == "state":
+            return same_state(obj, self.value)
         return self.kind == "type" or _equal_to_snapshot(obj, self.value)
 
     def expression(self, v: str, const) -> str:
@@ -816,6 +824,8 @@ class ObjectSpec:
             return f"(type({v}) is {const(self.typ)} and tuple({v}) == {const(self.value)})"
         if self.kind == "same":
             return f"(type({v}) is {const(self.typ)} and {const(is_same_value)}({v}, {const(self.value)}))"
+        if self.kind == "state":
+            return f"(type({v}) is {const(self.typ)} and {const(_StateCheck(self))}({v}))"
         return f"(type({v}) is {const(self.typ)} and {const(_equal_to_snapshot)}({v}, {const(self.value)}))"
 
     def explain(self, obj) -> str:
@@ -835,7 +845,28 @@ class ObjectSpec:
             return f"{what} has the {items} {tuple(obj)!r}, the trace was made for {self.value!r}"
         if self.kind == "same":
             return f"{what} is {obj!r}, the trace was made for {self.value!r}"
+        if self.kind == "state":
+            return f"{what} changed since the trace was made: {state_difference(obj, self.value, self.where or 'it')}"
         return f"{what} is {obj!r}, not equal to {self.value!r} as when traced"
+
+
+class _StateCheck:
+    """A ``"state"`` spec's check in the fused prologue, which also says what changed when a miss is explained
+    (``FusedChecks.failure`` calls ``explain``)."""
+
+    __slots__ = ("spec",)
+
+    def __init__(self, spec: ObjectSpec):
+        self.spec = spec
+
+    def __call__(self, obj) -> bool:
+        return same_state(obj, self.spec.value)
+
+    def explain(self, obj) -> str:
+        return self.spec.explain(obj)
+
+    def __repr__(self) -> str:
+        return f"<state check of the {self.spec.where or 'object'}>"
 
 
 class _Pending:
@@ -1291,13 +1322,56 @@ def guard_native_call_arguments(fn, wrapped_args: tuple) -> None:
     if not guarded:
         return
     by_identity = fn is id
-    for a in wrapped_args:
-        value = getattr(a, "value", a)
+    try:
+        reads_state = fn not in _TYPE_ONLY_NATIVES
+        reads_dict = fn in _DICT_READERS
+    except TypeError:  # unhashable callable
+        reads_state, reads_dict = True, False
+    values = [getattr(a, "value", a) for a in wrapped_args]
+    # a Python function among the arguments (a key=, a callback) may be called with any of the others natively
+    callback = reads_state and any(isinstance(v, _PYTHON_CALLABLES) for v in values)
+    for value in values:
         if id(value) in guarded:
             if by_identity:  # id(obj) is the object's identity, whatever its value equality
                 guard_object_by_identity(value)
             else:
-                guard_object_by_value(value)
+                guard_object_by_value(value, reads_state and (reads_dict or callback or _may_call_back(value)))
+        if reads_state and type(value) in (list, tuple, dict) and len(value) <= _STATE_LIMIT:
+            # a container made in the traced code (list(objs), [a, b]) holding objects read from the inputs
+            for item in (value.values() if type(value) is dict else value):
+                if id(item) in guarded:
+                    guard_object_by_value(item, callback or _may_call_back(item))
+
+
+# natives whose answer depends only on the type or identity of their arguments: no state of theirs is read
+_TYPE_ONLY_NATIVES = frozenset({isinstance, issubclass, type, callable, object.__init__, object.__new__,
+                                object.__init_subclass__, object.__eq__, object.__ne__, object.__hash__})
+# natives that read an object's __dict__ without calling its methods (copy.copy, copy.deepcopy, pickle's reduce)
+_DICT_READERS = frozenset({object.__reduce_ex__, object.__reduce__, object.__getstate__})
+_PYTHON_CALLABLES = (types.FunctionType, types.MethodType, functools.partial)
+# the methods of the protocols C code calls (comparisons, arithmetic, hashing, iteration, conversion, formatting,
+# copying): an object whose class defines one in Python may run Python code inside a native call
+_PROTOCOL_METHODS = frozenset(
+    f"__{name}__" for name in (
+        "lt le gt ge eq ne hash bool len iter next getitem contains index int float complex call format str repr "
+        "reduce reduce_ex getstate copy deepcopy getattr getattribute neg pos abs invert round trunc floor ceil "
+        "add sub mul matmul truediv floordiv mod divmod pow lshift rshift and or xor "
+        "radd rsub rmul rmatmul rtruediv rfloordiv rmod rdivmod rpow rlshift rrshift rand ror rxor").split()
+)
+
+
+def _may_call_back(obj) -> bool:
+    """Whether C code given ``obj`` may run Python code of it: a class of its type (a Python class) defines a protocol
+    method, or it is a list, tuple or dict holding such an object."""
+    if type(obj) in (list, tuple, dict):
+        items = obj.values() if type(obj) is dict else obj
+        return len(obj) <= _STATE_LIMIT and any(_may_call_back(i) for i in items)
+    return _type_may_call_back(type(obj))
+
+
+@functools.lru_cache(maxsize=1024)
+def _type_may_call_back(cls: type) -> bool:
+    return any(c.__flags__ & _HEAPTYPE and not _PROTOCOL_METHODS.isdisjoint(vars(c)) for c in cls.__mro__)
 
 
 def guard_compared_objects(op: str, a: Any, b: Any) -> None:
@@ -1335,24 +1409,37 @@ def guard_object_by_identity(obj) -> None:
     spec.kind, spec.value = "identity", obj
 
 
-def guard_object_by_value(obj) -> None:
+def guard_object_by_value(obj, by_state: bool = False) -> None:
     """``obj``, guarded by :func:`guard_input_object`, was passed to a native function (one thunder runs, not
     interprets), whose result may depend on any of its state: from now on it must equal a copy taken now (when its
-    type has value equality), else be the same object."""
+    type has value equality), else be the same object. With ``by_state`` (a native function that may call the object's
+    Python methods or read its ``__dict__``): else be the same object with the same instance state
+    (:func:`state_snapshot`), or, for a list or tuple, hold items with the same state."""
     state = _thunder_internals.jit_state()
     entry = state.get("object_guards", {}).get(id(obj)) if state is not None else None
     if entry is not None and entry[1].kind == "length":
-        # a list or tuple a native function reads whole: its items, not just its length
+        # a list or tuple a native function reads whole: its items, not just its length (by value, else by the
+        # state of each item)
         snapshot = _value_snapshot(obj)
         if snapshot is not None:
             entry[1].kind, entry[1].value = "equal", snapshot
+        elif by_state:
+            snapshot = state_snapshot(obj, identity=False)
+            if snapshot is not None:
+                entry[1].kind, entry[1].value = "state", snapshot
         return
-    if entry is None or entry[1].kind != "type":
+    if entry is None or entry[1].kind not in ("type", "identity"):
         return
     _, spec, stable = entry
+    if spec.kind == "identity" and not (by_state and type(obj) is spec.typ and _is_plain_instance(obj)):
+        return
     snapshot = _value_snapshot(obj)
     if snapshot is not None:
         spec.kind, spec.value = "equal", snapshot
+        return
+    snapshot = state_snapshot(obj, identity=stable or spec.kind == "identity") if by_state else None
+    if snapshot is not None:
+        spec.kind, spec.value = "state", snapshot
     elif stable:
         spec.kind, spec.value = "identity", obj
     # else: made anew by each read and without value equality: its type stays what is guarded
@@ -1386,6 +1473,126 @@ def _is_stored(obj, provenance, seen: dict) -> bool:
         return True
     return isinstance(inspect.getattr_static(type(holder), attr, None), types.MemberDescriptorType) and \
         getattr(holder, attr, _MISSING) is obj
+
+
+_STATE_LIMIT = 256  # the most values a state snapshot holds; a bigger object keeps the identity guard
+_HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement
+
+
+def _is_plain_instance(obj) -> bool:
+    """Whether ``obj``'s state is all in its ``__dict__`` and slots: every class of its type is a Python class (or
+    ``object``, or ``types.SimpleNamespace``), and it is none of the objects compared by identity (tensors, modules, functions, classes)."""
+    if isinstance(obj, (torch.Tensor, torch.nn.Module, type, types.FunctionType, types.ModuleType, enum.Enum)):
+        return False
+    return all(c is object or c is types.SimpleNamespace or c.__flags__ & _HEAPTYPE for c in type(obj).__mro__)
+
+
+def _slot_names(cls: type) -> tuple:
+    names = []
+    for c in cls.__mro__:
+        slots = c.__dict__.get("__slots__", ())
+        names += [slots] if isinstance(slots, str) else [n for n in slots if n not in ("__dict__", "__weakref__")]
+    return tuple(names)
+
+
+class _TooBig(Exception):
+    pass
+
+
+_NO_SLOT = object()
+
+
+def state_snapshot(obj, identity: bool = True):
+    """A record of ``obj``'s state for :func:`same_state`, or None when it holds more than ``_STATE_LIMIT`` values:
+    numbers, strings and ``None`` by value; lists, tuples, dicts, sets by their items (in order); instances of Python
+    classes (:func:`_is_plain_instance`) by their attributes and slots, and ``obj`` itself also by identity with
+    ``identity``; tensors by type only (those the trace reads have guards of their own; a cache's tensors are new
+    every call); anything else (modules, functions, classes, C objects) by identity."""
+    count = [0]
+    active: set = set()
+
+    def snap(v, top=False):
+        count[0] += 1
+        if count[0] > _STATE_LIMIT:
+            raise _TooBig
+        t = type(v)
+        if t in _SCALARS:
+            return ("v", t, v)
+        if isinstance(v, torch.Tensor):  # the tensors the trace reads have their own guards; values change per call
+            return ("t", t)
+        if id(v) in active:  # a cycle: the object itself
+            return ("i", v)
+        if t in (list, tuple, set, frozenset, dict) or _is_plain_instance(v):
+            active.add(id(v))
+            try:
+                if t is dict:
+                    return ("d", t, tuple((snap(k), snap(i)) for k, i in v.items()))
+                if t in (list, tuple, set, frozenset):
+                    return ("c", t, tuple(snap(i) for i in v))
+                fields = tuple((name, snap(val)) for name, val in getattr(v, "__dict__", {}).items())
+                slots = tuple((name, snap(getattr(v, name, _NO_SLOT))) for name in _slot_names(t))
+                return ("o", t, v if identity and top else None, fields, slots)
+            finally:
+                active.discard(id(v))
+        return ("i", v)
+
+    try:
+        return snap(obj, top=True)
+    except _TooBig:
+        return None
+
+
+def same_state(v, s) -> bool:
+    """Whether ``v`` has the state recorded by :func:`state_snapshot` (see there)."""
+    return state_difference(v, s, "") is None
+
+
+def state_difference(v, s, path: str) -> str | None:
+    """None when ``v`` has the state recorded in ``s``, else what differs first (``it.cfg.n is 3, the trace was made
+    for 2``), ``path`` naming ``v``."""
+    kind, t = s[0], s[1]
+    if kind == "i":
+        return None if v is t else f"{path} is another object"
+    if kind == "t":
+        return None if type(v) is t else f"{path} is a {type(v).__qualname__}, the trace was made for a {t.__qualname__}"
+    if type(v) is not t:
+        return f"{path} is a {type(v).__qualname__}, the trace was made for a {t.__qualname__}"
+    if kind == "v":
+        return None if is_same_value(v, s[2]) else f"{path} is {v!r}, the trace was made for {s[2]!r}"
+    if kind == "c":
+        items = tuple(v)
+        if len(items) != len(s[2]):
+            return f"{path} has {len(items)} items, the trace was made for {len(s[2])}"
+        for i, (item, snap) in enumerate(zip(items, s[2])):
+            why = state_difference(item, snap, f"{path}[{i}]")
+            if why is not None:
+                return why
+        return None
+    if kind == "d":
+        if len(v) != len(s[2]):
+            return f"{path} has {len(v)} items, the trace was made for {len(s[2])}"
+        for (key, value), (key_snap, value_snap) in zip(v.items(), s[2]):
+            why = state_difference(key, key_snap, f"{path} key") or state_difference(value, value_snap,
+                                                                                   f"{path}[{key!r}]")
+            if why is not None:
+                return why
+        return None
+    if s[2] is not None and v is not s[2]:
+        return f"{path} is another object"
+    fields = getattr(v, "__dict__", {})
+    if len(fields) != len(s[3]):
+        return f"{path} has the attributes {tuple(fields)}, the trace was made for {tuple(n for n, _ in s[3])}"
+    for name, snap in s[3]:
+        if name not in fields:
+            return f"{path} has no attribute {name}"
+        why = state_difference(fields[name], snap, f"{path}.{name}")
+        if why is not None:
+            return why
+    for name, snap in s[4]:
+        why = state_difference(getattr(v, name, _NO_SLOT), snap, f"{path}.{name}")
+        if why is not None:
+            return why
+    return None
 
 
 def _value_snapshot(obj):

@@ -122,8 +122,19 @@ class FusedChecks:
             except Exception as e:  # noqa: BLE001 - reported as the failing check
                 return f"prologue check `{cond}`{self._readable(cond)} raised {type(e).__name__}: {e}"
             if not ok:
-                return f"prologue check `{cond}`{self._readable(cond)} failed"
+                return f"prologue check `{cond}`{self._readable(cond)} failed{self._explained(cond, namespace)}"
         return "prologue check failed"
+
+    def _explained(self, cond: str, namespace: dict) -> str:
+        """What a failing check of a constant that can say it (``c3(v1)`` with an ``explain`` method) says."""
+        import re
+
+        for const, value in re.findall(r"\b(c\d+)\((v\d+)\)", cond):
+            check = self.fn.__globals__.get(const)
+            explain = getattr(check, "explain", None)
+            if callable(explain) and value in namespace and not check(namespace[value]):
+                return f": {explain(namespace[value])}"
+        return ""
 
     def _readable(self, cond: str) -> str:
         """The condition with the prologue's names for the values and the constants' values, for people."""

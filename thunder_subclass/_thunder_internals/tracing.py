@@ -224,10 +224,48 @@ def _hook_general_jit_lookaside(original):
             if lookaside is None and _is_opaque(fn):
                 # the interpreter will run fn natively: what it reads of its arguments is unknown to the trace
                 plugin_state.handlers.native_call(fn, (*args, *kwargs.values()))
+                lists = [a for a in (*args, *kwargs.values()) if type(getattr(a, "value", None)) is list
+                         and getattr(a, "item_wrappers", None) is not None]
+                if lists:
+                    return _native_call_keeping_item_wrappers(fn, lists)
             return lookaside
         return original(fn, *args, **kwargs)
 
     return general_jit_lookaside
+
+
+def _native_call_keeping_item_wrappers(fn, lists: list):
+    """The interpreter's native call of ``fn`` (as thunder makes it), after which the wrappers the interpreter keeps
+    for the items of the lists among its arguments follow what ``fn`` did to them in place: thunder's wrapper of a
+    list made in traced code kept its old items' wrappers after ``heapq.heapify(lst)`` reordered it, and the next
+    ``lst[0]`` failed thunder's assertion that they match. An item keeps the wrapper (and the path to the inputs) it
+    had; an item ``fn`` put there from elsewhere gets a wrapper as an item of the list when read."""
+    from thunder.core.interpreter import interpreter_needs_wrap
+
+    call = interpreter_needs_wrap(fn)
+
+    def lookaside(*args, **kwargs):
+        result = call(*args, **kwargs)
+        for wrapped in lists:
+            _resync_item_wrappers(wrapped)
+        return result
+
+    return lookaside
+
+
+def _resync_item_wrappers(wrapped) -> None:
+    def holds(w, v):
+        return w is None or w.value is v or w.original_value is v
+
+    items, wrappers = wrapped.value, wrapped.item_wrappers
+    if len(items) == len(wrappers) and all(holds(w, v) for w, v in zip(wrappers, items)):
+        return
+    by_identity = {}
+    for w in wrappers:
+        if w is not None:
+            by_identity[id(w.value)] = by_identity[id(w.original_value)] = w
+    # an item without a wrapper gets one when it is read (thunder's lazy item wrappers: an item of this list)
+    wrapped.item_wrappers = [by_identity.get(id(v)) for v in items]
 
 
 def _is_opaque(fn) -> bool:
