@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import re
 import sys
 import types
 
@@ -291,3 +292,120 @@ def test_tracing_collects_garbage_less_often_and_restores_the_thresholds():
     finally:
         gc.enable()
         gc.set_threshold(*before)
+
+
+def _twotensor_mlp(depth: int, requires_grad: bool = False) -> torch.nn.Module:
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(depth):
+        lin = torch.nn.Linear(8, 8, bias=False)
+        w = lin.weight.detach()
+        lin.weight = torch.nn.Parameter(TwoTensor(w.clone(), w * 2), requires_grad=requires_grad)
+        layers += [lin, torch.nn.ReLU()]
+    return torch.nn.Sequential(*layers)
+
+
+def test_identical_subclass_operations_share_one_fake_run(monkeypatch):
+    # every layer's linear on a TwoTensor weight of the same metadata: __torch_dispatch__ runs on fakes once per
+    # distinct operation, and the trace (names included) and results are those of one fake run per operation
+    from thunder_subclass import recording
+
+    runs = []
+    original = recording.run_on_fakes
+
+    def counting(fn, *args, **kwargs):
+        runs.append(fn)
+        return original(fn, *args, **kwargs)
+
+    monkeypatch.setattr(recording, "run_on_fakes", counting)
+    model, x = _twotensor_mlp(4), torch.randn(3, 8)
+    shared = thunder_subclass.jit(model)
+    out = shared(x)
+    shared_runs = len(runs)
+    monkeypatch.setattr(recording, "memo_key", lambda *a: None)  # every operation runs on fakes
+    runs.clear()
+    alone = thunder_subclass.jit(model)
+    expected = alone(x)
+    assert shared_runs < len(runs) and runs.count(torch.nn.functional.linear) == 4
+    assert type(out) is type(expected) is TwoTensor
+    assert_close(out.a, expected.a) and assert_close(out.b, expected.b)
+    assert_close(out.a, model(x).a) and assert_close(out.b, model(x).b)
+    for traces_a, traces_b in ((thunder.last_traces(shared), thunder.last_traces(alone)),
+                               (thunder.last_backward_traces(shared), thunder.last_backward_traces(alone))):
+        def text(t):  # without the pass timings
+            return re.sub(r" \(took \d+ milliseconds\)", "", str(t))
+
+        assert [text(t) for t in traces_a] == [text(t) for t in traces_b]
+
+
+def test_a_shared_fake_run_trains_as_eager():
+    model = _twotensor_mlp(3, requires_grad=True)
+    reference = _twotensor_mlp(3, requires_grad=True)
+    x = torch.randn(3, 8)
+    jm = thunder_subclass.jit(model)
+    out, expected = jm(x), reference(x)
+    out.sum().backward()
+    expected.sum().backward()
+    assert_close(out.a, expected.a) and assert_close(out.b, expected.b)
+    for p, q in zip(model.parameters(), reference.parameters()):
+        assert type(p.grad) is type(q.grad)
+        assert_close(p.grad.a, q.grad.a) and assert_close(p.grad.b, q.grad.b)
+
+
+def test_fake_runs_are_shared_only_between_operations_with_the_same_key(monkeypatch):
+    from thunder_subclass import recording
+
+    runs = []
+    original = recording.run_on_fakes
+
+    def counting(fn, *args, **kwargs):
+        runs.append(fn)
+        return original(fn, *args, **kwargs)
+
+    monkeypatch.setattr(recording, "run_on_fakes", counting)
+
+    def f(a, b, c):
+        return a * a + a * b + a * c + (b * c).sum()
+
+    a, b = TwoTensor(torch.randn(4), torch.randn(4)), TwoTensor(torch.randn(4), torch.randn(4))
+    c = TwoTensor(torch.randn(4, 1), torch.randn(4, 1))
+    out, expected = thunder_subclass.jit(f)(a, b, c), f(a, b, c)
+    assert_close(out.a, expected.a) and assert_close(out.b, expected.b)
+    # a * a (one value twice: one fake), a * b (two values), a * c (another shape) each ran on fakes; b * c has a * c's
+    # key and shared its run
+    muls = [fn for fn in runs if getattr(fn, "__name__", "") == "mul"]
+    assert len(muls) == 3, runs
+    assert recording.memo_key(torch.mul, (1, 2), {}) is None  # outside a jit's tracing: nothing to share with
+
+
+def test_result_layouts_of_plain_operations_are_computed_once_per_layout(monkeypatch):
+    # the strides of plain intermediate values (which subclass dispatch may look at) come from running their
+    # producing operations on fakes; the same operation on the same layouts is run once
+    from thunder_subclass import fake
+
+    calls = []
+    original = fake._run_on_fakes
+
+    def counting(fns, bsym):
+        calls.append(bsym.sym.name)
+        return original(fns, bsym)
+
+    monkeypatch.setattr(fake, "_run_on_fakes", counting)
+    monkeypatch.setattr(fake, "_LAYOUTS", {})
+
+    def f(x, w1, w2):
+        h = (x.t() * 2).t()  # a transposed intermediate: its strides are not contiguous
+        return torch.nn.functional.linear(h, w1) + torch.nn.functional.linear((x.t() * 2).t(), w2)
+
+    x = torch.randn(4, 3).t().contiguous().t()
+    w1 = TwoTensor(torch.randn(5, 3), torch.randn(5, 3))
+    w2 = TwoTensor(torch.randn(5, 3), torch.randn(5, 3))
+    expected = f(x, w1, w2)
+    out = thunder_subclass.jit(f)(x, w1, w2)
+    assert calls == ["t", "mul", "t"]  # (x.t() * 2).t() the second time: the same operations on the same layouts
+    monkeypatch.setattr(fake, "_layouts_key", lambda bsym: None)  # nothing shared
+    calls.clear()
+    alone = thunder_subclass.jit(f)(x, w1, w2)
+    assert calls == ["t", "mul", "t"] * 2
+    for o in (out, alone):
+        assert_close(o.a, expected.a) and assert_close(o.b, expected.b)

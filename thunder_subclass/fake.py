@@ -22,7 +22,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import thunder.core.devices as devices
 import thunder.core.dtypes as dtypes
-from thunder.core.proxies import NumberProxy, TensorProxy
+from thunder.core.proxies import NumberProxy, Proxy, TensorProxy
+from thunder.core.pytree import tree_flatten
 
 from thunder_subclass._thunder_internals import (
     fake_tensor_mode_class,
@@ -117,15 +118,62 @@ def _infer_strides(p: TensorProxy) -> None:
     for q, (fns, bsym) in order:
         if _STRIDE_ATTR in q.__dict__:  # recorded with an earlier output of the same operation
             continue
-        out = _run_on_fakes(fns, bsym)
-        if out is None:  # an operation fakes cannot run: its results keep contiguous strides
+        layouts = _output_layouts(fns, bsym)
+        if layouts is None:  # an operation fakes cannot run: its results keep contiguous strides
             continue
-        flat_out = [f for f in pytree.tree_leaves(out) if isinstance(f, torch.Tensor)]
         flat_proxies = [o for o in bsym.flat_proxy_outs if isinstance(o, TensorProxy)]
-        if len(flat_out) == len(flat_proxies):
-            for o, f in zip(flat_proxies, flat_out):
-                if tuple(f.shape) == tuple(o._shape) and _STRIDE_ATTR not in o.__dict__:
-                    remember_stride(o, f)
+        if len(layouts) == len(flat_proxies):
+            for o, (shape, stride) in zip(flat_proxies, layouts):
+                if shape == tuple(o._shape) and _STRIDE_ATTR not in o.__dict__:
+                    o.__dict__[_STRIDE_ATTR] = stride
+
+
+# (symbol id, argument structure, arguments' metadata and constants) -> the (shape, strides) of each tensor result of
+# the operation run on fakes, or None where fakes could not run it: an operation's result layouts are a function of
+# these, so the same operation on values of the same layouts (every decoder layer's) is run on fakes once
+_LAYOUTS: dict = {}
+_LAYOUTS_LIMIT = 8192
+_NO_LAYOUTS = object()
+
+
+def _layouts_key(bsym) -> tuple | None:
+    def leaf(x):
+        if isinstance(x, SubclassTensorProxy):
+            raise TypeError  # not a plain operation (see _strided_fakes)
+        if isinstance(x, TensorProxy):
+            if not all(type(n) is int for n in x._shape):
+                raise TypeError  # symbolic sizes: never compared as keys
+            return (tuple(x._shape), stride_of(x), x.dtype, x.device)
+        if isinstance(x, NumberProxy):
+            return (type(x.value), x.value)
+        if isinstance(x, Proxy):
+            raise TypeError
+        return (type(x), x)
+
+    try:
+        flat, spec = tree_flatten((bsym.args, bsym.kwargs))
+        key = (bsym.sym.id, spec, tuple(leaf(x) for x in flat))
+        hash(key)
+    except Exception:  # noqa: BLE001 - unhashable constants (a slice before Python 3.12): not shared
+        return None
+    return key
+
+
+def _output_layouts(fns: tuple, bsym) -> tuple | None:
+    """The (shape, strides) of each tensor result of ``bsym``'s operation run on fakes of its arguments, or None."""
+    key = _layouts_key(bsym)
+    found = _LAYOUTS.get(key, _NO_LAYOUTS) if key is not None else _NO_LAYOUTS
+    if found is not _NO_LAYOUTS:
+        return found
+    out = _run_on_fakes(fns, bsym)
+    layouts = None if out is None else tuple(
+        (tuple(f.shape), tuple(f.stride())) for f in pytree.tree_leaves(out) if isinstance(f, torch.Tensor)
+    )
+    if key is not None:
+        if len(_LAYOUTS) >= _LAYOUTS_LIMIT:
+            _LAYOUTS.clear()
+        _LAYOUTS[key] = layouts
+    return layouts
 
 
 _working_callable: dict = {}  # symbol id -> index of the torch callable its arguments fit

@@ -58,6 +58,7 @@ from thunder_subclass.recording import (
     is_traced_grad_enabled,
     op_name,
     record_call,
+    record_call_shared,
     subclass_names,
     torch_callable_for,
 )
@@ -71,7 +72,7 @@ def unroll_symbol_call(sym: Symbol, args: tuple, kwargs: dict):
     targs, tkwargs = denormalize(sym, args, kwargs)
     fn = torch_callable_for(sym, targs)
     subsymbols: list = []
-    _, _, result = record_call(fn, targs, tkwargs, subsymbols, op_name(fn), subclass_names(args, kwargs))
+    result = record_call_shared(fn, targs, tkwargs, subsymbols, op_name(fn), subclass_names(args, kwargs))
     return bind_unrolled(sym, args, kwargs, result, subsymbols)
 
 

@@ -71,7 +71,7 @@ from thunder_subclass.subclass_symbols import record_unflatten
 __all__ = [
     "RecordingMode", "torch_callable_for", "denormalize", "op_name", "subclass_names", "run_on_fakes", "record_call",
     "emit_calls", "bind_unrolled", "dispatch_error", "traced_grad_mode", "is_traced_grad_enabled",
-    "recorded_argument_kinds", "call_location",
+    "recorded_argument_kinds", "call_location", "memo_key", "record_call_shared",
 ]
 
 
@@ -460,6 +460,188 @@ def emit_calls(env: FakeEnv, calls: list, out: Any, scope: list, what: str, subc
     _mark_detached_if_grad_disabled(scope[mark:])
     _remember_produced(env)
     return result
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Fake runs shared by identical operations of one trace (repeated blocks: the same int8 linear in every layer)
+# ---------------------------------------------------------------------------------------------------------------
+
+_MEMO = "unroll_memo"
+_MEMO_LIMIT = 512  # entries per trace
+
+
+class _NotShared(Exception):
+    """The operation's fake run cannot be shared (see :func:`memo_key`)."""
+
+
+_FROZEN_SCALARS = (int, float, bool, str, bytes, complex, type(None), torch.dtype, torch.device, torch.layout,
+                   torch.memory_format, dtypes.dtype, devices.Device)
+
+
+def _freeze(v: Any) -> Any:
+    """A hashable stand-in for a flatten context or Python attribute value, equal exactly when the values are equal
+    (containers item by item); raises :class:`_NotShared` for a tensor or an unhashable object."""
+    t = type(v)
+    if t in _FROZEN_SCALARS or isinstance(v, (dtypes.dtype, devices.Device)):
+        return (t, v)
+    if t in (list, tuple):
+        return (t, tuple(_freeze(i) for i in v))
+    if t is dict:
+        return (t, tuple((_freeze(k), _freeze(i)) for k, i in v.items()))
+    if isinstance(v, (torch.Tensor, Proxy)):
+        raise _NotShared
+    try:
+        hash(v)
+    except TypeError:
+        raise _NotShared from None
+    return (t, v)
+
+
+def _proxy_signature(p: TensorProxy, ids: dict) -> tuple:
+    from thunder_subclass.fake import stride_of, value_source
+    from thunder_subclass.proxy import is_marked_leaf, nested_int_of
+
+    if id(p) in ids:  # the same value again (x * x): the fake run sees one fake, not two
+        return ("same", ids[id(p)])
+    ids[id(p)] = len(ids)
+    if value_source(p) is not None or nested_int_of(p) is not None:
+        raise _NotShared  # fake runs that read values or ragged sizes
+    if not all(type(n) is int for n in p._shape):
+        raise _NotShared  # symbolic sizes (cache="symbolic values"): a number proxy compared in a key is a guard
+    common = (tuple(p._shape), p.dtype, p.device, bool(p.requires_grad), is_marked_leaf(p))
+    if isinstance(p, SubclassTensorProxy):
+        if p.inner_refs or p.subclass_type.__name__ == "NestedTensor":
+            raise _NotShared
+        inner = []
+        for name, q in p.inner.items():
+            if not isinstance(q, TensorProxy):
+                raise _NotShared
+            inner.append((name, _proxy_signature(q, ids)))
+        return ("subclass", p.subclass_type, _freeze(p.flatten_ctx), _freeze(p.python_attrs), p.outer_stride, common,
+                tuple(inner))
+    if type(p) is not TensorProxy:
+        raise _NotShared
+    return ("tensor", stride_of(p), common)
+
+
+def memo_key(fn: Callable, args: tuple, kwargs: dict) -> tuple | None:
+    """What an operation's fake run depends on, as a hashable key, or None when the run cannot be shared.
+
+    The run of ``fn`` on fakes of ``args`` / ``kwargs`` is a function of: ``fn``; the arguments' structure and
+    constants; for each tensor its metadata (shape, strides, dtype, device, ``requires_grad``, leaf-ness), for a
+    subclass value also its type, flatten context, Python attributes, outer strides and inner tensors; which
+    arguments are the same value; the grad mode and default dtype. Not shared: runs that read tensor values, ragged
+    sizes, number proxies or symbolic sizes (pinned by guards), opaque objects or tensors held in contexts; see
+    :func:`_shareable`."""
+    from thunder_subclass._thunder_internals import jit_state
+
+    if jit_state() is None:
+        return None
+    flat, spec = tree_flatten((args, kwargs))
+    ids: dict = {}
+    key = [fn, spec, is_traced_grad_enabled(), torch.get_default_dtype()]
+    try:
+        for x in flat:
+            key.append(_proxy_signature(x, ids) if isinstance(x, TensorProxy) else _freeze(x))
+        key = tuple(key)
+        hash(key)
+    except (_NotShared, TypeError):
+        return None
+    return key
+
+
+def _shareable(env: FakeEnv, calls: list, out: Any) -> bool:
+    """Whether a finished fake run depends on nothing but its inputs' fakes: it wrote to no input, read no value,
+    left no state outside tensors (DTensor's mask) or opaque object, made no ragged size, and every tensor its
+    recorded calls read and it returned is an input's fake or an earlier call's result (not one kept from an earlier
+    operation in a flatten context)."""
+    from thunder_subclass._thunder_internals import registered_nested_int
+    from thunder_subclass.proxy import OpaqueObjectProxy
+
+    if env.mutated or env.known_values or env.context_states:
+        return False
+    known = set()
+    for p, fake in env._keep:
+        if isinstance(p, OpaqueObjectProxy) or registered_nested_int(fake) is not None:
+            return False
+        known.add(id(fake))
+    for _, a, k, fake_out in calls:
+        for x in pytree.tree_leaves((a, k)):
+            if isinstance(x, torch.Tensor) and id(x) not in known:
+                return False
+        known.update(id(x) for x in pytree.tree_leaves(fake_out) if isinstance(x, torch.Tensor))
+    for x in pytree.tree_leaves(out):
+        if isinstance(x, torch.Tensor):
+            if is_traceable_wrapper_subclass(x):
+                attrs, ctx = flatten_tensor(x)
+                try:
+                    _freeze(ctx)
+                except _NotShared:
+                    return False
+                if any(id(getattr(x, a)) not in known for a in attrs):
+                    return False
+            elif id(x) not in known:
+                return False
+        elif not isinstance(x, _FROZEN_SCALARS):
+            return False
+    return True
+
+
+def record_call_shared(fn: Callable, args: tuple, kwargs: dict, scope: list, what: str, subclasses: str) -> Any:
+    """:func:`record_call` for an operation of the trace being interpreted, with its fake run shared by later
+    operations of the same trace that have the same :func:`memo_key`: those record the same aten calls on their own
+    proxies without running ``__torch_dispatch__`` again (a decoder layer's int8 linears in every further layer).
+    Returns the proxy results."""
+    from thunder_subclass._thunder_internals import jit_state
+
+    key = memo_key(fn, args, kwargs)
+    memo = jit_state().setdefault(_MEMO, {}) if key is not None else None
+    entry = memo.get(key) if memo is not None else None
+    if entry is not None:
+        return _replay(entry, args, kwargs, scope, what, subclasses)
+    inputs = [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, TensorProxy)]
+    env, calls, out = run_on_fakes(fn, args, kwargs, what, subclasses)
+    bindings = _input_bindings(env, inputs)
+    result = emit_calls(env, calls, out, scope, what, subclasses)
+    if memo is not None and len(memo) < _MEMO_LIMIT and _shareable(env, calls, out):
+        memo[key] = (calls, out, inputs, bindings, list(env.subclass_inputs))
+    return result
+
+
+def _input_bindings(env: FakeEnv, inputs: list) -> list:
+    """The (proxy, fake) bindings ``env`` made for ``inputs`` and their inner tensors, in the order it made them."""
+    ids = set()
+
+    def walk(p):
+        if id(p) not in ids:
+            ids.add(id(p))
+            if isinstance(p, SubclassTensorProxy):
+                for q in p.inner.values():
+                    walk(q)
+
+    for p in inputs:
+        walk(p)
+    return [(p, fake) for p, fake in env._keep if id(p) in ids]
+
+
+def _replay(entry: tuple, args: tuple, kwargs: dict, scope: list, what: str, subclasses: str) -> Any:
+    calls, out, old_inputs, bindings, old_subclass_inputs = entry
+    new_inputs = [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, TensorProxy)]
+    mapping: dict = {}
+
+    def correspond(old, new):
+        mapping[id(old)] = new
+        if isinstance(old, SubclassTensorProxy):
+            for name, q in old.inner.items():
+                correspond(q, new.inner[name])
+
+    for old, new in zip(old_inputs, new_inputs):
+        correspond(old, new)
+    env = FakeEnv()
+    for p, fake in bindings:  # the new proxies stand for the fakes the shared run made for the old ones
+        env.bind(mapping[id(p)], fake)
+    env.subclass_inputs = [mapping[id(p)] for p in old_subclass_inputs]
+    return emit_calls(env, calls, out, scope, what, subclasses)
 
 
 _PRODUCED = "produced_fakes"
