@@ -200,3 +200,26 @@ def test_tracing_keeps_no_reference_to_the_arguments():
     assert ref() is None
     torch.testing.assert_close(jf(-torch.ones(3)), f(-torch.ones(3)))  # the speculation itself still works
     assert thunder.cache_misses(jf) == 2
+
+
+def test_a_branch_under_autocast_takes_eagers_side_when_the_low_precision_sum_flips_sign():
+    # the value a branch reads is computed as eager computes it under autocast (here bfloat16 makes the sum negative,
+    # float32 positive): the compiled function takes eager's branch, by a speculated value or at a graph break
+    def f(x, w):
+        y = x @ w
+        return (y * 2) if y.sum() > 0 else (y * -1)
+
+    g = torch.Generator().manual_seed(280)
+    x, w = torch.randn(4, 64, generator=g), torch.randn(64, 4, generator=g)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        low = (x @ w).sum().item()
+    assert low < 0 < (x @ w).sum().item()  # the inputs flip the branch
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GraphBreakWarning)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            expected, out = f(x, w), thunder_subclass.jit(f)(x, w)
+        plain = thunder_subclass.jit(f)(x, w)  # and without autocast, the float32 branch
+    assert out.dtype == expected.dtype == torch.bfloat16
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(plain, f(x, w))
+    assert torch.all(plain * out.float() <= 0)  # the two took opposite branches
