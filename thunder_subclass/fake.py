@@ -404,6 +404,10 @@ class FakeEnv:
         the value before the operation, also when an in-place op rebased ``fake`` itself onto the op's result."""
         return self._leaf_of.get(id(fake), fake)
 
+    def bindings(self) -> list[tuple[TensorProxy, torch.Tensor]]:
+        """Every (proxy, fake) binding made in this environment, in the order made (a rebound fake appears again)."""
+        return list(self._keep)
+
     def bound_fakes(self) -> list[tuple[torch.Tensor, TensorProxy]]:
         """The (fake, proxy) pairs bound in this environment, newest binding of each fake."""
         return [(f, self._proxy_of[id(f)]) for _, f in self._keep if self._proxy_of.get(id(f)) is not None]

@@ -765,9 +765,9 @@ class ObjectSpec:
     * ``"state"``: an object passed to a native call whose type has no value equality, or a list or tuple of such
       objects: the same object (when it is stored where it is read) whose instance state, read recursively through
       its attributes, slots and items (numbers and strings by value; tensors by type; modules, functions and classes
-      by identity; other Python objects by their state), is what it was when traced (:func:`state_snapshot`): C code can call the object's Python methods
-      (``sum(objs, start)``, ``heapq``, ``range(obj)``) or read its ``__dict__`` (``copy.copy``) natively, out of the
-      trace's sight;
+      by identity; other Python objects by their state), is what it was when traced (:func:`state_snapshot`): C code
+      can call the object's Python methods (``sum(objs, start)``, ``heapq``, ``range(obj)``) or read its
+      ``__dict__`` (``copy.copy``) natively, out of the trace's sight;
     * ``"type"``: an object of the same exact type (any other object): methods and class attributes come from the type,
       and every attribute or item the trace read from it has its own check (numbers, strings, tensors) or guard;
     * ``"length"``: a list or tuple of the same exact type and length, ``"keys"``: a dict of the same exact type with
@@ -1481,7 +1481,8 @@ _HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement
 
 def _is_plain_instance(obj) -> bool:
     """Whether ``obj``'s state is all in its ``__dict__`` and slots: every class of its type is a Python class (or
-    ``object``, or ``types.SimpleNamespace``), and it is none of the objects compared by identity (tensors, modules, functions, classes)."""
+    ``object``, or ``types.SimpleNamespace``), and it is none of the objects compared by identity (tensors, modules,
+    functions, classes)."""
     if isinstance(obj, (torch.Tensor, torch.nn.Module, type, types.FunctionType, types.ModuleType, enum.Enum)):
         return False
     return all(c is object or c is types.SimpleNamespace or c.__flags__ & _HEAPTYPE for c in type(obj).__mro__)
@@ -1554,7 +1555,9 @@ def state_difference(v, s, path: str) -> str | None:
     if kind == "i":
         return None if v is t else f"{path} is another object"
     if kind == "t":
-        return None if type(v) is t else f"{path} is a {type(v).__qualname__}, the trace was made for a {t.__qualname__}"
+        if type(v) is t:
+            return None
+        return f"{path} is a {type(v).__qualname__}, the trace was made for a {t.__qualname__}"
     if type(v) is not t:
         return f"{path} is a {type(v).__qualname__}, the trace was made for a {t.__qualname__}"
     if kind == "v":

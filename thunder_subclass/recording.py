@@ -498,6 +498,8 @@ def _freeze(v: Any) -> Any:
 
 
 def _proxy_signature(p: TensorProxy, ids: dict) -> tuple:
+    from torch.nested._internal.nested_tensor import NestedTensor
+
     from thunder_subclass.fake import stride_of, value_source
     from thunder_subclass.proxy import is_marked_leaf, nested_int_of
 
@@ -510,7 +512,7 @@ def _proxy_signature(p: TensorProxy, ids: dict) -> tuple:
         raise _NotShared  # symbolic sizes (cache="symbolic values"): a number proxy compared in a key is a guard
     common = (tuple(p._shape), p.dtype, p.device, bool(p.requires_grad), is_marked_leaf(p))
     if isinstance(p, SubclassTensorProxy):
-        if p.inner_refs or p.subclass_type.__name__ == "NestedTensor":
+        if p.inner_refs or issubclass(p.subclass_type, NestedTensor):
             raise _NotShared
         inner = []
         for name, q in p.inner.items():
@@ -561,7 +563,7 @@ def _shareable(env: FakeEnv, calls: list, out: Any) -> bool:
     if env.mutated or env.known_values or env.context_states:
         return False
     known = set()
-    for p, fake in env._keep:
+    for p, fake in env.bindings():
         if isinstance(p, OpaqueObjectProxy) or registered_nested_int(fake) is not None:
             return False
         known.add(id(fake))
@@ -621,7 +623,7 @@ def _input_bindings(env: FakeEnv, inputs: list) -> list:
 
     for p in inputs:
         walk(p)
-    return [(p, fake) for p, fake in env._keep if id(p) in ids]
+    return [(p, fake) for p, fake in env.bindings() if id(p) in ids]
 
 
 def _replay(entry: tuple, args: tuple, kwargs: dict, scope: list, what: str, subclasses: str) -> Any:

@@ -263,7 +263,9 @@ def _resync_item_wrappers(wrapped) -> None:
     by_identity = {}
     for w in wrappers:
         if w is not None:
-            by_identity[id(w.value)] = by_identity[id(w.original_value)] = w
+            by_identity[id(w.value)] = w
+            if w.original_value is not w.nothing:  # a proxied value: the object it stands for
+                by_identity[id(w.original_value)] = w
     # an item without a wrapper gets one when it is read (thunder's lazy item wrappers: an item of this list)
     wrapped.item_wrappers = [by_identity.get(id(v)) for v in items]
 

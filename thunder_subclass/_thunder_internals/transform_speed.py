@@ -30,6 +30,13 @@ the on-disk cache stores the final traces' source and context right after the ca
 again (~0.2 s per Llama decoder layer, most of a store). :func:`printed_trace` returns them while the trace still
 holds the same bound symbols, else None (the caller prints again).
 
+Two more, measured later (~0.12 s per layer together), also give thunder's results for any jit:
+
+* ``core/pytree.py`` ``tree_flatten`` builds a set literal of ~30 types on every call to test its argument's type
+  (~13,500 calls per layer): its code is swapped in place (see the comment above :func:`_fast_tree_flatten_code`);
+* ``core/symbol.py`` ``Symbol.normalize`` calls ``inspect.signature(meta)`` on every bind (~1,000 per layer): one
+  signature per meta function (:func:`meta_signature`).
+
 The first two give thunder's results for any jit. The third changes nothing in what a trace computes, only which
 proxy names later traces get (the discarded pass no longer takes names), so it acts for plugin jits only: a plain
 ``thunder.jit``'s traces stay exactly thunder's.
@@ -48,7 +55,8 @@ from typing import Any
 from thunder_subclass._thunder_internals.plugin_state import is_plugin_active
 
 __all__ = [
-    "fast_tree_flatten_with_dataclass", "plain_flatten_types", "unhook_tree_flatten", "meta_signature", "may_hold_waits", "is_sort_waits_probe", "printed_trace", "hook_targets",
+    "fast_tree_flatten_with_dataclass", "plain_flatten_types", "unhook_tree_flatten", "meta_signature",
+    "may_hold_waits", "is_sort_waits_probe", "printed_trace", "hook_targets",
 ]
 
 
