@@ -52,6 +52,19 @@ def _trees_thunder_rebuilds():  # thunder's first pass changes these (new datacl
             (slice(1, 2),)]
 
 
+def _spy(monkeypatch, owner, name: str, what=lambda first, *rest: first) -> list:
+    """A list that records ``what(*args)`` of every call of ``owner.name`` from now on (the call itself still runs)."""
+    calls = []
+    original = getattr(owner, name)
+
+    def recording(*args, **kwargs):
+        calls.append(what(*args))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, recording)
+    return calls
+
+
 def test_one_pass_flatten_gives_thunders_leaves_specs_and_registrations():
     import thunder.core.symbol as symbol
 
@@ -185,14 +198,7 @@ def test_the_executors_pass_made_only_to_look_for_waits_is_skipped(monkeypatch):
 
     x = torch.randn(3, 4)
     w = TwoTensor(torch.randn(5, 4), torch.randn(5, 4))
-    calls = []
-    flatten = tangents.flatten_subclasses
-
-    def counting(trace, *args, **kwargs):
-        calls.append(trace)
-        return flatten(trace, *args, **kwargs)
-
-    monkeypatch.setattr(tangents, "flatten_subclasses", counting)
+    calls = _spy(monkeypatch, tangents, "flatten_subclasses")
     jf = thunder_subclass.jit(f)
     out = jf(x, w)
     assert_close(out, f(x, w))
@@ -310,14 +316,7 @@ def test_identical_subclass_operations_share_one_fake_run(monkeypatch):
     # distinct operation, and the trace (names included) and results are those of one fake run per operation
     from thunder_subclass import recording
 
-    runs = []
-    original = recording.run_on_fakes
-
-    def counting(fn, *args, **kwargs):
-        runs.append(fn)
-        return original(fn, *args, **kwargs)
-
-    monkeypatch.setattr(recording, "run_on_fakes", counting)
+    runs = _spy(monkeypatch, recording, "run_on_fakes")
     model, x = _twotensor_mlp(4), torch.randn(3, 8)
     shared = thunder_subclass.jit(model)
     out = shared(x)
@@ -355,14 +354,7 @@ def test_a_shared_fake_run_trains_as_eager():
 def test_fake_runs_are_shared_only_between_operations_with_the_same_key(monkeypatch):
     from thunder_subclass import recording
 
-    runs = []
-    original = recording.run_on_fakes
-
-    def counting(fn, *args, **kwargs):
-        runs.append(fn)
-        return original(fn, *args, **kwargs)
-
-    monkeypatch.setattr(recording, "run_on_fakes", counting)
+    runs = _spy(monkeypatch, recording, "run_on_fakes")
 
     def f(a, b, c):
         return a * a + a * b + a * c + (b * c).sum()
@@ -383,14 +375,7 @@ def test_result_layouts_of_plain_operations_are_computed_once_per_layout(monkeyp
     # producing operations on fakes; the same operation on the same layouts is run once
     from thunder_subclass import fake
 
-    calls = []
-    original = fake._run_on_fakes
-
-    def counting(fns, bsym):
-        calls.append(bsym.sym.name)
-        return original(fns, bsym)
-
-    monkeypatch.setattr(fake, "_run_on_fakes", counting)
+    calls = _spy(monkeypatch, fake, "_run_on_fakes", lambda fns, bsym: bsym.sym.name)
     monkeypatch.setattr(fake, "_LAYOUTS", {})
 
     def f(x, w1, w2):
