@@ -486,6 +486,27 @@ def test_a_value_that_changes_every_call_stops_being_speculated_and_breaks():
     assert len(jf.graph_breaks.breaks) == 1
 
 
+@pytest.mark.parametrize("limit", [2, None])
+def test_the_speculation_limit_is_a_setting(monkeypatch, limit):
+    def f(x):
+        n = int(x.sum())  # a new value on every call
+        return x * n
+
+    monkeypatch.setattr(thunder_subclass.config, "speculation_limit", limit)
+    jf = thunder_subclass.jit(f, cache_size_limit=None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for i in range(6):
+            x = torch.full((3,), float(i))
+            torch.testing.assert_close(jf(x), f(x))
+    breaks = [w for w in caught if issubclass(w.category, GraphBreakWarning)]
+    if limit is None:  # every value speculated: one trace each, no break
+        assert thunder.cache_misses(jf) == 6 and not breaks and not jf.graph_breaks.breaks
+    else:
+        assert thunder.cache_misses(jf) == limit + 1 and len(jf.graph_breaks.breaks) == 1
+        assert "took 2 different values" in str(breaks[0].message)
+
+
 def test_an_item_used_as_a_number_in_tensor_code_still_compiles():
     def f(x):
         return x * x.max().item()

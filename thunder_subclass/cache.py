@@ -34,6 +34,7 @@ __all__ = ["CachePolicy", "DEFAULT_CACHE_SIZE_LIMIT", "explain_recompiles", "las
 
 DEFAULT_CACHE_SIZE_LIMIT = 8  # torch.compile's default recompile_limit
 KEPT_MISSES = 32
+DEFAULT_SPECULATION_LIMIT = 4
 
 
 class _Config:
@@ -48,9 +49,13 @@ class _Config:
     * ``disk_cache_dir`` (default None: ``$THUNDER_SUBCLASS_CACHE_DIR``, else ``~/.cache/thunder_subclass``): where.
     * ``disk_cache_size_limit`` (default 256 MiB): the most bytes the disk cache keeps; past it the least recently
       used entries are removed. ``None``: no bound.
+    * ``speculation_limit`` (default :data:`DEFAULT_SPECULATION_LIMIT`, 4): how many different values one source line
+      may speculate for one compiled function (a branch on tensor data traced as one program per value, see
+      :mod:`thunder_subclass.speculation`) before the code around it runs eagerly instead (a graph break). Read when a
+      value is speculated. ``None``: no bound (each new value is a new trace, up to ``cache_size_limit``).
     """
 
-    __slots__ = ("cache_size_limit", "disk_cache", "disk_cache_dir", "disk_cache_size_limit")
+    __slots__ = ("cache_size_limit", "disk_cache", "disk_cache_dir", "disk_cache_size_limit", "speculation_limit")
 
     def __init__(self):
         import os
@@ -59,10 +64,12 @@ class _Config:
         self.disk_cache: bool = os.environ.get("THUNDER_SUBCLASS_DISK_CACHE", "0") == "1"
         self.disk_cache_dir: str | None = None
         self.disk_cache_size_limit: int | None = 256 * 2**20
+        self.speculation_limit: int | None = DEFAULT_SPECULATION_LIMIT
 
     def __repr__(self) -> str:
         return (f"thunder_subclass.config(cache_size_limit={self.cache_size_limit}, disk_cache={self.disk_cache}, "
-                f"disk_cache_dir={self.disk_cache_dir!r}, disk_cache_size_limit={self.disk_cache_size_limit})")
+                f"disk_cache_dir={self.disk_cache_dir!r}, disk_cache_size_limit={self.disk_cache_size_limit}, "
+                f"speculation_limit={self.speculation_limit})")
 
 
 config = _Config()

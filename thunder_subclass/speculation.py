@@ -21,8 +21,8 @@ usually small (a reduction feeding a comparison). Not speculated, so that the pr
 (the data-dependency error, then :mod:`~thunder_subclass.graph_breaks`): a value whose slice holds an in-place or
 random operation (running it in the prologue would change inputs or the random state), an operation without a torch
 function, a proxy made inside another operation's scope, or a value not reached from the inputs; and a source line
-that already speculated :data:`SPECULATION_LIMIT` values for the compiled function (a value that changes on every call,
-``loss.item()`` style, would otherwise retrace every time).
+that already speculated ``thunder_subclass.config.speculation_limit`` (default 4) values for the compiled function
+(a value that changes on every call, ``loss.item()`` style, would otherwise retrace every time).
 """
 
 from __future__ import annotations
@@ -41,14 +41,16 @@ from thunder.core.pytree import tree_flatten, tree_map
 from thunder.core.symbol import Symbol
 
 from thunder_subclass import _thunder_internals
+from thunder_subclass.cache import DEFAULT_SPECULATION_LIMIT, config
 from thunder_subclass.executor import subclass_executor
 from thunder_subclass.guards import SubclassGuardFailure
 from thunder_subclass.proxy import SubclassTensorProxy
 
 __all__ = ["SPECULATION_LIMIT", "TOLIST_LIMIT", "SpeculationSpec", "check_speculation", "lookaside", "record_input", "speculate"]
 
-# distinct values a source line may speculate per compiled function before it breaks the graph instead
-SPECULATION_LIMIT = 4
+# distinct values a source line may speculate per compiled function before it breaks the graph instead: the default of
+# thunder_subclass.config.speculation_limit, which is what is read
+SPECULATION_LIMIT = DEFAULT_SPECULATION_LIMIT
 
 NOT_SPECULATED = object()
 
@@ -426,9 +428,10 @@ def speculate(target, conversion: str) -> Any:
     if counts is None:
         return NOT_SPECULATED
     key = (site, conversion, target.name)  # a line may convert several values
-    if counts.get(key, 0) >= SPECULATION_LIMIT:
+    limit = config.speculation_limit
+    if limit is not None and counts.get(key, 0) >= limit:
         raise NotImplementedError(
-            f"the value at {site} ({conversion} of a value computed from tensor data) took {SPECULATION_LIMIT} "
+            f"the value at {site} ({conversion} of a value computed from tensor data) took {limit} "
             f"different values on calls of this compiled function (each one traced, guarded by its prologue); it is "
             f"no longer speculated on: the code around it runs eagerly from now on (data dependency)")
     spec = SpeculationSpec(inputs, steps, target.name, conversion, None, site)
