@@ -704,6 +704,38 @@ def test_what_c_code_reads_through_python_methods_is_guarded(name, f):
         assert thunder.cache_misses(jf) == 3
 
 
+class _EqualIndex:
+    """Value equality and a Python ``__index__`` (C code calls it: ``range(obj)``)."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __eq__(self, other):
+        return isinstance(other, _EqualIndex) and self.n == other.n
+
+    __hash__ = object.__hash__
+
+    def __index__(self):
+        return self.n
+
+
+def test_an_identity_guard_stays_one_when_the_object_is_also_passed_to_c_code():
+    # `m is o` makes the trace depend on which object m is; range(m) then asks for m's state too: an equal copy of m
+    # must still be a cache miss (it was accepted by equality, and the trace's `is` answer was wrong)
+    def f(x, m, o):
+        return x + (1 if m is o else 0) + sum(range(m))
+
+    m, x = _EqualIndex(2), torch.zeros(2)
+    jf = thunder_subclass.jit(f)
+    torch.testing.assert_close(jf(x, m, m), f(x, m, m))
+    copy_of_m = _EqualIndex(2)
+    torch.testing.assert_close(jf(x, copy_of_m, m), f(x, copy_of_m, m))
+    assert thunder.cache_misses(jf) == 2
+    m.n = 3  # same object, new state: a miss too
+    torch.testing.assert_close(jf(x, m, m), f(x, m, m))
+    assert thunder.cache_misses(jf) == 3
+
+
 def test_a_state_guard_says_what_changed_and_type_only_natives_add_none():
     def f(x, o):
         return x * sum(o, _Num(0)).n

@@ -1431,13 +1431,19 @@ def guard_object_by_value(obj, by_state: bool = False) -> None:
     if entry is None or entry[1].kind not in ("type", "identity"):
         return
     _, spec, stable = entry
-    if spec.kind == "identity" and not (by_state and type(obj) is spec.typ and _is_plain_instance(obj)):
+    if spec.kind == "identity":
+        # the trace depends on which object it is (``is``, or no value equality): the same object, now also with the
+        # same state; never an equal copy instead
+        if by_state and type(obj) is spec.typ and _is_plain_instance(obj):
+            snapshot = state_snapshot(obj, identity=True)
+            if snapshot is not None:
+                spec.kind, spec.value = "state", snapshot
         return
     snapshot = _value_snapshot(obj)
     if snapshot is not None:
         spec.kind, spec.value = "equal", snapshot
         return
-    snapshot = state_snapshot(obj, identity=stable or spec.kind == "identity") if by_state else None
+    snapshot = state_snapshot(obj, identity=stable) if by_state else None
     if snapshot is not None:
         spec.kind, spec.value = "state", snapshot
     elif stable:
