@@ -1550,13 +1550,14 @@ def state_snapshot(obj, identity: bool = True):
 
 
 def same_state(v, s) -> bool:
-    """Whether ``v`` has the state recorded by :func:`state_snapshot` (see there)."""
-    return state_difference(v, s, "") is None
+    """Whether ``v`` has the state recorded by :func:`state_snapshot` (see there). Run by the prologue on every call:
+    no message, nor the paths of the values it compares, is built."""
+    return state_difference(v, s, None) is None
 
 
-def state_difference(v, s, path: str) -> str | None:
+def state_difference(v, s, path: str | None) -> str | None:
     """None when ``v`` has the state recorded in ``s``, else what differs first (``it.cfg.n is 3, the trace was made
-    for 2``), ``path`` naming ``v``."""
+    for 2``), ``path`` naming ``v`` (None: the paths of nested values are not built, for :func:`same_state`)."""
     kind, t = s[0], s[1]
     if kind == "i":
         return None if v is t else f"{path} is another object"
@@ -1573,7 +1574,7 @@ def state_difference(v, s, path: str) -> str | None:
         if len(items) != len(s[2]):
             return f"{path} has {len(items)} items, the trace was made for {len(s[2])}"
         for i, (item, snap) in enumerate(zip(items, s[2])):
-            why = state_difference(item, snap, f"{path}[{i}]")
+            why = state_difference(item, snap, None if path is None else f"{path}[{i}]")
             if why is not None:
                 return why
         return None
@@ -1581,8 +1582,8 @@ def state_difference(v, s, path: str) -> str | None:
         if len(v) != len(s[2]):
             return f"{path} has {len(v)} items, the trace was made for {len(s[2])}"
         for (key, value), (key_snap, value_snap) in zip(v.items(), s[2]):
-            why = state_difference(key, key_snap, f"{path} key") or state_difference(value, value_snap,
-                                                                                   f"{path}[{key!r}]")
+            why = state_difference(key, key_snap, None if path is None else f"{path} key") or state_difference(
+                value, value_snap, None if path is None else f"{path}[{key!r}]")
             if why is not None:
                 return why
         return None
@@ -1594,11 +1595,11 @@ def state_difference(v, s, path: str) -> str | None:
     for name, snap in s[3]:
         if name not in fields:
             return f"{path} has no attribute {name}"
-        why = state_difference(fields[name], snap, f"{path}.{name}")
+        why = state_difference(fields[name], snap, None if path is None else f"{path}.{name}")
         if why is not None:
             return why
     for name, snap in s[4]:
-        why = state_difference(getattr(v, name, _NO_SLOT), snap, f"{path}.{name}")
+        why = state_difference(getattr(v, name, _NO_SLOT), snap, None if path is None else f"{path}.{name}")
         if why is not None:
             return why
     return None
