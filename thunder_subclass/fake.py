@@ -124,7 +124,8 @@ def _infer_strides(p: TensorProxy) -> None:
         flat_proxies = [o for o in bsym.flat_proxy_outs if isinstance(o, TensorProxy)]
         if len(layouts) == len(flat_proxies):
             for o, (shape, stride) in zip(flat_proxies, layouts):
-                if shape == tuple(o._shape) and _STRIDE_ATTR not in o.__dict__:
+                if shape == tuple(o._shape) and _STRIDE_ATTR not in o.__dict__ \
+                        and not isinstance(o, SubclassTensorProxy):  # (their strides are their outer_stride)
                     o.__dict__[_STRIDE_ATTR] = stride
 
 

@@ -133,7 +133,7 @@ def plain_flatten_types(checked: Callable) -> frozenset:
 
 def _hook_tree_flatten_code(original_code):
     """The code that ``thunder.core.pytree.tree_flatten`` runs while hooked (see the comment above). Keeps, on the
-    function, thunder's code as a function of its own and the set of plain types; :func:`_unhook_tree_flatten` (called
+    function, thunder's code as a function of its own and the set of plain types; :func:`unhook_tree_flatten` (called
     by ``uninstall``) removes them."""
     from thunder.core import pytree
 
