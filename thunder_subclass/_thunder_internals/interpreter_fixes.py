@@ -804,7 +804,8 @@ def _cmp_to_key(mycmp):
 
 
 @functools.cache
-def _python_itertools() -> dict:
+def _python_stand_ins() -> dict:
+    """The C callable -> its Python version run through the interpreter (itertools, ``functools.cmp_to_key``)."""
     import itertools
 
     return {
@@ -828,7 +829,8 @@ def _getter_call(impl, parts: tuple):
 
 
 def _python_iteration_lookaside(fn, wrapped_args: tuple, wrapped_kwargs: dict):
-    """The interpreted Python version of an ``itertools`` function or of an attrgetter/itemgetter call, or None."""
+    """The interpreted Python version of an ``itertools`` function, ``functools.cmp_to_key``, or an
+    attrgetter/itemgetter/methodcaller call, or None."""
     if type(fn) is operator.methodcaller and len(wrapped_args) == 1 and not wrapped_kwargs:
         name = fn.__reduce__()  # (methodcaller, (name, *args)) or (partial(methodcaller, name, **kwargs), args)
         if name[0] is operator.methodcaller:
@@ -843,7 +845,7 @@ def _python_iteration_lookaside(fn, wrapped_args: tuple, wrapped_kwargs: dict):
         return _getter_call(_itemgetter_call, parts)
     if not is_hashable(fn):
         return None
-    impl = _python_itertools().get(fn)
+    impl = _python_stand_ins().get(fn)
     if impl is None:
         return None
     if impl is _islice:
