@@ -394,3 +394,96 @@ def test_result_layouts_of_plain_operations_are_computed_once_per_layout(monkeyp
     assert calls == ["t", "mul", "t"] * 2
     for o in (out, alone):
         assert_close(o.a, expected.a) and assert_close(o.b, expected.b)
+
+
+def _all_bsyms(bsyms):
+    for b in bsyms:
+        yield b
+        yield from _all_bsyms(b.subsymbols)
+
+
+def _up_to_names(trace) -> str:
+    """The trace's text with each proxy name replaced by its order of first appearance (and no pass timings)."""
+    names = {p.name for b in _all_bsyms(trace.bound_symbols) for p in (*b.flat_proxy_args, *b.flat_proxy_outs)}
+    text = re.sub(r" \(took \d+ milliseconds\)", "", str(trace))
+    order: dict[str, str] = {}
+    return re.sub(r"\b\w+\b", lambda m: order.setdefault(m[0], f"v{len(order)}") if m[0] in names else m[0], text)
+
+
+def _mixed_model(requires_grad: bool) -> torch.nn.Module:
+    class Block(torch.nn.Module):  # thunder's torch symbols (the torch executor's like= operators) and subclass ops
+        def __init__(self):
+            super().__init__()
+            w = torch.randn(8, 8)
+            self.w = torch.nn.Parameter(TwoTensor(w, w * 2), requires_grad=requires_grad)
+            self.norm = torch.nn.LayerNorm(8)
+
+        def forward(self, xs):
+            x, h = xs
+            h = torch.nn.functional.silu(torch.nn.functional.linear(h, self.w) * 0.5)
+            return self.norm(torch.nn.functional.silu(x * 0.5).reshape(-1, 8) / 2 + x), h
+
+    torch.manual_seed(0)
+    return torch.nn.Sequential(Block(), Block())
+
+
+def _backward(outputs):
+    torch.autograd.backward([outputs[0].sum(), outputs[1].sum()])  # each output's gradient of its own kind
+
+
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_the_executors_pass_keeps_claimed_symbols_instead_of_running_their_metas_again(monkeypatch, requires_grad):
+    # an operator executor's symbol for a bound symbol (itself, or registered like= it) called with the bound symbol's
+    # own arguments: made from the bound symbol's output and subsymbols; the traces are thunder's but for proxy names
+    kept = []
+    reuse = transform_speed.reuse_claimed_bsym
+
+    def recording(processor, fn, *rest):
+        result = reuse(processor, fn, *rest)
+        if result is not None:
+            kept.append(fn.name)
+        return result
+
+    monkeypatch.setattr(transform_speed, "reuse_claimed_bsym", recording)
+    x = torch.randn(3, 8, requires_grad=requires_grad)
+    xs = (x, x.detach() * 3)
+    model, reference = _mixed_model(requires_grad), _mixed_model(requires_grad)
+    jm = thunder_subclass.jit(model)
+    out = jm(xs)
+    # thunder's torch symbols, the torch executor's like= operators (matmul: TwoTensor's aten.mm, recorded as
+    # thunder's symbol)
+    assert {"silu", "matmul", "true_divide", "mul"} <= set(kept), kept
+    monkeypatch.setattr(transform_speed, "reuse_claimed_bsym", lambda *args: None)  # thunder's way: metas run again
+    alone = thunder_subclass.jit(model)
+    expected, eager = alone(xs), reference(xs)
+    for o in (out, expected):
+        assert type(o[1]) is TwoTensor
+        assert_close(o[0], eager[0]) and assert_close(o[1].a, eager[1].a) and assert_close(o[1].b, eager[1].b)
+    traces = [(thunder.last_traces(jm), thunder.last_traces(alone))]
+    if requires_grad:
+        _backward(out)
+        _backward(eager)
+        for p, q in zip(model.parameters(), reference.parameters()):
+            assert type(p.grad) is type(q.grad) and q.grad is not None
+            for g, e in ((p.grad.a, q.grad.a), (p.grad.b, q.grad.b)) if type(q.grad) is TwoTensor else ((p.grad, q.grad),):
+                assert_close(g, e)
+        traces.append((thunder.last_backward_traces(jm), thunder.last_backward_traces(alone)))
+    for fast, slow in traces:
+        assert len(fast) == len(slow)
+        assert [_up_to_names(t) for t in fast] == [_up_to_names(t) for t in slow]
+        # the pass kept the old names: the execution trace's proxies are those of the trace before the pass
+        assert str(fast[-1]) != str(slow[-1])
+
+
+def test_the_kept_symbols_are_only_those_of_plugin_jits(monkeypatch):
+    calls = _spy(monkeypatch, transform_speed, "reuse_claimed_bsym")
+    thunder_subclass.install_hooks()
+
+    def f(x):
+        return torch.nn.functional.silu(x * 2).sum(0)
+
+    x = torch.randn(4, 4)
+    assert_close(thunder.jit(f)(x), f(x))
+    assert calls == []
+    assert_close(thunder_subclass.jit(f)(x), f(x))
+    assert calls

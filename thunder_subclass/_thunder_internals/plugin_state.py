@@ -115,14 +115,17 @@ class _PluginActivity:
         return active
 
 
-@functools.cache
-def _plugin_activity() -> _PluginActivity:
-    return _PluginActivity()
+_activity: _PluginActivity | None = None  # made on the first question (it imports thunder)
 
 
 def is_plugin_active() -> bool:
     """True while a jit that uses thunder_subclass traces or transforms (reads thunder's current compile data)."""
-    return handlers is not None and _plugin_activity()()
+    global _activity
+    if handlers is None:
+        return False
+    if _activity is None:
+        _activity = _PluginActivity()
+    return _activity()
 
 
 # How each lazily made symbol of the plugin's executor can be made again in another process: the implementation

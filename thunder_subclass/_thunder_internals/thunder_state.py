@@ -34,6 +34,7 @@ them.
 from __future__ import annotations
 
 import contextlib
+import dis
 import functools
 import threading
 import weakref
@@ -409,8 +410,6 @@ _UNPACKABLE_PROVENANCE = {"INPUT_ARGS", "INPUT_KWARGS", "INPUT_FN", "LOAD_ATTR",
 def is_unpackable_provenance(record) -> bool:
     """Whether thunder's prologue can fetch the value with provenance ``record`` from the inputs (attribute reads and
     subscripts of arguments or of the jitted callable), so that a prologue check can take it as an argument."""
-    import dis
-
     from thunder.core.interpreter import ProvenanceRecord
 
     if not isinstance(record, ProvenanceRecord):

@@ -37,6 +37,10 @@ Two more, measured later (~0.12 s per layer together), also give thunder's resul
 * ``core/symbol.py`` ``Symbol.normalize`` calls ``inspect.signature(meta)`` on every bind (~1,000 per layer): one
   signature per meta function (:func:`meta_signature`).
 
+One more acts in the executors' pass: a bound symbol that an operator executor runs as itself (or as a symbol
+registered ``like=`` it) is kept with its output and subsymbols instead of being traced again from its meta
+(:func:`reuse_claimed_bsym`, see the comment above it); for plugin jits only, since the names differ from thunder's.
+
 The first two give thunder's results for any jit. The third changes nothing in what a trace computes, only which
 proxy names later traces get (the discarded pass no longer takes names), so it acts for plugin jits only: a plain
 ``thunder.jit``'s traces stay exactly thunder's.
@@ -56,7 +60,7 @@ from thunder_subclass._thunder_internals.plugin_state import is_plugin_active
 
 __all__ = [
     "fast_tree_flatten_with_dataclass", "plain_flatten_types", "unhook_tree_flatten", "meta_signature",
-    "may_hold_waits", "is_sort_waits_probe", "printed_trace", "hook_targets",
+    "may_hold_waits", "is_sort_waits_probe", "printed_trace", "reuse_claimed_bsym", "hook_targets",
 ]
 
 
@@ -64,8 +68,7 @@ def fast_tree_flatten_with_dataclass(tree, original: Callable):
     """thunder's ``tree_flatten_with_dataclass(tree)`` (``original``) in one pass when that gives the same result:
     no leaf is an unregistered dataclass instance and no node is one of thunder's registered types (``torch.Size``
     rebuilt as a tuple, a dataclass rebuilt as a new instance by thunder's first pass: its spec differs)."""
-    from thunder.core import pytree
-
+    pytree = sys.modules["thunder.core.pytree"]  # no import statement: ~7,500 calls per layer
     leaves, spec = pytree.tree_flatten(tree)
     if spec.namespace:
         return original(tree)
@@ -362,11 +365,108 @@ def printed_trace(trace, fn=None, **kwargs) -> tuple[str, dict] | None:
     return None
 
 
+# --- the executors' pass: a symbol an operator executor runs as itself --------------------------------------------
+# thunder's executors' pass (``executors/passes.py``, ``OpExProcessor.process_bsym``) gives each bound symbol that an
+# operator executor claims without an execution transform to ``add_bsyms_from_function(op, *bsym.args,
+# **bsym.kwargs)``, where ``op`` is the executor's symbol for it: ``op`` is the symbol itself (the plugin's aten
+# symbols) or a symbol registered ``like=`` it (the torch executor's ``mul``, whose meta *is* ``ltorch.mul``). Calling
+# ``op`` runs the symbol's meta again on the same arguments: the whole decomposition into prims for thunder's torch
+# symbols, a run on fakes for the plugin's aten symbols (~0.1 s of CPU per Llama decoder layer, ~150 symbols). The
+# result is a bound symbol of ``op`` whose output and subsymbols equal the original's but for fresh proxy names, which
+# the pass then swaps in for the old ones everywhere. For plugin jits, such a call makes that bound symbol from the
+# original's output and subsymbols instead (:func:`reuse_claimed_bsym`): the same program with the old names.
+# ``process_bsym`` of each processor class says which bound symbol is being processed (``__init_subclass__`` hook);
+# anything else (an execution transform, other arguments, autocast, an output that is an argument) runs thunder's way.
+
+_CURRENT_BSYM = "_thunder_subclass_current_bsym"
+
+
+def _hook_processor_init_subclass(original):
+    # TraceSubstitutionProcessor.__init_subclass__ (inherited from object): each subclass's process_bsym records the
+    # bound symbol it processes on the processor (OpExProcessor is a class made anew on every executors' pass)
+    from thunder.core.trace_interpreter import TraceSubstitutionProcessor
+
+    def __init_subclass__(cls, **kwargs):
+        super(TraceSubstitutionProcessor, cls).__init_subclass__(**kwargs)
+        process = cls.__dict__.get("process_bsym")
+        if process is not None and not getattr(process, "_thunder_subclass_tracks", False):
+            cls.process_bsym = _tracking(process)
+
+    return classmethod(__init_subclass__)
+
+
+def _tracking(process: Callable) -> Callable:
+    @functools.wraps(process)
+    def process_bsym(self, bsym):
+        self.__dict__[_CURRENT_BSYM] = bsym
+        try:
+            return process(self, bsym)
+        finally:
+            self.__dict__[_CURRENT_BSYM] = None
+
+    process_bsym._thunder_subclass_tracks = True
+    return process_bsym
+
+
+def reuse_claimed_bsym(processor, fn, args: tuple, kwargs: dict, tags):
+    """The result of ``processor.add_bsyms_from_function(fn, *args, **kwargs, tags=tags)`` made without calling
+    ``fn``, or None (thunder's way): when ``fn`` is an operator executor's symbol for the bound symbol being processed
+    (itself, or a symbol whose meta is it), called with that bound symbol's own arguments (see the comment above)."""
+    from thunder.core.proxies import Proxy, ProxyTag, TensorProxy
+    from thunder.core.symbol import Symbol
+    from thunder.core.compile_data import get_compile_data
+    from thunder.extend import OperatorExecutor
+    from thunder.transforms.autocast import maybe_apply_autocast
+
+    bsym = processor.__dict__.get(_CURRENT_BSYM)
+    if bsym is None or not isinstance(fn, Symbol) or not isinstance(fn.executor, OperatorExecutor):
+        return None
+    nested = fn is not bsym.sym
+    if nested and (fn.meta is not bsym.sym or fn.is_prim):
+        return None
+    if len(args) != len(bsym.args) or any(a is not b for a, b in zip(args, bsym.args)):
+        return None
+    if kwargs.keys() != bsym.kwargs.keys() or any(v is not bsym.kwargs[k] for k, v in kwargs.items()):
+        return None
+    if maybe_apply_autocast(fn) is not None or (nested and maybe_apply_autocast(bsym.sym) is not None):
+        return None
+    flat_args = bsym.flat_args
+    outputs = bsym.flat_proxy_outs
+    if any(o is a for o in outputs for a in flat_args):  # Symbol.__call__ would add a shallow_copy
+        return None
+    cd = get_compile_data()
+    if cd is not None and not cd.is_grad_enabled:  # as Symbol.__call__ tags results made with grad disabled
+        names = {a.name for a in flat_args if isinstance(a, TensorProxy)}
+        for o in outputs:
+            if isinstance(o, TensorProxy) and o.name not in names:
+                o.tags.add(ProxyTag.DETACHED_AUTOGRAD_GRAPH)
+    subsymbols = [bsym] if nested else ([] if fn.is_prim else list(bsym.subsymbols))
+    new = fn.bind(*args, **kwargs, output=bsym.output, subsymbols=subsymbols)
+    if tags is not None:
+        new.tags.update(tags)
+    processor.new_bsyms += [new]
+    processor.set_result(bsym.output)
+    return (bsym.output,)
+
+
+def _hook_add_bsyms_from_function(original):
+    @functools.wraps(original)
+    def add_bsyms_from_function(self, fn, /, *args, tags=None, **kwargs):
+        if is_plugin_active():
+            reused = reuse_claimed_bsym(self, fn, args, kwargs, tags)
+            if reused is not None:
+                return reused[0]
+        return original(self, fn, *args, tags=tags, **kwargs)
+
+    return add_bsyms_from_function
+
+
 def hook_targets() -> list[tuple[Any, str, Callable]]:
     import thunder.core.jit_ext as jit_ext
     import thunder.core.pytree as pytree
     import thunder.core.symbol as symbol
     from thunder.core.trace import TraceCtx
+    from thunder.core.trace_interpreter import TraceSubstitutionProcessor
 
     return [
         (pytree.tree_flatten, "__code__", _hook_tree_flatten_code),
@@ -376,4 +476,6 @@ def hook_targets() -> list[tuple[Any, str, Callable]]:
         (TraceCtx, "python_callable", _hook_python_callable),
         (TraceCtx, "python", _hook_python),
         (TraceCtx, "python_ctx", _hook_python_ctx),
+        (TraceSubstitutionProcessor, "__init_subclass__", _hook_processor_init_subclass),
+        (TraceSubstitutionProcessor, "add_bsyms_from_function", _hook_add_bsyms_from_function),
     ]
