@@ -11,6 +11,7 @@ import thunder
 import torch
 
 import thunder_subclass
+from torch.testing._internal.two_tensor import TwoTensor
 from thunder_subclass.errors import UnsupportedTracingError
 
 SCALAR_OPERAND_CASES = {
@@ -660,3 +661,68 @@ def test_list_insert_at_a_number_argument_under_symbolic_values():
         torch.testing.assert_close(jf(jit_list, n, torch.ones(1)), f(eager_list, n, torch.ones(1)))
         assert jit_list == eager_list
     assert thunder.cache_misses(jf) == 3
+
+
+# attribute writes on the compiled module itself (thunder's prologue fetches it as INPUT_FN, with no proxy):
+# thunder 0.2.6's process_recorded_modifications skipped them without a word (plain thunder.jit too), so a stateful
+# module (an RNN keeping its hidden state, a step counter, a cached tensor) silently lost its state
+
+class _Stateful(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.cell = torch.nn.GRUCell(4, 4)
+        self.hidden = None
+        self.steps = 0
+        self.state = types.SimpleNamespace(last=None)
+
+    def forward(self, x):
+        h = self.cell(x, self.hidden)
+        self.hidden = h.detach()
+        self.steps += 1
+        self.pair = TwoTensor(h.detach(), h.detach() * 2)
+        self.history = [h.detach().sum(), "step"]
+        self.state.last = h.detach() * 3  # an object reached from the module
+        return h
+
+
+def test_writes_to_the_compiled_modules_own_attributes_happen_as_in_eager():
+    eager, model = _Stateful(), _Stateful()
+    jm = thunder_subclass.jit(model)
+    xs = torch.randn(4, 2, 4)
+    for x in xs:
+        torch.testing.assert_close(jm(x), eager(x))
+        torch.testing.assert_close(model.hidden, eager.hidden)
+        assert model.steps == eager.steps
+        assert type(model.pair) is TwoTensor
+        torch.testing.assert_close(model.pair.b, eager.pair.b)
+        assert type(model.history) is list and model.history[1] == "step"
+        torch.testing.assert_close(model.history[0], eager.history[0])
+        torch.testing.assert_close(model.state.last, eager.state.last)
+    assert not hasattr(jm, "hidden") or jm.hidden is model.hidden  # written to the user's module, not its wrapper
+    # each step count is a new trace (an int attribute is a constant of the trace, as in torch.compile)
+    assert thunder.cache_misses(jm) == 4
+
+    class Counts(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.steps = 0
+
+        def forward(self, x):
+            self.steps += 1
+            return x + 1
+
+    plain = Counts()
+    thunder.jit(plain)(xs[0])
+    assert plain.steps == 0  # thunder 0.2.6 itself drops the write
+
+
+def test_an_object_made_in_the_compiled_code_and_set_on_the_module_is_a_typed_error():
+    class Keeps(torch.nn.Module):
+        def forward(self, x):
+            self.box = _Key(1)
+            return x + 1
+
+    with pytest.raises(UnsupportedTracingError, match=r"sets Keeps\.box .* to an object of type _Key made while "
+                                                      r"tracing, which the compiled function cannot recreate"):
+        thunder_subclass.jit(Keeps(), fullgraph=True)(torch.ones(2))

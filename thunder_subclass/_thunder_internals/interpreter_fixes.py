@@ -21,7 +21,10 @@ around:
 * ``core/jit_ext.py`` ``_general_jit_object_setattr_lookaside`` (through the ``general_jit_lookaside`` hook) — every
   attribute write on an input object reaches the epilogue, not only the first.
 * ``core/jit_ext.py`` ``process_recorded_modifications`` — attribute writes of dtypes, devices and strings on input
-  objects (its assertion admits Proxy, int, float, tuple, None, Device); also calls ``Handlers.end_of_trace``
+  objects (its assertion admits Proxy, int, float, tuple, None, Device); attribute writes on an object the prologue
+  has no proxy for, above all the compiled module itself (``self.hidden = h.detach()``, ``self.steps += 1``: thunder
+  skipped them without a word), become epilogue writes on the object fetched by its provenance (a jitted module's
+  ``ThunderModule._model``); also calls ``Handlers.end_of_trace``
   (thunder records item writes only for modules' member dicts: the plugin writes back the input lists and dicts
   the traced code changed) and appends the plugin's epilogue calls (``thunder_state.call_in_epilogue``: in-place
   view ops replayed on the caller's object, input containers' new contents).
@@ -1158,6 +1161,7 @@ def _hook_process_recorded_modifications(original):
 
         if not is_plugin_active():
             return original(ctx, epilogue_trace)
+        unwritten = _attribute_writes_thunder_drops(ctx)
         saved = jit_ext.NoneType
         jit_ext.NoneType = _ConstantAttributeValue
         try:
@@ -1165,9 +1169,85 @@ def _hook_process_recorded_modifications(original):
         finally:
             jit_ext.NoneType = saved
         plugin_state.handlers.end_of_trace()
+        _write_attributes_in_epilogue(ctx, unwritten)
         _add_epilogue_calls(ctx, epilogue_trace)
 
     return process_recorded_modifications
+
+
+def _attribute_writes_thunder_drops(ctx) -> list[tuple[Any, dict[str, Any]]]:
+    """The attribute writes (``obj.name = value`` in traced code) that ``process_recorded_modifications`` skips without
+    a word: on an object whose provenance carries no prologue proxy, above all the compiled module itself (provenance
+    ``INPUT_FN``: ``self.hidden = h.detach()``, ``self.steps += 1`` in the root's ``forward`` were silently not done,
+    plain ``thunder.jit`` too). Each as (provenance of the object, {name: last value written, wrapped})."""
+    from thunder.core.compile_data import get_compile_data
+    from thunder.core.interpreter import PseudoInst
+
+    from thunder_subclass._thunder_internals.thunder_state import hooked_module_provenance
+
+    dropped = []
+    for modified, modifications in ctx._additional_outputs.items():
+        provenance = modified.provenance
+        if not isinstance(modified.value, dict) or provenance.inst is not PseudoInst.LOAD_ATTR \
+                or provenance.inputs[1].inst is not PseudoInst.CONSTANT or provenance.inputs[1].value != "__dict__":
+            continue
+        owner = provenance.inputs[0]
+        if hasattr(owner, "proxy"):
+            continue  # thunder's pack_attr writes it
+        name = "object"
+        if owner.inst is PseudoInst.INPUT_FN:
+            fn = getattr(get_compile_data(), "fn", None)  # the jitted callable (INPUT_FN while interpreting)
+            if fn is not None:
+                name = type(fn).__name__
+                # the prologue fetches a jitted module as its ThunderModule: the write goes to the user's module
+                owner = hooked_module_provenance(fn, owner)
+        last: dict[str, Any] = {}
+        for inst, *args in modifications:
+            if inst == PseudoInst.STORE_SUBSCR:
+                _, key, value = args
+                last[key.value] = value
+        if last:
+            dropped.append((owner, name, last))
+    return dropped
+
+
+def _epilogue_attribute_value(v) -> bool:
+    """Whether the epilogue can hold ``v`` (a value written to an attribute): proxies, constants and tuples, lists and
+    dicts of them."""
+    import thunder
+    from thunder.core.proxies import Proxy
+
+    if v is None or isinstance(v, (Proxy, bool, int, float, complex, str, torch.dtype, torch.device,
+                                   thunder.dtypes.dtype, thunder.devices.Device)):
+        return True
+    if type(v) in (tuple, list):
+        return all(_epilogue_attribute_value(x) for x in v)
+    if type(v) is dict:
+        return all(type(k) in (str, int) and _epilogue_attribute_value(x) for k, x in v.items())
+    return False
+
+
+def _write_attributes_in_epilogue(ctx, writes: list) -> None:
+    """Epilogue calls (``prims.pack_attr``, thunder's own write) for the writes :func:`_attribute_writes_thunder_drops`
+    found, on the object fetched from the inputs by its provenance; a value the epilogue cannot hold is a typed
+    error (it was dropped)."""
+    import thunder.core.prims as prims
+    from thunder.core.interpreter import unwrap
+
+    from thunder_subclass.errors import UnsupportedTracingError
+
+    calls = ctx.__dict__.setdefault("_thunder_subclass_state", {}).setdefault("epilogue_calls", [])
+    for owner, owner_name, last in writes:
+        for name, wrapped in last.items():
+            value = unwrap(wrapped)
+            if not _epilogue_attribute_value(value):
+                raise UnsupportedTracingError(
+                    f"the compiled code sets {owner_name}.{name} (an attribute of the compiled module or of an object "
+                    f"reached from it) to an object of type {type(value).__name__} made while tracing, which the "
+                    f"compiled function cannot recreate on each call: assign tensors, numbers, strings or tuples, "
+                    f"lists and dicts of them, or return the object and assign it outside the compiled call"
+                )
+            calls.append((prims.pack_attr, owner, (name, value)))
 
 
 def _add_epilogue_calls(ctx, epilogue_trace) -> None:

@@ -489,7 +489,7 @@ def hooked_module_provenance(module, provenance):
     an ``nn.Module`` with hook dictionaries of its own (empty: the user's hooks are on the module it wraps); the
     user's module is that wrapper's ``_model``. Other provenances are returned unchanged."""
     import torch
-    from thunder.core.interpreter import ProvenanceRecord, PseudoInst, wrap_const
+    from thunder.core.interpreter import ProvenanceRecord, PseudoInst
     from thunder.core.module import ThunderModule, get_thunder_module
 
     if getattr(provenance, "inst", None) is not PseudoInst.INPUT_FN or not isinstance(module, torch.nn.Module):
@@ -497,7 +497,9 @@ def hooked_module_provenance(module, provenance):
     wrapper = get_thunder_module(module)
     if not isinstance(wrapper, ThunderModule) or wrapper._model is not module:
         return provenance
-    return ProvenanceRecord(PseudoInst.LOAD_ATTR, inputs=[provenance, wrap_const("_model").provenance])
+    # (the constant's record as wrap_const makes it, also outside the interpreter: the epilogue's writes)
+    name = ProvenanceRecord(PseudoInst.CONSTANT, inputs=[], value="_model")
+    return ProvenanceRecord(PseudoInst.LOAD_ATTR, inputs=[provenance, name])
 
 
 def attribute_provenance(history) -> Callable[[str], Any]:
