@@ -828,3 +828,65 @@ def test_the_python_versions_of_itertools_give_cpythons_results():
     cmp = lambda a, b: (a > b) - (a < b)  # noqa: E731
     assert sorted(data, key=fx._cmp_to_key(cmp)) == sorted(data, key=functools.cmp_to_key(cmp))
     assert max(data, key=fx._cmp_to_key(cmp)) == max(data, key=functools.cmp_to_key(cmp))
+
+
+# an attribute the traced code looked for and did not find: thunder 0.2.6 recorded nothing, so after the attribute was
+# set the trace made without it ran (a silently wrong result)
+
+class _Bonus(torch.nn.Module):
+    def forward(self, x):
+        return x + getattr(self, "bonus", 0)
+
+
+class _Plain:
+    pass
+
+
+def _caught(o, x):
+    try:
+        return x + o.bonus
+    except AttributeError:
+        return x
+
+
+def _fn_attribute(x):
+    return x + getattr(_fn_attribute, "bonus", 0)
+
+
+@pytest.mark.parametrize("case", ["module getattr default", "object getattr default", "hasattr", "caught AttributeError",
+                                  "function attribute"])
+def test_an_attribute_found_missing_is_guarded_as_missing(case):
+    x = torch.zeros(2)
+    if case == "module getattr default":
+        owner = _Bonus()
+        f, args = owner, (x,)
+    elif case == "function attribute":
+        owner = _fn_attribute
+        f, args = _fn_attribute, (x,)
+    else:
+        owner = _Plain()
+        f = {"object getattr default": lambda o, x: x + getattr(o, "bonus", 0),
+             "hasattr": lambda o, x: x + (1 if hasattr(o, "bonus") else 0),
+             "caught AttributeError": _caught}[case]
+        args = (owner, x)
+    jf = thunder_subclass.jit(f)
+    try:
+        torch.testing.assert_close(jf(*args), f(*args))
+        owner.bonus = 5
+        torch.testing.assert_close(jf(*args), f(*args))
+        assert thunder.cache_misses(jf) == 2
+        torch.testing.assert_close(jf(*args), f(*args))
+        assert thunder.cache_misses(jf) == 2  # present now, and still: a hit
+    finally:
+        if case == "function attribute":
+            del _fn_attribute.bonus
+
+
+def test_a_missing_attribute_check_names_the_attribute_when_it_fails():
+    from thunder_subclass.guards import SubclassGuardFailure, _check_attribute_absent_impl
+
+    o = _Plain()
+    _check_attribute_absent_impl(o, "bonus")
+    o.bonus = 1
+    with pytest.raises(SubclassGuardFailure, match=r"the attribute 'bonus' that the trace found missing on a _Plain"):
+        _check_attribute_absent_impl(o, "bonus")

@@ -72,7 +72,7 @@ from thunder_subclass.proxy import (
 __all__ = ["SubclassSpec", "add_subclass_guards", "check_subclass", "proxify_input", "add_module_hooks_guard",
            "ObjectSpec", "check_object", "guard_input_object", "guard_object_by_value", "guard_object_by_identity",
            "guard_native_call_arguments", "guard_compared_objects", "is_guardable_provenance",
-           "write_back_input_containers", "write_back_container"]
+           "write_back_input_containers", "write_back_container", "check_attribute_absent", "guard_attribute_absent"]
 
 
 def _tensor_meta(p) -> tuple:
@@ -1060,6 +1060,44 @@ def _object_spec(obj, kind: str, where: str) -> ObjectSpec:
         except ValueError:  # an empty closure cell: the object itself
             pass
     return ObjectSpec(kind, type(obj), value, where)
+
+
+def _check_attribute_absent_impl(obj, name: str) -> None:
+    if hasattr(obj, name):
+        raise SubclassGuardFailure(f"the attribute {name!r} that the trace found missing on a {type(obj).__name__} is "
+                                   f"there now")
+
+
+check_attribute_absent = subclass_executor.register_operator(
+    "check_attribute_absent", meta=lambda obj, name: None, fn=_check_attribute_absent_impl,
+    tags=[prims.OpTags.DONT_DCE],
+)
+
+
+def guard_attribute_absent(obj, provenance, name: str) -> None:
+    """Traced code looked for attribute ``name`` of ``obj`` (read from the inputs by ``provenance``) and did not find it
+    (``getattr(obj, name, default)``, ``hasattr``, an ``AttributeError`` it caught): the trace took the default's
+    path, so a call where ``obj`` has the attribute is a cache miss (it reused the stale trace: a silently wrong
+    result). One check per object path and name; a jitted module is checked on itself, not its ``ThunderModule``."""
+    from thunder.core.proxies import AnyProxy
+
+    state = _thunder_internals.jit_state()
+    jit_ctx = _thunder_internals.jit_context()
+    if state is None or jit_ctx is None or type(name) is not str or (name.startswith("__") and name.endswith("__")):
+        return  # (dunders come from the type, which other checks guard)
+    if isinstance(obj, torch.Tensor) or not hasattr(obj, "__dict__"):
+        # an object without an instance dict gains no attribute (its type, guarded elsewhere, decides); tensors have
+        # their own proxies in the prologue (an attribute set on an input tensor later: see docs/limits.md)
+        return
+    if not _thunder_internals.is_unpackable_provenance(provenance) or not is_guardable_provenance(provenance):
+        return
+    provenance = _thunder_internals.hooked_module_provenance(obj, provenance)
+    seen = state.setdefault("absent_attributes", set())
+    if (provenance, name) in seen:
+        return
+    seen.add((provenance, name))
+    holder = AnyProxy(obj, name=f"without_{name.strip('_') or 'attr'}{next(_guarded_object_names)}", history=provenance)
+    jit_ctx.add_constraint((check_attribute_absent, holder, name))
 
 
 class ConstantPath:

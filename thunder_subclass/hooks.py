@@ -141,6 +141,7 @@ HANDLERS = _thunder_internals.Handlers(
     native_call=guards.guard_native_call_arguments,
     compared=guards.guard_compared_objects,
     end_of_trace=guards.write_back_input_containers,
+    attribute_absent=guards.guard_attribute_absent,
 )
 
 

@@ -55,6 +55,7 @@ from thunder_subclass.guards import (
     check_tensor_strides,
     check_subclass,
     check_object,
+    check_attribute_absent,
     inline_tensor_check,
 )
 from thunder_subclass._thunder_internals import (
@@ -309,6 +310,8 @@ class _Builder:
             cond = args[1].expression(self.value(args[0]), self.const, self.fresh, self.tensor)
         elif sid == check_object.id:
             cond = args[1].expression(self.value(args[0]), self.const)
+        elif sid == check_attribute_absent.id:
+            cond = f"(not hasattr({self.value(args[0])}, {self.const(args[1])}))"
         elif sid == check_plain_tensor.id:
             cond = f"type({self.value(args[0])}) in _plain"
         elif sid == check_tensor_strides.id:

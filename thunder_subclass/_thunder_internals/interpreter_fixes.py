@@ -863,6 +863,21 @@ def _python_iteration_lookaside(fn, wrapped_args: tuple, wrapped_kwargs: dict):
     return _interpreted(impl)
 
 
+_ABSENT = object()
+
+
+def _hasattr(wrapped_obj, wrapped_name):
+    """``hasattr(obj, name)``: ``getattr(obj, name, <absent>)`` through the interpreter, so that the attribute read
+    (or its absence: ``Handlers.attribute_absent``) is guarded. thunder calls ``hasattr`` natively: the trace took its
+    answer unchecked, and setting the attribute later reused a trace made without it."""
+    from thunder.core.interpreter import INTERPRETER_SIGNALS, _interpret_call, wrap_const
+
+    found = _interpret_call(getattr, wrapped_obj, wrapped_name, wrap_const(_ABSENT))
+    if found is INTERPRETER_SIGNALS.EXCEPTION_RAISED:
+        return found
+    return wrap_const(found.value is not _ABSENT)
+
+
 def _vars(wrapped_obj):
     """``vars(obj)``: ``obj.__dict__`` read as traced code reads an attribute (its items keep a path to ``obj``)."""
     from thunder.core.interpreter import _interpret_call, wrap_const
@@ -893,6 +908,8 @@ def interpreter_fix_lookaside(fn, wrapped_args: tuple = (), wrapped_kwargs: dict
     lookaside = _python_iteration_lookaside(fn, wrapped_args, wrapped_kwargs or {})
     if lookaside is not None:
         return lookaside
+    if fn is hasattr and len(wrapped_args) == 2 and not wrapped_kwargs:
+        return _hasattr
     if fn is vars and len(wrapped_args) == 1 and not wrapped_kwargs \
             and hasattr(getattr(wrapped_args[0], "value", None), "__dict__"):
         # thunder calls vars() natively: the dict came back without provenance, what was read from it unchecked
@@ -1192,8 +1209,10 @@ def _attribute_writes_thunder_drops(ctx) -> list[tuple[Any, dict[str, Any]]]:
                 or provenance.inputs[1].inst is not PseudoInst.CONSTANT or provenance.inputs[1].value != "__dict__":
             continue
         owner = provenance.inputs[0]
-        if hasattr(owner, "proxy"):
-            continue  # thunder's pack_attr writes it
+        if hasattr(owner, "proxy") or not is_unpackable_provenance(owner):
+            # thunder's pack_attr writes it; or an object made while tracing (thunder's own SequenceIter, its
+            # next_pos), which no call after this one sees
+            continue
         name = "object"
         if owner.inst is PseudoInst.INPUT_FN:
             fn = getattr(get_compile_data(), "fn", None)  # the jitted callable (INPUT_FN while interpreting)

@@ -60,6 +60,9 @@ class Handlers:
     * ``compared(op, a, b)``: the interpreter is about to compare the values ``a`` and ``b`` natively (``op``:
       ``"is"`` for ``is`` / ``is not``, ``"=="`` for the rich comparisons, ``"in"`` for ``a in b``): the trace
       depends on their identity or value.
+    * ``attribute_absent(value, provenance, name)``: traced code looked for attribute ``name`` of ``value`` (read
+      from the inputs by ``provenance``) and did not find it (``getattr`` with a default, ``hasattr``, a caught
+      ``AttributeError``).
     * ``end_of_trace()``: the traced code has run (the computation trace is complete), the epilogue is being made:
       the plugin's last calls for the epilogue (``thunder_state.call_in_epilogue``).
     """
@@ -82,6 +85,7 @@ class Handlers:
     native_call: Callable
     compared: Callable
     end_of_trace: Callable
+    attribute_absent: Callable
 
 
 # the Handlers given to the last install(); read by every hook (as plugin_state.handlers)
