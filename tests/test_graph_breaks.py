@@ -613,3 +613,23 @@ def test_moe_training_two_steps_with_graph_breaks(case):
     if float8 is not None:
         region = report.regions["model.layers.0.self_attn" if "mixtral" in case else "model.layers.0.mlp.shared_expert"]
         assert "float8" in str(thunder.last_traces(region)[-1])
+
+
+def _hooked_double(x):
+    y = x * 2
+    y.register_hook(lambda g: g * 10)  # thunder's proxies have no register_hook
+    return y.sum()
+
+
+def test_a_tensor_method_thunder_lacks_runs_eagerly_with_its_effect():
+    x, ex = torch.randn(3, requires_grad=True), None
+    _hooked_double(x).backward()
+    ex, x.grad = x.grad.clone(), None
+    jf = thunder_subclass.jit(_hooked_double)
+    with pytest.warns(GraphBreakWarning, match=r"test_graph_breaks.py:\d+: AttributeError: Unknown attribute "
+                                               r"register_hook"):
+        out = jf(x)
+    out.backward()
+    torch.testing.assert_close(x.grad, ex)  # the hook ran: gradients times 10
+    with pytest.raises(AttributeError, match="Unknown attribute register_hook"):
+        thunder_subclass.jit(_hooked_double, fullgraph=True)(x)

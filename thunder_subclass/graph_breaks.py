@@ -124,6 +124,9 @@ _MESSAGE_KINDS = (
     (NotImplementedError, "but it is not yet supported"),
     # .tolist() on a fake tensor: the Python list depends on tensor data
     (RuntimeError, ".tolist() is not supported"),
+    # a tensor method or attribute thunder's proxies lack (x.register_hook(...), x.untyped_storage()): code it cannot
+    # run (eager runs it; on a real tensor that lacks it, eager raises the same AttributeError itself)
+    (AttributeError, "Unknown attribute "),
 )
 
 
