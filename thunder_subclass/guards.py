@@ -1096,7 +1096,7 @@ def guard_attribute_absent(obj, provenance, name: str) -> None:
     if (provenance, name) in seen:
         return
     seen.add((provenance, name))
-    holder = AnyProxy(obj, name=f"without_{name.strip('_') or 'attr'}{next(_guarded_object_names)}", history=provenance)
+    holder = AnyProxy(obj, name=f"attribute_holder{next(_guarded_object_names)}", history=provenance)  # (any name)
     jit_ctx.add_constraint((check_attribute_absent, holder, name))
 
 
