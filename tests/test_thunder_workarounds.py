@@ -717,12 +717,12 @@ def test_writes_to_the_compiled_modules_own_attributes_happen_as_in_eager():
     assert plain.steps == 0  # thunder 0.2.6 itself drops the write
 
 
-def test_an_object_made_in_the_compiled_code_and_set_on_the_module_is_a_typed_error():
+def test_an_object_set_on_the_module_that_the_epilogue_cannot_hold_is_a_typed_error():
     class Keeps(torch.nn.Module):
         def forward(self, x):
             self.box = _Key(1)
             return x + 1
 
-    with pytest.raises(UnsupportedTracingError, match=r"sets Keeps\.box .* to an object of type _Key made while "
-                                                      r"tracing, which the compiled function cannot recreate"):
+    with pytest.raises(UnsupportedTracingError, match=r"sets Keeps\.box .* to an object of type _Key, which the "
+                                                      r"compiled function cannot write back after each call"):
         thunder_subclass.jit(Keeps(), fullgraph=True)(torch.ones(2))

@@ -1192,11 +1192,12 @@ def _hook_process_recorded_modifications(original):
     return process_recorded_modifications
 
 
-def _attribute_writes_thunder_drops(ctx) -> list[tuple[Any, dict[str, Any]]]:
+def _attribute_writes_thunder_drops(ctx) -> list[tuple[Any, str, dict[str, Any]]]:
     """The attribute writes (``obj.name = value`` in traced code) that ``process_recorded_modifications`` skips without
     a word: on an object whose provenance carries no prologue proxy, above all the compiled module itself (provenance
     ``INPUT_FN``: ``self.hidden = h.detach()``, ``self.steps += 1`` in the root's ``forward`` were silently not done,
-    plain ``thunder.jit`` too). Each as (provenance of the object, {name: last value written, wrapped})."""
+    plain ``thunder.jit`` too). Each as (provenance to write through, the object's class name for errors, {name: last
+    value written, wrapped})."""
     from thunder.core.compile_data import get_compile_data
     from thunder.core.interpreter import PseudoInst
 
@@ -1262,9 +1263,9 @@ def _write_attributes_in_epilogue(ctx, writes: list) -> None:
             if not _epilogue_attribute_value(value):
                 raise UnsupportedTracingError(
                     f"the compiled code sets {owner_name}.{name} (an attribute of the compiled module or of an object "
-                    f"reached from it) to an object of type {type(value).__name__} made while tracing, which the "
-                    f"compiled function cannot recreate on each call: assign tensors, numbers, strings or tuples, "
-                    f"lists and dicts of them, or return the object and assign it outside the compiled call"
+                    f"reached from it) to an object of type {type(value).__name__}, which the compiled function "
+                    f"cannot write back after each call: assign tensors, numbers, strings, dtypes, devices or "
+                    f"tuples, lists and dicts of them, or return the object and assign it outside the compiled call"
                 )
             calls.append((prims.pack_attr, owner, (name, value)))
 
