@@ -412,7 +412,7 @@ def reuse_claimed_bsym(processor, fn, args: tuple, kwargs: dict, tags):
     """The result of ``processor.add_bsyms_from_function(fn, *args, **kwargs, tags=tags)`` made without calling
     ``fn``, or None (thunder's way): when ``fn`` is an operator executor's symbol for the bound symbol being processed
     (itself, or a symbol whose meta is it), called with that bound symbol's own arguments (see the comment above)."""
-    from thunder.core.proxies import Proxy, ProxyTag, TensorProxy
+    from thunder.core.proxies import ProxyTag, TensorProxy
     from thunder.core.symbol import Symbol
     from thunder.core.compile_data import get_compile_data
     from thunder.extend import OperatorExecutor
