@@ -86,6 +86,7 @@ from thunder_subclass._thunder_internals.plugin_state import is_plugin_active
 from thunder_subclass._thunder_internals.symbolic_values import pin_input_numbers, unpacked_parameters_tagged
 from thunder_subclass._thunder_internals.thunder_state import (
     SetItems,
+    call_in_epilogue,
     constant_rooted_path,
     interpret_call,
     is_interpreting,
@@ -1186,7 +1187,7 @@ def _hook_process_recorded_modifications(original):
         finally:
             jit_ext.NoneType = saved
         plugin_state.handlers.end_of_trace()
-        _write_attributes_in_epilogue(ctx, unwritten)
+        _write_attributes_in_epilogue(unwritten)
         _add_epilogue_calls(ctx, epilogue_trace)
 
     return process_recorded_modifications
@@ -1247,7 +1248,7 @@ def _epilogue_attribute_value(v) -> bool:
     return False
 
 
-def _write_attributes_in_epilogue(ctx, writes: list) -> None:
+def _write_attributes_in_epilogue(writes: list) -> None:
     """Epilogue calls (``prims.pack_attr``, thunder's own write) for the writes :func:`_attribute_writes_thunder_drops`
     found, on the object fetched from the inputs by its provenance; a value the epilogue cannot hold is a typed
     error (it was dropped)."""
@@ -1256,7 +1257,6 @@ def _write_attributes_in_epilogue(ctx, writes: list) -> None:
 
     from thunder_subclass.errors import UnsupportedTracingError
 
-    calls = ctx.__dict__.setdefault("_thunder_subclass_state", {}).setdefault("epilogue_calls", [])
     for owner, owner_name, last in writes:
         for name, wrapped in last.items():
             value = unwrap(wrapped)
@@ -1267,7 +1267,7 @@ def _write_attributes_in_epilogue(ctx, writes: list) -> None:
                     f"cannot write back after each call: assign tensors, numbers, strings, dtypes, devices or "
                     f"tuples, lists and dicts of them, or return the object and assign it outside the compiled call"
                 )
-            calls.append((prims.pack_attr, owner, (name, value)))
+            call_in_epilogue(prims.pack_attr, owner, name, value)
 
 
 def _add_epilogue_calls(ctx, epilogue_trace) -> None:
