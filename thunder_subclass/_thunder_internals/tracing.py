@@ -214,7 +214,7 @@ def _hook_general_jit_lookaside(original):
                 plugin_state.handlers.lookaside(fn, args) or speed_lookaside(fn, args)
                 or interpreter_fix_lookaside(fn, args, kwargs) or symbolic_values_lookaside(fn, args)
             )
-            if fn is getattr and len(args) in (2, 3) and getattr(args[0], "provenance", None) is not None:
+            if fn is getattr and len(args) in (2, 3) and is_unpackable_provenance(getattr(args[0], "provenance", None)):
                 return _absence_guarded(lookaside or original(fn, *args, **kwargs))
             if lookaside is not None:
                 return lookaside
@@ -237,8 +237,8 @@ def _hook_general_jit_lookaside(original):
 
 
 def _absence_guarded(lookaside):
-    """``lookaside`` (of ``getattr(obj, name[, default])``) that reports an attribute it did not find on an object read
-    from the inputs (``Handlers.attribute_absent``): the default came back (it is the caller's wrapped default
+    """``lookaside`` (of ``getattr(obj, name[, default])`` on an object read from the inputs) that reports an attribute
+    it did not find (``Handlers.attribute_absent``): the default came back (it is the caller's wrapped default
     itself), or the read raised ``AttributeError`` (which traced code may catch, as ``hasattr`` does). thunder 0.2.6
     recorded nothing for a missing attribute: after ``obj.name`` was set, calls reused the trace made without it."""
     from thunder.core.interpreter import INTERPRETER_SIGNALS, get_interpreterruntimectx
@@ -249,8 +249,7 @@ def _absence_guarded(lookaside):
         result = lookaside(wobj, wname, *default)
         if (default and result is default[0]) or (
                 result is raised and isinstance(get_interpreterruntimectx().curexc, AttributeError)):
-            if is_unpackable_provenance(wobj.provenance):
-                plugin_state.handlers.attribute_absent(wobj.value, wobj.provenance, getattr(wname, "value", wname))
+            plugin_state.handlers.attribute_absent(wobj.value, wobj.provenance, getattr(wname, "value", wname))
         return result
 
     return lookaside_with_absence
