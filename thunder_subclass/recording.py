@@ -601,11 +601,13 @@ def record_call_shared(fn: Callable, args: tuple, kwargs: dict, scope: list, wha
     entry = memo.get(key) if memo is not None else None
     if entry is not None:
         return _replay(entry, args, kwargs, scope, what, subclasses)
-    inputs = [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, TensorProxy)]
     env, calls, out = run_on_fakes(fn, args, kwargs, what, subclasses)
-    bindings = _input_bindings(env, inputs)
+    keep = memo is not None and len(memo) < _MEMO_LIMIT
+    if keep:  # the input bindings as the run made them, before the calls are emitted
+        inputs = [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, TensorProxy)]
+        bindings = _input_bindings(env, inputs)
     result = emit_calls(env, calls, out, scope, what, subclasses)
-    if memo is not None and len(memo) < _MEMO_LIMIT and _shareable(env, calls, out):
+    if keep and _shareable(env, calls, out):
         memo[key] = (calls, out, inputs, bindings, list(env.subclass_inputs))
     return result
 
