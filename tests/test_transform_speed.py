@@ -487,3 +487,54 @@ def test_the_kept_symbols_are_only_those_of_plugin_jits(monkeypatch):
     assert calls == []
     assert_close(thunder_subclass.jit(f)(x), f(x))
     assert calls
+
+
+def test_under_no_grad_thunders_grad_transform_and_split_are_skipped(monkeypatch):
+    # parameters that require grad, called under torch.no_grad(): thunder 0.2.6 ran its grad transform and the split
+    # (a copy of the trace computing no gradient, then no backward); the plugin skips both, and the traces are those
+    # thunder makes with them, but for proxy names
+    from thunder.transforms import autodiff
+
+    from thunder_subclass._thunder_internals import autograd_hooks
+
+    thunder_subclass.install_hooks()
+    transforms = _spy(monkeypatch, autodiff, "dce")  # thunder's grad transform calls it on the joint trace
+    model, reference = _mixed_model(True), _mixed_model(True)
+    x = torch.randn(3, 8)
+    xs = (x, x * 3)
+    with torch.no_grad():
+        jm = thunder_subclass.jit(model)
+        out, eager = jm(xs), reference(xs)
+    assert transforms == [] and thunder.last_backward_traces(jm) == []
+    assert not out[0].requires_grad and type(out[1]) is TwoTensor
+    assert_close(out[0], eager[0]) and assert_close(out[1].a, eager[1].a) and assert_close(out[1].b, eager[1].b)
+    monkeypatch.setattr(autograd_hooks, "_needs_no_gradient", lambda trace: False)  # thunder's way
+    with torch.no_grad():
+        alone = thunder_subclass.jit(model)
+        alone(xs)
+    assert len(transforms) >= 1 and thunder.last_backward_traces(alone) == []
+    assert _up_to_names(thunder.last_traces(jm)[-1]) == _up_to_names(thunder.last_traces(alone)[-1])
+
+
+def test_grad_enabled_inside_a_no_grad_call_keeps_thunders_grad_transform(monkeypatch):
+    # torch.enable_grad() inside the compiled function: its operations are not constant, thunder's transform runs
+    from thunder.transforms import autodiff
+
+    thunder_subclass.install_hooks()
+    transforms = _spy(monkeypatch, autodiff, "dce")  # thunder's grad transform calls it on the joint trace
+
+    def f(x, w):
+        y = x * 2
+        with torch.enable_grad():
+            z = (y * w).sin()
+        return z, y
+
+    w = TwoTensor(torch.randn(4), torch.randn(4)).requires_grad_()
+    x = torch.randn(4)
+    with torch.no_grad():
+        jf = thunder_subclass.jit(f)
+        z, y = jf(x, w)
+        ez, ey = f(x, w)
+    assert len(transforms) >= 1
+    assert type(z) is TwoTensor
+    assert_close(z.a, ez.a) and assert_close(z.b, ez.b) and assert_close(y, ey)

@@ -74,9 +74,27 @@ def _hook_grad_transform_on_trace(original):
     def grad_transform_on_trace(trace, /, *args, **kwargs):
         if not is_plugin_active():
             return original(trace, *args, **kwargs)
+        if not args and not kwargs and _needs_no_gradient(trace):
+            return trace  # split_into_forward_and_backward below then makes no backward
         return grads_for_mutated_inputs(trace, lambda t: original(t, *args, **kwargs))
 
     return grad_transform_on_trace
+
+
+def _needs_no_gradient(trace) -> bool:
+    """Whether thunder's grad transform would treat every operation of ``trace`` as constant (its
+    ``is_constant_for_vjp``: a program traced under ``torch.no_grad()``, whose outputs thunder tags
+    ``DETACHED_AUTOGRAD_GRAPH``, or whose arguments need no gradient). thunder 0.2.6 runs the transform (and the
+    split into forward and backward) whenever an argument has ``requires_grad`` (any model's parameters, also under
+    ``no_grad``): a copy of the trace that computes no gradient, then a split that finds no backward. The plugin
+    skips both; the forward thunder then compiles is the one it compiles for a program without gradients."""
+    from thunder.core.prims import PrimIDs
+    from thunder.core.transforms import is_constant_for_vjp
+
+    bsyms = trace.bound_symbols
+    if not bsyms or bsyms[-1].sym.id is not PrimIDs.RETURN:
+        return False
+    return all(is_constant_for_vjp(b) and b.sym.name != "synchronize" for b in bsyms[:-1])
 
 
 # key of a joint trace's return dict: (how many outputs were added after the user's, ((position in flat_args of an
@@ -263,6 +281,10 @@ def _hook_split_into_forward_and_backward(original):
 
     @functools.wraps(original)
     def split_into_forward_and_backward(joint_trace):
+        ret = joint_trace.bound_symbols[-1] if joint_trace.bound_symbols else None
+        if is_plugin_active() and ret is not None and ret.args and isinstance(ret.args[0], dict) \
+                and "fw_flat_out" not in ret.args[0]:
+            return joint_trace, None  # the grad transform was skipped (_needs_no_gradient): no backward
         forward, backward = original(joint_trace)
         if is_plugin_active() and backward is not None:
             forward = protect_overwritten_values(forward, backward)
