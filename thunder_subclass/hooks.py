@@ -33,6 +33,7 @@ above the stages, hands it one :class:`~thunder_subclass._thunder_internals.Hand
 from __future__ import annotations
 
 import thunder.core.prims as prims
+from thunder.core.pytree import tree_flatten
 from thunder.core.trace import get_tracectx
 
 from thunder_subclass import (
@@ -50,7 +51,7 @@ from thunder_subclass import (
 from thunder_subclass.errors import SubclassProtocolError, format_location
 from thunder_subclass.executor import subclass_executor
 from thunder_subclass.fake import autocast_in_effect
-from thunder_subclass.proxy import SubclassTensorProxy, has_subclass_proxy
+from thunder_subclass.proxy import SubclassTensorProxy, has_subclass_leaf
 from thunder_subclass.recording import denormalize, subclass_names, torch_callable_for
 
 __all__ = ["install", "uninstall", "is_installed"]
@@ -68,13 +69,14 @@ def _proxify(jit_ctx, value, original):
 def _symbol_call(sym, args: tuple, kwargs: dict):
     if sym.id == prims.PrimIDs.UPDATE_ALIASES:
         return _update_aliases(args, kwargs)
-    if torch_function.has_typed_proxy(args, kwargs):
+    leaves = tree_flatten((args, kwargs))[0]  # once for the three questions below (asked for every torch symbol)
+    if torch_function.has_typed_leaf(leaves):
         result = torch_function.dispatch(sym, args, kwargs, torch_callable_for, denormalize)
         if result is not _thunder_internals.NOT_HANDLED:
             return result
-    interpretation.check_no_nested_int(sym, args, kwargs)
+    interpretation.check_no_nested_int(sym, args, kwargs, leaves)
     try:
-        if not has_subclass_proxy(args, kwargs):
+        if not has_subclass_leaf(leaves):
             return _thunder_internals.NOT_HANDLED
     except SubclassProtocolError as e:  # an input whose subclass cannot be compiled, first used here
         location = format_location(*_thunder_internals.source_location())

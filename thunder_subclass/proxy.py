@@ -51,7 +51,8 @@ from thunder_subclass.errors import SubclassProtocolError
 from thunder_subclass.executor import register_symbol
 
 __all__ = [
-    "SubclassTensorProxy", "OpaqueObjectProxy", "is_subclass_value", "has_subclass_proxy", "subclass_proxy_from_tensor",
+    "SubclassTensorProxy", "OpaqueObjectProxy", "is_subclass_value", "has_subclass_proxy", "has_subclass_leaf",
+    "subclass_proxy_from_tensor",
     "proxy_kind", "runtime_kind", "flatten_symbol", "record_flatten", "record_opaque_constant", "RAGGED_PLACEHOLDER",
     "nested_int_of", "remember_nested_int",
 ]
@@ -269,8 +270,13 @@ def mark_protocol_error(p: TensorProxy, error: Exception) -> TensorProxy:
 def has_subclass_proxy(args, kwargs) -> bool:
     """True when a ``SubclassTensorProxy`` is among the arguments. Raises the protocol error recorded by
     :func:`mark_protocol_error` for an argument made from a subclass that cannot be compiled."""
+    return has_subclass_leaf(tree_iter((args, kwargs)))
+
+
+def has_subclass_leaf(leaves) -> bool:
+    """:func:`has_subclass_proxy` of arguments already flattened to ``leaves``."""
     found = False
-    for a in tree_iter((args, kwargs)):
+    for a in leaves:
         if isinstance(a, SubclassTensorProxy):
             found = True
         elif isinstance(a, TensorProxy) and _PROTOCOL_ERROR in a.__dict__:

@@ -43,6 +43,7 @@ from thunder_subclass.proxy import PLAIN_TENSOR_TYPES, mark_leaf
 
 __all__ = [
     "TensorType", "tensor_type", "is_torch_function_subclass", "is_torch_function_subclass_value", "has_typed_proxy",
+    "has_typed_leaf",
     "proxify_typed_input", "dispatch", "lookaside", "TypedTensorEdges",
 ]
 
@@ -91,7 +92,12 @@ def _set_type(p: TensorProxy, typ: TensorType) -> TensorProxy:
 
 
 def has_typed_proxy(args, kwargs) -> bool:
-    return any(tensor_type(a) is not None for a in tree_flatten((args, kwargs))[0])
+    return has_typed_leaf(tree_flatten((args, kwargs))[0])
+
+
+def has_typed_leaf(leaves) -> bool:
+    """:func:`has_typed_proxy` of arguments already flattened to ``leaves``."""
+    return any(tensor_type(a) is not None for a in leaves)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -410,6 +410,12 @@ _UNPACKABLE_PROVENANCE = {"INPUT_ARGS", "INPUT_KWARGS", "INPUT_FN", "LOAD_ATTR",
 def is_unpackable_provenance(record) -> bool:
     """Whether thunder's prologue can fetch the value with provenance ``record`` from the inputs (attribute reads and
     subscripts of arguments or of the jitted callable), so that a prologue check can take it as an argument."""
+    # asked for every value the interpreter wraps (the plugin's wrap hooks): the answer is kept on the record (its
+    # instruction and inputs do not change once made); a constant's is not (the interpreter sets its value on wrapping)
+    try:
+        return record.__dict__[_UNPACKABLE_KEY]
+    except (KeyError, AttributeError):
+        pass
     from thunder.core.interpreter import ProvenanceRecord
 
     if not isinstance(record, ProvenanceRecord):
@@ -418,13 +424,14 @@ def is_unpackable_provenance(record) -> bool:
     if inst == "CONSTANT":
         return isinstance(record.value, (int, str))
     if inst not in _UNPACKABLE_PROVENANCE:
-        return False
-    # asked for every value the interpreter wraps (the plugin's wrap hooks): the answer for a record of reads is kept
-    # on it (its inputs do not change once made)
-    known = record.__dict__.get("_thunder_subclass_unpackable")
-    if known is None:
-        known = record.__dict__["_thunder_subclass_unpackable"] = all(is_unpackable_provenance(i) for i in record.inputs)
+        known = False
+    else:
+        known = all(is_unpackable_provenance(i) for i in record.inputs)
+    record.__dict__[_UNPACKABLE_KEY] = known
     return known
+
+
+_UNPACKABLE_KEY = "_thunder_subclass_unpackable"
 
 
 # marks the provenance record of a key of a dict read from the inputs (thunder wraps such keys as constants): values
@@ -457,30 +464,41 @@ def constant_rooted_path(record, *, allow_empty: bool = False) -> tuple[Any, tup
     outwards. thunder wraps dict keys as constants, so such values (``for k in d: x + k.n``) were inlined unchecked.
     None for any other record, and for a path through a dunder attribute other than ``__self__`` (the interpreter's
     own reads on its way)."""
-    import dis
-
     from thunder.core.interpreter import ProvenanceRecord, PseudoInst
 
-    steps = []
+    start, steps = record, []
+    if getattr(record, "__dict__", {}).get(_NOT_KEY_ROOTED):
+        return None  # a path of other reads (asked for every value the interpreter wraps)
     while isinstance(record, ProvenanceRecord) and len(record.inputs) == 2:
         inst = record.inst.opname if isinstance(record.inst, dis.Instruction) else getattr(record.inst, "name", None)
         key = record.inputs[1]
         if getattr(key, "inst", None) is not PseudoInst.CONSTANT:
-            return None
+            return _not_key_rooted(start)
         if inst == "LOAD_ATTR" and isinstance(key.value, str):
             if key.value.startswith("__") and key.value.endswith("__") and key.value != "__self__":
-                return None
+                return _not_key_rooted(start)
             steps.append((".", key.value))
         elif inst == "BINARY_SUBSCR" and type(key.value) in (int, str):
             steps.append(("[]", key.value))
         else:
-            return None
+            return _not_key_rooted(start)
         record = record.inputs[0]
     mark = record.__dict__.get(DICT_KEY_MARK) if isinstance(record, ProvenanceRecord) else None
     if mark is None or not (steps or allow_empty):
         return None
     root, prefix = (record.value, ()) if mark is True else mark
     return root, (*prefix, *reversed(steps))
+
+
+# set on a provenance record whose reads are not attribute reads and subscripts all the way to their root: that does
+# not change (a record's instruction and inputs are fixed once made); whether the root is a dict key may, and is not
+# kept
+_NOT_KEY_ROOTED = "_thunder_subclass_not_key_rooted"
+
+
+def _not_key_rooted(record) -> None:
+    record.__dict__[_NOT_KEY_ROOTED] = True
+    return None
 
 
 def hooked_module_provenance(module, provenance):
