@@ -442,3 +442,93 @@ def test_object_made_in_compiled_code_stored_into_an_input_dict_is_a_typed_error
                                                       r"Return the object instead"):
         thunder_subclass.jit(f)(torch.randn(3), d)
     assert d == {}
+
+
+def _inference_block(x, w):
+    with torch.inference_mode():
+        y = x * w
+    return y + w, y
+
+
+@torch.inference_mode()
+def _decorated(x, w):
+    return x * w
+
+
+def _inference_decorated(x, w):
+    y = _decorated(x, w)
+    return y + w, y
+
+
+@pytest.mark.parametrize("f", [_inference_block, _inference_decorated], ids=["block", "decorator"])
+@pytest.mark.parametrize("subclass", [False, True])
+def test_inference_mode_inside_the_compiled_function_records_no_gradient(f, subclass):
+    # thunder 0.2.6 ran torch._C._InferenceMode natively, unseen: y required grad and carried w's gradient (eager:
+    # an inference tensor, no gradient)
+    def make():
+        w = TwoTensor(torch.randn(4), torch.randn(4)) if subclass else torch.randn(4)
+        return torch.randn(4), w.requires_grad_()
+
+    torch.manual_seed(0)
+    x, w = make()
+    torch.manual_seed(0)
+    ex, ew = make()
+    out, y = thunder_subclass.jit(f)(x, w)
+    eout, ey = f(ex, ew)
+    assert not y.requires_grad and not ey.requires_grad and out.requires_grad
+    assert type(y) is type(ey) and type(out) is type(eout)
+    for a, b in ((out, eout), (y, ey)):
+        for p, q in ((a.a, b.a), (a.b, b.b)) if subclass else ((a, b),):
+            torch.testing.assert_close(p, q)
+    out.sum().backward()
+    eout.sum().backward()
+    assert type(w.grad) is type(ew.grad)
+    for p, q in ((w.grad.a, ew.grad.a), (w.grad.b, ew.grad.b)) if subclass else ((w.grad, ew.grad),):
+        torch.testing.assert_close(p, q)  # only through `+ w`: ones
+
+
+def _enable_grad_inside(x, w):
+    y = x * 2
+    with torch.enable_grad():
+        z = (y * w).sin()
+    return z, y
+
+
+_ENABLE_LINE = _enable_grad_inside.__code__.co_firstlineno + 2
+
+
+@pytest.mark.parametrize("subclass", [False, True])
+def test_grad_enabled_inside_a_call_under_no_grad_runs_as_eager(subclass):
+    # thunder 0.2.6 ran the compiled program under the caller's no_grad: z did not require grad (TwoTensor) or
+    # thunder's epilogue failed (plain: "epilogue() takes 1 positional argument but 2 were given"); now a graph break
+    from thunder_subclass import GraphBreakWarning
+
+    w = (TwoTensor(torch.randn(4), torch.randn(4)) if subclass else torch.randn(4)).requires_grad_()
+    ew = w.detach().clone().requires_grad_()
+    x = torch.randn(4)
+    jf = thunder_subclass.jit(_enable_grad_inside)
+    with torch.no_grad():
+        with pytest.warns(GraphBreakWarning, match=rf"test_trust\.py:{_ENABLE_LINE}: UnsupportedGradModeError: grad "
+                                                   r"mode turned on"):
+            z, y = jf(x, w)
+        ez, ey = _enable_grad_inside(x, ew)
+    assert z.requires_grad and ez.requires_grad and not y.requires_grad and type(z) is type(ez)
+    z.sum().backward()
+    ez.sum().backward()
+    for p, q in ((w.grad.a, ew.grad.a), (w.grad.b, ew.grad.b)) if subclass else ((w.grad, ew.grad),):
+        torch.testing.assert_close(p, q)
+    # called with grad mode on, the same function compiles whole (a second trace: the first attempt broke)
+    z2, _ = jf(x, w)
+    assert z2.requires_grad and thunder.cache_misses(jf) == 2
+    assert jf(x, w)[0].requires_grad and thunder.cache_hits(jf) == 1
+
+
+def test_grad_enabled_inside_a_call_under_no_grad_is_a_typed_error_with_fullgraph():
+    from thunder_subclass.errors import UnsupportedGradModeError
+
+    jf = thunder_subclass.jit(_enable_grad_inside, fullgraph=True)
+    with torch.no_grad(), pytest.raises(UnsupportedGradModeError,
+                                        match=rf"torch\.enable_grad\(\) or torch\.set_grad_enabled\(True\)\) at "
+                                              rf".*test_trust\.py:{_ENABLE_LINE}, in a function called with grad "
+                                              r"mode off .* Call the compiled function with grad mode on"):
+        jf(torch.randn(4), torch.randn(4, requires_grad=True))

@@ -19,6 +19,7 @@ __all__ = [
     "TorchFeatureUnavailableError",
     "UnsupportedTracingError",
     "UnsupportedModuleHookError",
+    "UnsupportedGradModeError",
     "CacheLimitWarning",
 ]
 
@@ -87,6 +88,13 @@ class UnsupportedTracingError(TensorSubclassError, NotImplementedError):
 class UnsupportedModuleHookError(UnsupportedTracingError):
     """A module called in compiled code has hooks that cannot be compiled (backward hooks: thunder 0.2.6 cannot trace
     the ``torch.autograd.Function`` that ``nn.Module`` wraps inputs and outputs in for them)."""
+
+
+class UnsupportedGradModeError(UnsupportedTracingError):
+    """The compiled function turns grad mode on (``torch.enable_grad()``, ``torch.set_grad_enabled(True)``) while it is
+    called with grad mode off (under ``torch.no_grad()`` or ``torch.inference_mode()``): thunder 0.2.6 runs the
+    compiled program under the caller's grad mode, so what eager differentiates there would not be. A graph break by
+    default (the function runs eagerly); raised with ``fullgraph=True``."""
 
 
 def format_location(filename: str | None, lineno: int | None) -> str:

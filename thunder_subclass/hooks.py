@@ -40,6 +40,7 @@ from thunder_subclass import (
     _thunder_internals,
     autograd,
     distributed,
+    grad_modes,
     guards,
     hf,
     interpretation,
@@ -69,6 +70,9 @@ def _proxify(jit_ctx, value, original):
 def _symbol_call(sym, args: tuple, kwargs: dict):
     if sym.id == prims.PrimIDs.UPDATE_ALIASES:
         return _update_aliases(args, kwargs)
+    if sym.id == "set_grad_enabled":
+        grad_modes.check_grad_mode_change(args[0] if args else kwargs.get("enabled"))
+        return _thunder_internals.NOT_HANDLED
     leaves = tree_flatten((args, kwargs))[0]  # once for the three questions below (asked for every torch symbol)
     if torch_function.has_typed_leaf(leaves):
         result = torch_function.dispatch(sym, args, kwargs, torch_callable_for, denormalize)
@@ -121,6 +125,7 @@ def _lookaside(fn, wrapped_args: tuple):
         or torch_function.lookaside(fn, wrapped_args)
         or interpretation.subclass_lookaside(fn, wrapped_args)
         or hf.lookaside(fn, wrapped_args)
+        or grad_modes.inference_mode_lookaside(fn, wrapped_args)
     )
 
 

@@ -131,6 +131,7 @@ from thunder_subclass._thunder_internals.torch_state import (  # noqa: F401
     fake_tensor_mode_class,
     has_no_global_module_hooks,
     holes_lengths,
+    inference_mode_class,
     is_nested_int,
     jagged_numel,
     is_opaque_reference_object,

@@ -257,6 +257,12 @@ def module_has_backward_hooks(module) -> bool:
                 or m._global_backward_pre_hooks)
 
 
+def inference_mode_class() -> type:
+    """``torch._C._InferenceMode``: the C context manager ``torch.inference_mode().__enter__`` makes and enters
+    (``torch/autograd/grad_mode.py``); thunder's interpreter cannot see into it."""
+    return torch._C._InferenceMode
+
+
 def module_call_impl() -> Callable:
     """``torch.nn.Module._call_impl``: what thunder's interpreter meets for every module call."""
     return torch.nn.Module._call_impl

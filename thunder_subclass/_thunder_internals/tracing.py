@@ -209,7 +209,9 @@ def _hook_general_jit_lookaside(original):
             if _is_native_function(fn) or is_pybind11_class(fn):
                 from thunder.core.interpreter import interpreter_needs_wrap
 
-                return interpreter_needs_wrap(fn)
+                # (a plugin lookaside may still take a pybind11 class: torch._C._InferenceMode)
+                lookaside = plugin_state.handlers.lookaside(fn, args) if not _is_native_function(fn) else None
+                return lookaside if lookaside is not None else interpreter_needs_wrap(fn)
             lookaside = (
                 plugin_state.handlers.lookaside(fn, args) or speed_lookaside(fn, args)
                 or interpreter_fix_lookaside(fn, args, kwargs) or symbolic_values_lookaside(fn, args)

@@ -1,0 +1,67 @@
+"""Grad modes the traced code changes: what eager records for autograd inside ``torch.inference_mode()`` and
+``torch.enable_grad()`` blocks of the compiled function.
+
+* ``torch.inference_mode()`` entered in traced code: its ``torch._C._InferenceMode`` is a C object whose ``__enter__``
+  thunder 0.2.6's interpreter ran natively, unseen: the trace recorded the block's operations as differentiable and
+  their results required grad where eager's do not (plain ``thunder.jit`` too). Here the object is a stand-in whose
+  ``__enter__`` / ``__exit__`` turn grad mode off and back in the trace (``torch.set_grad_enabled``, thunder's
+  symbol), as ``torch.no_grad()`` does: results do not require grad and no gradient flows through them. (Eager's are
+  inference tensors as well, which autograd later refuses; the compiled program's are plain tensors.)
+* Grad mode turned on inside the compiled function while it is called with grad mode off: thunder 0.2.6 runs the
+  compiled program under the caller's grad mode (its forward is decorated ``torch.no_grad()``), so the results of an
+  ``enable_grad`` block neither required grad nor connected to autograd, and plain tensors failed in thunder's epilogue
+  (``TypeError: epilogue() takes 1 positional argument but 2 were given``). This raises
+  :class:`~thunder_subclass.errors.UnsupportedGradModeError`, a graph-break kind (``thunder_subclass.graph_breaks``):
+  by default the function runs eagerly, with ``fullgraph=True`` the error reaches the user.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from thunder_subclass._thunder_internals import inference_mode_class, source_location
+from thunder_subclass.errors import UnsupportedGradModeError, format_location
+
+__all__ = ["inference_mode_lookaside", "check_grad_mode_change"]
+
+
+class _TracedInferenceMode:
+    """``torch._C._InferenceMode(mode)`` in traced code (interpreted: its calls are thunder's grad-mode symbols)."""
+
+    def __init__(self, mode: bool):
+        self.mode = mode
+        self.previous = None
+
+    def __enter__(self):
+        self.previous = torch.is_grad_enabled()
+        if self.mode:
+            torch.set_grad_enabled(False)
+
+    def __exit__(self, *exc):
+        if self.mode:
+            torch.set_grad_enabled(self.previous)
+
+
+def inference_mode_lookaside(fn, wrapped_args: tuple) -> Callable | None:
+    """The lookaside for ``torch._C._InferenceMode(mode)`` (what ``torch.inference_mode().__enter__`` makes)."""
+    if fn is not inference_mode_class():
+        return None
+    from thunder.core.interpreter import interpreter_needs_wrap
+
+    return interpreter_needs_wrap(lambda mode=True: _TracedInferenceMode(bool(mode)))
+
+
+def check_grad_mode_change(enabled) -> None:
+    """Called for thunder's ``set_grad_enabled`` symbol (``torch._C._set_grad_enabled(enabled)``) in traced code: grad mode turned on while the compiled
+    function is called with it off is an :class:`UnsupportedGradModeError` (see the module docstring)."""
+    if enabled is True and not torch.is_grad_enabled():
+        where = format_location(*source_location(skip_files=(torch.autograd.grad_mode.__file__,)))
+        raise UnsupportedGradModeError(
+            f"grad mode turned on (torch.enable_grad() or torch.set_grad_enabled(True)) at {where}, in a function "
+            f"called with grad mode off (under torch.no_grad() or torch.inference_mode()): thunder 0.2.6 runs the "
+            f"compiled program under the caller's grad mode, so the operations eager differentiates there would not "
+            f"be. Call the compiled function with grad mode on, or move the torch.no_grad() inside it (around what "
+            f"needs no gradient)."
+        )
