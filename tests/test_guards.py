@@ -890,3 +890,38 @@ def test_a_missing_attribute_check_names_the_attribute_when_it_fails():
     o.bonus = 1
     with pytest.raises(SubclassGuardFailure, match=r"the attribute 'bonus' that the trace found missing on a _Plain"):
         _check_attribute_absent_impl(o, "bonus")
+
+
+def _deterministic_scale(x):
+    return x * (2 if torch.are_deterministic_algorithms_enabled() else 3)
+
+
+def test_torch_global_state_read_in_traced_code_is_guarded():
+    # torch.are_deterministic_algorithms_enabled() (torch._C._get_deterministic_algorithms, run natively) was held as
+    # a constant: after torch.use_deterministic_algorithms(True) the trace made with False gave 3x where eager gives 2x
+    jf = thunder_subclass.jit(_deterministic_scale)
+    x = TwoTensor(torch.randn(3), torch.randn(3))
+    before = torch.are_deterministic_algorithms_enabled()
+    reasons = []
+    try:
+        for flag in (False, True, True, False):
+            torch.use_deterministic_algorithms(flag)
+            out, expected = jf(x), _deterministic_scale(x)
+            assert type(out) is TwoTensor
+            torch.testing.assert_close(out.a, expected.a) and torch.testing.assert_close(out.b, expected.b)
+            reasons.append(thunder_subclass.last_miss_reasons(jf))
+    finally:
+        torch.use_deterministic_algorithms(before)
+    assert reasons[1] == ("torch._C._get_deterministic_algorithms() is True, the trace was made for False",)
+    assert thunder.cache_misses(jf) == 2 and thunder.cache_hits(jf) == 2
+    assert "check_torch_state" in str(thunder.last_prologue_traces(jf)[-1])
+
+
+def test_torch_functions_that_read_their_tensor_arguments_are_not_state_queries():
+    from thunder_subclass._thunder_internals import is_torch_state_query
+
+    assert is_torch_state_query(torch._C._get_deterministic_algorithms, ())
+    assert is_torch_state_query(torch.get_num_threads, ())
+    assert not is_torch_state_query(torch.is_floating_point, (torch.ones(1),))
+    assert not is_torch_state_query(torch._C._set_deterministic_algorithms, (True,))  # a setter: never re-run
+    assert not is_torch_state_query(len, ())

@@ -508,7 +508,7 @@ def test_grad_enabled_inside_a_call_under_no_grad_runs_as_eager(subclass):
     x = torch.randn(4)
     jf = thunder_subclass.jit(_enable_grad_inside)
     with torch.no_grad():
-        with pytest.warns(GraphBreakWarning, match=rf"test_trust\.py:{_ENABLE_LINE}: UnsupportedGradModeError: grad "
+        with pytest.warns(GraphBreakWarning, match=rf"test_trust\.py:{_ENABLE_LINE}: UnsupportedGlobalStateError: grad "
                                                    r"mode turned on"):
             z, y = jf(x, w)
         ez, ey = _enable_grad_inside(x, ew)
@@ -524,11 +524,64 @@ def test_grad_enabled_inside_a_call_under_no_grad_runs_as_eager(subclass):
 
 
 def test_grad_enabled_inside_a_call_under_no_grad_is_a_typed_error_with_fullgraph():
-    from thunder_subclass.errors import UnsupportedGradModeError
+    from thunder_subclass.errors import UnsupportedGlobalStateError
 
     jf = thunder_subclass.jit(_enable_grad_inside, fullgraph=True)
-    with torch.no_grad(), pytest.raises(UnsupportedGradModeError,
+    with torch.no_grad(), pytest.raises(UnsupportedGlobalStateError,
                                         match=rf"torch\.enable_grad\(\) or torch\.set_grad_enabled\(True\)\) at "
                                               rf".*test_trust\.py:{_ENABLE_LINE}, in a function called with grad "
                                               r"mode off .* Call the compiled function with grad mode on"):
         jf(torch.randn(4), torch.randn(4, requires_grad=True))
+
+
+def _float64_ones(x):
+    torch.set_default_dtype(torch.float64)
+    try:
+        y = torch.ones(3)
+    finally:
+        torch.set_default_dtype(torch.float32)
+    return y + x
+
+
+def _deterministic_on(x):
+    torch.use_deterministic_algorithms(True)
+    return x * 2
+
+
+_SETTER_LINE = _deterministic_on.__code__.co_firstlineno + 1
+
+
+def test_a_setter_of_torch_global_state_inside_the_compiled_function_runs_as_eager():
+    # thunder 0.2.6 ran torch._C setters natively while tracing, never in the compiled program: thunder raised for a
+    # factory after set_default_dtype ("Default dtype is changed during the execution of jitted function"), and
+    # use_deterministic_algorithms(True) took effect on the first call only; now a graph break (eager every call)
+    from thunder_subclass import GraphBreakWarning
+
+    x = TwoTensor(torch.randn(3, dtype=torch.float64), torch.randn(3, dtype=torch.float64))
+    with pytest.warns(GraphBreakWarning, match=r"UnsupportedGlobalStateError: torch\._C\._set_default_dtype"):
+        out = thunder_subclass.jit(_float64_ones)(x)
+    expected = _float64_ones(x)
+    assert type(out) is TwoTensor and out.a.dtype == torch.float64 and torch.get_default_dtype() == torch.float32
+    torch.testing.assert_close(out.a, expected.a) and torch.testing.assert_close(out.b, expected.b)
+    jf = thunder_subclass.jit(_deterministic_on)
+    try:
+        with pytest.warns(GraphBreakWarning):
+            jf(torch.randn(3))
+        for _ in range(2):
+            torch.use_deterministic_algorithms(False)
+            torch.testing.assert_close(jf(x).a, x.a * 2)
+            assert torch.are_deterministic_algorithms_enabled()  # as after eager's call, every time
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
+def test_a_setter_of_torch_global_state_is_a_typed_error_with_fullgraph():
+    from thunder_subclass.errors import UnsupportedGlobalStateError
+
+    try:
+        with pytest.raises(UnsupportedGlobalStateError,
+                           match=rf"torch\._C\._set_deterministic_algorithms\(\.\.\.\) at .*test_trust\.py:"
+                                 rf"{_SETTER_LINE} changes torch's global state inside the compiled function"):
+            thunder_subclass.jit(_deterministic_on, fullgraph=True)(torch.randn(3))
+    finally:
+        torch.use_deterministic_algorithms(False)

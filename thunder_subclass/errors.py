@@ -19,7 +19,7 @@ __all__ = [
     "TorchFeatureUnavailableError",
     "UnsupportedTracingError",
     "UnsupportedModuleHookError",
-    "UnsupportedGradModeError",
+    "UnsupportedGlobalStateError",
     "CacheLimitWarning",
 ]
 
@@ -90,10 +90,12 @@ class UnsupportedModuleHookError(UnsupportedTracingError):
     the ``torch.autograd.Function`` that ``nn.Module`` wraps inputs and outputs in for them)."""
 
 
-class UnsupportedGradModeError(UnsupportedTracingError):
-    """The compiled function turns grad mode on (``torch.enable_grad()``, ``torch.set_grad_enabled(True)``) while it is
-    called with grad mode off (under ``torch.no_grad()`` or ``torch.inference_mode()``): thunder 0.2.6 runs the
-    compiled program under the caller's grad mode, so what eager differentiates there would not be. A graph break by
+class UnsupportedGlobalStateError(UnsupportedTracingError):
+    """The compiled function changes torch's global state in a way the compiled program cannot reproduce: it turns
+    grad mode on (``torch.enable_grad()``, ``torch.set_grad_enabled(True)``) while it is called with grad mode off
+    (thunder 0.2.6 runs the compiled program under the caller's grad mode, so what eager differentiates there would not
+    be), or it calls a setter of torch's global state (``torch.set_default_dtype``,
+    ``torch.use_deterministic_algorithms``: run once while tracing, never by the compiled program). A graph break by
     default (the function runs eagerly); raised with ``fullgraph=True``."""
 
 

@@ -11,7 +11,7 @@
   compiled program under the caller's grad mode (its forward is decorated ``torch.no_grad()``), so the results of an
   ``enable_grad`` block neither required grad nor connected to autograd, and plain tensors failed in thunder's epilogue
   (``TypeError: epilogue() takes 1 positional argument but 2 were given``). This raises
-  :class:`~thunder_subclass.errors.UnsupportedGradModeError`, a graph-break kind (``thunder_subclass.graph_breaks``):
+  :class:`~thunder_subclass.errors.UnsupportedGlobalStateError`, a graph-break kind (``thunder_subclass.graph_breaks``):
   by default the function runs eagerly, with ``fullgraph=True`` the error reaches the user.
 """
 
@@ -22,7 +22,7 @@ from collections.abc import Callable
 import torch
 
 from thunder_subclass._thunder_internals import inference_mode_class, source_location
-from thunder_subclass.errors import UnsupportedGradModeError, format_location
+from thunder_subclass.errors import UnsupportedGlobalStateError, format_location
 
 __all__ = ["inference_mode_lookaside", "check_grad_mode_change"]
 
@@ -55,10 +55,10 @@ def inference_mode_lookaside(fn, wrapped_args: tuple) -> Callable | None:
 
 def check_grad_mode_change(enabled) -> None:
     """Called for thunder's ``set_grad_enabled`` symbol (``torch._C._set_grad_enabled(enabled)``) in traced code: grad mode turned on while the compiled
-    function is called with it off is an :class:`UnsupportedGradModeError` (see the module docstring)."""
+    function is called with it off is an :class:`UnsupportedGlobalStateError` (see the module docstring)."""
     if enabled is True and not torch.is_grad_enabled():
         where = format_location(*source_location(skip_files=(torch.autograd.grad_mode.__file__,)))
-        raise UnsupportedGradModeError(
+        raise UnsupportedGlobalStateError(
             f"grad mode turned on (torch.enable_grad() or torch.set_grad_enabled(True)) at {where}, in a function "
             f"called with grad mode off (under torch.no_grad() or torch.inference_mode()): thunder 0.2.6 runs the "
             f"compiled program under the caller's grad mode, so the operations eager differentiates there would not "

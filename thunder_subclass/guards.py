@@ -1100,6 +1100,48 @@ def guard_attribute_absent(obj, provenance, name: str) -> None:
     jit_ctx.add_constraint((check_attribute_absent, holder, name))
 
 
+class TorchStateQuery:
+    """A getter of torch's global state that traced code called, with its plain arguments (see
+    :func:`guard_torch_state_query`)."""
+
+    __slots__ = ("fn", "args")
+
+    def __init__(self, fn, args: tuple):
+        self.fn, self.args = fn, args
+
+    def __repr__(self) -> str:
+        module = "torch" if self.fn.__module__ == "torch" else "torch._C"
+        return f"{module}.{self.fn.__name__}({', '.join(map(repr, self.args))})"
+
+
+def _check_torch_state_impl(query: TorchStateQuery, expected) -> None:
+    value = query.fn(*query.args)
+    if not is_same_value(value, expected):
+        raise SubclassGuardFailure(explain=lambda: f"{query!r} is {value!r}, the trace was made for {expected!r}")
+
+
+check_torch_state = subclass_executor.register_operator(
+    "check_torch_state", meta=lambda query, expected: None, fn=_check_torch_state_impl, tags=[prims.OpTags.DONT_DCE]
+)
+
+
+def guard_torch_state_query(fn, args: tuple, result) -> None:
+    """Traced code read ``result`` from torch's global state (``fn(*args)``, a ``torch._C`` getter such as the one
+    behind ``torch.are_deterministic_algorithms_enabled()``): the trace holds it as a constant, so the prologue
+    checks it again on every call (a changed setting is a cache miss and a new trace, as torch.compile's global-state
+    guard). Once per query and trace."""
+    jit_ctx = _thunder_internals.jit_context()
+    state = _thunder_internals.jit_state()
+    if jit_ctx is None or state is None:
+        return
+    done = state.setdefault("torch_state_guards", set())
+    key = (fn, args)
+    if key in done:
+        return
+    done.add(key)
+    jit_ctx.add_constraint((check_torch_state, TorchStateQuery(fn, args), result))
+
+
 class ConstantPath:
     """Where a value traced code read from a dict key object sits: the key object (which the prologue holds, as thunder
     wraps dict keys as constants) and the attribute reads and subscripts from it (``(".", name)`` / ``("[]", index)``

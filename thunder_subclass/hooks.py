@@ -149,6 +149,7 @@ HANDLERS = _thunder_internals.Handlers(
     compared=guards.guard_compared_objects,
     end_of_trace=guards.write_back_input_containers,
     attribute_absent=guards.guard_attribute_absent,
+    state_query=guards.guard_torch_state_query,
 )
 
 

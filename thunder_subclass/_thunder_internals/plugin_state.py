@@ -63,6 +63,9 @@ class Handlers:
     * ``attribute_absent(value, provenance, name)``: traced code looked for attribute ``name`` of ``value`` (read
       from the inputs by ``provenance``) and did not find it (``getattr`` with a default, ``hasattr``, a caught
       ``AttributeError``).
+    * ``state_query(fn, args, result)``: traced code asked torch for a piece of its global state (a getter of
+      ``torch._C``, e.g. ``torch.are_deterministic_algorithms_enabled()``'s ``_get_deterministic_algorithms``) with
+      plain arguments and got the plain value ``result``, which the trace now holds as a constant.
     * ``end_of_trace()``: the traced code has run (the computation trace is complete), the epilogue is being made:
       the plugin's last calls for the epilogue (``thunder_state.call_in_epilogue``).
     """
@@ -86,6 +89,7 @@ class Handlers:
     compared: Callable
     end_of_trace: Callable
     attribute_absent: Callable
+    state_query: Callable
 
 
 # the Handlers given to the last install(); read by every hook (as plugin_state.handlers)

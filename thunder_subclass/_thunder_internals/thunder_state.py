@@ -118,7 +118,7 @@ def new_trace(name: str, args: list, *, names) -> Any:
 def source_location(skip_files: tuple[str, ...] = ()) -> tuple[str | None, int | None]:
     """The user's source file and line of the call being traced (thunder records it on the trace while it records
     symbols; otherwise, or when ``skip_files`` are given, the line the interpreter is at in the innermost frame of
-    user code whose file is not one of ``skip_files``)."""
+    user code whose file is not one of ``skip_files``; an entry ending in ``os.sep`` skips a directory)."""
     from thunder.core.trace import get_tracectx
 
     import os
@@ -137,9 +137,11 @@ def source_location(skip_files: tuple[str, ...] = ()) -> tuple[str | None, int |
         return None, None
     from thunder.core.interpreter import get_interpreterruntimectx
 
+    dirs = tuple(s for s in skip_files if s.endswith(os.sep))
     for frame in reversed(get_interpreterruntimectx().frame_stack):
-        if not frame.code.co_filename.startswith(thunder_dir) and frame.code.co_filename not in skip_files:
-            return frame.code.co_filename, getattr(frame.positions, "lineno", None)
+        name = frame.code.co_filename
+        if not name.startswith(thunder_dir) and name not in skip_files and not (dirs and name.startswith(dirs)):
+            return name, getattr(frame.positions, "lineno", None)
     return None, None
 
 

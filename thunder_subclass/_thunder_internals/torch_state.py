@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import functools
 import math
+import re
+import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -255,6 +257,38 @@ def module_has_backward_hooks(module) -> bool:
 
     return bool(module._backward_hooks or module._backward_pre_hooks or m._global_backward_hooks
                 or m._global_backward_pre_hooks)
+
+
+_STATE_GETTER = re.compile(r"_?(get|is|are|has)_")
+_PLAIN = (type(None), bool, int, float, str, torch.dtype, torch.device)
+
+
+def is_torch_state_query(fn: Any, args: tuple) -> bool:
+    """Whether calling ``fn(*args)`` natively reads a piece of torch's global state: a built-in function of
+    ``torch._C`` (also as ``torch.<name>``) named like a getter (``_get_*``, ``is_*``, ``are_*``, ``has_*``, with or
+    without the underscore: ``_get_deterministic_algorithms``, ``_is_tracing``, ``get_num_threads``), with plain
+    arguments only (no tensors: ``torch.is_floating_point(x)`` reads its argument)."""
+    if type(fn) is not types.BuiltinFunctionType or getattr(fn, "__module__", None) not in ("torch._C", "torch"):
+        return False
+    if not _STATE_GETTER.match(getattr(fn, "__name__", "")):
+        return False
+    return all(type(a) in _PLAIN for a in args)
+
+
+_STATE_SETTER = re.compile(r"_?set_")
+
+
+def is_torch_state_setter(fn: Any) -> bool:
+    """Whether ``fn`` is a built-in function of ``torch._C`` (also as ``torch.<name>``) named like a setter of torch's
+    global state (``_set_default_dtype``, ``_set_deterministic_algorithms``, ``set_num_threads``): run natively while
+    tracing, its effect would not be part of the compiled program."""
+    return (type(fn) is types.BuiltinFunctionType and getattr(fn, "__module__", None) in ("torch._C", "torch")
+            and bool(_STATE_SETTER.match(getattr(fn, "__name__", ""))))
+
+
+def is_plain_state_value(value: Any) -> bool:
+    """Whether a state query's answer can be compared again by value (see :func:`is_torch_state_query`)."""
+    return type(value) in _PLAIN
 
 
 def inference_mode_class() -> type:

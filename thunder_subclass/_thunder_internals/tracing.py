@@ -70,10 +70,17 @@ from thunder_subclass._thunder_internals.plugin_state import (
 from thunder_subclass._thunder_internals.symbolic_values import (
     symbolic_values_lookaside,
 )
+from thunder_subclass._thunder_internals.torch_state import (
+    is_plain_state_value,
+    is_torch_state_query,
+    is_torch_state_setter,
+)
 from thunder_subclass._thunder_internals.thunder_state import (
     constant_rooted_path,
     is_torch_level_symbol,
     is_unpackable_provenance,
+    raise_in_interpreter,
+    source_location,
 )
 
 
@@ -225,6 +232,10 @@ def _hook_general_jit_lookaside(original):
                 # argument 'fn'" (plain thunder.jit as well)
                 kwargs[_FN_KEYWORD] = kwargs.pop("fn")
             lookaside = original(fn, *args, **kwargs)
+            if lookaside is None and not kwargs and is_torch_state_query(fn, [getattr(a, "value", a) for a in args]):
+                return _state_query(fn)
+            if lookaside is None and is_torch_state_setter(fn):
+                return _state_setter(fn)
             if lookaside is None and _is_opaque(fn):
                 # the interpreter will run fn natively: what it reads of its arguments is unknown to the trace
                 plugin_state.handlers.native_call(fn, (*args, *kwargs.values()))
@@ -236,6 +247,41 @@ def _hook_general_jit_lookaside(original):
         return original(fn, *args, **kwargs)
 
     return general_jit_lookaside
+
+
+def _state_query(fn):
+    """The native call of ``fn``, a getter of torch's global state (``is_torch_state_query``), whose plain answer is
+    handed to ``Handlers.state_query``: the trace holds the answer as a constant (thunder 0.2.6 recorded nothing, and
+    ``if torch.are_deterministic_algorithms_enabled():`` kept its first branch after the setting changed)."""
+    from thunder.core.interpreter import interpreter_needs_wrap
+
+    def query(*args):
+        result = fn(*args)
+        if is_plain_state_value(result):
+            plugin_state.handlers.state_query(fn, args, result)
+        return result
+
+    return interpreter_needs_wrap(query)
+
+
+def _state_setter(fn):
+    """A lookaside for ``fn``, a setter of torch's global state (``is_torch_state_setter``), that raises
+    ``UnsupportedGlobalStateError`` (a graph-break kind): thunder 0.2.6 ran it natively while tracing (the setting
+    changed once, during the first call) and the compiled program never did; eager changes it on every call."""
+    import os
+
+    from thunder_subclass.errors import UnsupportedGlobalStateError, format_location
+
+    def setter(*wrapped_args, **wrapped_kwargs):
+        where = format_location(*source_location(skip_files=(os.path.dirname(torch.__file__) + os.sep,)))
+        public = "torch" if fn.__module__ == "torch" else "torch._C"
+        return raise_in_interpreter(UnsupportedGlobalStateError(
+            f"{public}.{fn.__name__}(...) at {where} changes torch's global state inside the compiled function: "
+            f"thunder_subclass would run it once while tracing, never in the compiled program. Change the setting "
+            f"outside the compiled function (before calling it)."
+        ))
+
+    return setter
 
 
 def _absence_guarded(lookaside):
