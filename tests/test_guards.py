@@ -151,8 +151,9 @@ def test_placement_type_is_guarded():
     # is_replicate is a pybind11 method (native: it may read anything of the placement), so the placement is guarded
     # by value: Shard(1) is a miss, an equal Replicate() or Shard(0) a hit
     assert (thunder.cache_misses(jf), thunder.cache_hits(jf)) == (3, 2)
-    spec = [b for b in thunder.last_prologue_traces(jf)[0].bound_symbols if b.sym.name == "check_object"][0].args[1]
-    assert (spec.kind, spec.where) == ("equal", "args[0]")
+    specs = [b.args[1] for b in thunder.last_prologue_traces(jf)[0].bound_symbols if b.sym.name == "check_object"]
+    assert sorted((spec.kind, spec.where) for spec in specs) == [("equal", "args[0]"),
+                                                                 ("function", "the compiled callable")]
 
 
 def test_placement_attribute_read_is_guarded():
@@ -479,10 +480,11 @@ def test_the_guard_of_a_dict_key_object_says_what_changed():
     x = torch.randn(3)
     jf(x, d)
     prologue = str(thunder.last_prologue_traces(jf)[-1])
-    assert prologue.count("check_constant_path(") == 3  # k.n (read in k.times), k.cfg, k.cfg.scale
+    assert prologue.count("check_constant_path(") == 4  # k.n (read in k.times), k.cfg, k.cfg.scale, k.times
     checks = [b.args for b in thunder.last_prologue_traces(jf)[-1].bound_symbols if b.sym.name == "check_constant_path"]
     assert sorted(repr(where) for where, _ in checks) == [
-        "<dict key _Key>.cfg", "<dict key _Key>.cfg.scale", "<dict key _Key>.n"]
+        "<dict key _Key>.cfg", "<dict key _Key>.cfg.scale", "<dict key _Key>.n", "<dict key _Key>.times"]
+    assert {spec.kind for where, spec in checks if repr(where).endswith(".times")} == {"method"}
     next(iter(d)).n = 7
     jf(x, d)
     assert any("<dict key _Key>.n is 7, the trace was made for 2" in r for r in thunder_subclass.last_miss_reasons(jf))
@@ -925,3 +927,53 @@ def test_torch_functions_that_read_their_tensor_arguments_are_not_state_queries(
     assert not is_torch_state_query(torch.is_floating_point, (torch.ones(1),))
     assert not is_torch_state_query(torch._C._set_deterministic_algorithms, (True,))  # a setter: never re-run
     assert not is_torch_state_query(len, ())
+
+
+class _Patched(torch.nn.Module):
+    def act(self, x):
+        return x * 2
+
+    def forward(self, x):
+        return self.act(x)
+
+
+def test_a_method_the_trace_inlined_is_guarded_by_its_function():
+    # self.act (a bound method: only its object's type was checked) inlined _Patched.act: a function set on the
+    # instance, or another one on the class, reused the trace made with the old one
+    m = _Patched()
+    jm = thunder_subclass.jit(m)
+    x = TwoTensor(torch.randn(3), torch.randn(3))
+    steps = [None, lambda: setattr(m, "act", lambda x: x * 3), lambda: delattr(m, "act"),
+             lambda: setattr(_Patched, "act", lambda self, x: x * 4)]
+    original = _Patched.act
+    try:
+        for step in steps:
+            if step is not None:
+                step()
+            out, expected = jm(x), m(x)
+            torch.testing.assert_close(out.a, expected.a) and torch.testing.assert_close(out.b, expected.b)
+    finally:
+        _Patched.act = original
+    assert thunder.cache_misses(jm) == 3 and thunder.cache_hits(jm) == 1  # the third step is the first trace again
+    assert ", not a method of <function _Patched.act" in "".join(thunder_subclass.last_miss_reasons(jm))
+
+
+def _scaled(x, k=2.0):
+    return x * k
+
+
+def test_the_compiled_function_is_guarded_by_its_code_and_defaults():
+    # the compiled function itself (thunder's INPUT_FN) was not checked: a new __code__ or __defaults__ reused the trace
+    jf = thunder_subclass.jit(_scaled)
+    x = torch.randn(3)
+    code, defaults = _scaled.__code__, _scaled.__defaults__
+    try:
+        torch.testing.assert_close(jf(x), x * 2)
+        _scaled.__defaults__ = (5.0,)
+        torch.testing.assert_close(jf(x), x * 5)
+        _scaled.__code__ = (lambda x, k=2.0: x - k).__code__
+        torch.testing.assert_close(jf(x), x - 5)
+    finally:
+        _scaled.__code__, _scaled.__defaults__ = code, defaults
+    torch.testing.assert_close(jf(x), x * 2)
+    assert thunder.cache_misses(jf) == 3 and thunder.cache_hits(jf) == 1

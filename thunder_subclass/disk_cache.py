@@ -555,7 +555,8 @@ class DiskCache:
             for file, digest in payload["files"].items():
                 if _file_hash(file) != digest:
                     raise _Stale(f"{file} changed")
-            entry = self._build(payload, cd, str(path))
+            with compile_data_and_stats(cd, cs):  # (the values stored as "the compiled function" are cd's)
+                entry = self._build(payload, cd, str(path))
         except _Stale:
             _count("stale")
             _remove(path)

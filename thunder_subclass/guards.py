@@ -760,6 +760,9 @@ class ObjectSpec:
       to a native call that has no value equality): the trace may have inlined what it does or is;
     * ``"function"``: a Python function: the same one, or one with the same code, defaults and closure values (the
       interpreter inlined its body);
+    * ``"method"``: a method of a Python function bound to the object it was read from (``self.act``): a bound
+      method again, of such a function (a method replaced on the class, or shadowed by a function set on the
+      instance, is a miss);
     * ``"equal"``: an object of the same type equal (``==``) to a copy taken when traced (an object passed to a native
       call, which may read any of its state, when its type defines value equality);
     * ``"state"``: an object passed to a native call whose type has no value equality, or a list or tuple of such
@@ -797,6 +800,8 @@ class ObjectSpec:
             return obj is self.value
         if self.kind == "function":
             return _same_function(obj, self.value)
+        if self.kind == "method":
+            return type(obj) is types.MethodType and _same_function(obj.__func__, self.value)
         if type(obj) is not self.typ:
             return False
         if self.kind == "length":
@@ -814,8 +819,8 @@ class ObjectSpec:
         self._resolve()
         if self.kind == "identity":
             return f"({v} is {const(self.value)})"
-        if self.kind == "function":
-            return f"({v} is {const(self.value[0])} or {const(_same_function)}({v}, {const(self.value)}))"
+        if self.kind in ("function", "method"):
+            return f"{const(_FunctionCheck(self))}({v})"
         if self.kind == "type":
             return f"(type({v}) is {const(self.typ)})"
         if self.kind == "length":
@@ -836,6 +841,9 @@ class ObjectSpec:
         if self.kind == "function":
             return (f"{what} is {obj!r}, not {self.value[0]!r} or a function with its code, defaults and closure "
                     "values (the function the trace was made for)")
+        if self.kind == "method":
+            return (f"{what} is {obj!r}, not a method of {self.value[0]!r} or of a function with its code, defaults "
+                    "and closure values (the method the trace was made for)")
         if type(obj) is not self.typ:
             return f"{what} is a {type(obj).__qualname__}, the trace was made for a {self.typ.__qualname__}"
         if self.kind == "length":
@@ -860,13 +868,49 @@ class _StateCheck:
         self.spec = spec
 
     def __call__(self, obj) -> bool:
-        return same_state(obj, self.spec.value)
+        return self.spec.matches(obj)
 
     def explain(self, obj) -> str:
         return self.spec.explain(obj)
 
     def __repr__(self) -> str:
         return f"<state check of the {self.spec.where or 'object'}>"
+
+
+class _FunctionCheck(_StateCheck):
+    """A ``"function"`` or ``"method"`` spec's check in the fused prologue. Stored on disk (``disk_state``): the
+    compiled function itself as such (the entry's key holds its code and closure values; loaded, the check is made
+    from the function being compiled then), another function by its importable name (the code compared is that
+    function's code when the entry is loaded: the key holds the hash of its module's file; defaults and closure values
+    are the traced ones)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"<{self.spec.kind} check of the {self.spec.where or 'object'}>"
+
+    def disk_state(self) -> tuple:
+        fn, _code, defaults, kwdefaults, cells = self.spec.value
+        if self.spec.kind == "function" and self.spec.where == _describe_provenance_of_input_fn():
+            return self.spec.kind, self.spec.where, _COMPILED_FUNCTION
+        return self.spec.kind, self.spec.where, fn, defaults, kwdefaults, cells
+
+    @classmethod
+    def from_disk_state(cls, state: tuple) -> "_FunctionCheck":
+        if state[2] == _COMPILED_FUNCTION:
+            kind, where, _ = state
+            fn = _thunder_internals.current_compile_data()[0].fn
+            return cls(ObjectSpec(kind, types.FunctionType, _function_snapshot(fn), where))
+        kind, where, fn, defaults, kwdefaults, cells = state
+        typ = types.MethodType if kind == "method" else types.FunctionType
+        return cls(ObjectSpec(kind, typ, (fn, fn.__code__, defaults, kwdefaults, cells), where))
+
+
+_COMPILED_FUNCTION = "the compiled function"  # (a stored _FunctionCheck of it)
+
+
+def _describe_provenance_of_input_fn() -> str:
+    return "the compiled callable"  # what _describe_provenance says of thunder's INPUT_FN
 
 
 class _Pending:
@@ -887,9 +931,8 @@ def _function_snapshot(fn: types.FunctionType) -> tuple:
 
 
 def _same_function(obj, snapshot: tuple) -> bool:
+    # (the function itself too: its __code__, __defaults__ or closure cells may have been replaced since)
     fn, code, defaults, kwdefaults, cells = snapshot
-    if obj is fn:
-        return True
     if type(obj) is not types.FunctionType or obj.__code__ is not code:
         return False
     if not _same_values(obj.__defaults__ or (), defaults or ()) or obj.__kwdefaults__ != kwdefaults:
@@ -949,7 +992,11 @@ def object_guard_kind(obj) -> str | None:
     something else checks it (see ``_CHECKED_ELSEWHERE``) or it needs no check of its own (a bound method)."""
     from thunder.core.proxies import Proxy
 
-    if isinstance(obj, (_CHECKED_ELSEWHERE, Proxy)) or _is_bound_method(obj):
+    if isinstance(obj, (_CHECKED_ELSEWHERE, Proxy)):
+        return None
+    if type(obj) is types.MethodType and type(obj.__func__) is types.FunctionType:
+        return "method"  # its function, read from the class (or the instance), was inlined
+    if _is_bound_method(obj):
         return None
     if isinstance(obj, _IDENTITY_TYPES):
         return "identity"
@@ -996,7 +1043,7 @@ def _describe_provenance(record) -> str:
     if inst == "INPUT_KWARGS":
         return "kwargs"
     if inst == "INPUT_FN":
-        return "the compiled callable"
+        return _describe_provenance_of_input_fn()
     if inst in ("LOAD_ATTR", "BINARY_SUBSCR") and len(record.inputs) == 2:
         base, key = record.inputs
         k = getattr(key, "value", "?")
@@ -1054,6 +1101,11 @@ def _object_spec(obj, kind: str, where: str) -> ObjectSpec:
     """The spec of an object guarded by ``kind`` (``"identity"`` or ``"type"``): a Python function by identity becomes
     a ``"function"`` spec (the same code, defaults and closure values)."""
     value = obj if kind == "identity" else None
+    if kind == "method":
+        try:
+            return ObjectSpec(kind, types.MethodType, _function_snapshot(obj.__func__), where)
+        except ValueError:  # an empty closure cell: by type only (as before this kind)
+            return ObjectSpec("type", type(obj), None, where)
     if kind == "identity" and type(obj) is types.FunctionType:
         try:
             kind, value = "function", _function_snapshot(obj)
@@ -1542,7 +1594,7 @@ def _is_stored(obj, provenance, seen: dict) -> bool:
     import inspect
 
     name = getattr(provenance.inst, "name", None)
-    if name in ("INPUT_ARGS", "INPUT_KWARGS", "BINARY_SUBSCR"):
+    if name in ("INPUT_ARGS", "INPUT_KWARGS", "BINARY_SUBSCR", "INPUT_FN"):  # (INPUT_FN: the compiled function)
         return True
     if name != "LOAD_ATTR" or len(provenance.inputs) != 2:
         return False

@@ -354,14 +354,22 @@ def _hook_general_jit_callbacks(original: dict) -> dict:
     # value read from the inputs (its provenance one the prologue can unpack) to Handlers.input_object
     from thunder.core.interpreter import INTERPRETER_CALLBACKS
 
+    from thunder.core.interpreter import PseudoInst
+
     key = INTERPRETER_CALLBACKS.WRAP_CALLBACK
     wrap_callback = original[key]
+    input_fn = PseudoInst.INPUT_FN
 
     def wrap_callback_with_object_guards(value):
         result = wrap_callback(value)
-        if is_plugin_active() and value.provenance.inputs and (
-                is_unpackable_provenance(value.provenance) or constant_rooted_path(value.provenance) is not None):
-            plugin_state.handlers.input_object(value.value, value.provenance)
+        provenance = value.provenance
+        if provenance.inputs:
+            if is_plugin_active() and (
+                    is_unpackable_provenance(provenance) or constant_rooted_path(provenance) is not None):
+                plugin_state.handlers.input_object(value.value, provenance)
+        elif provenance.inst is input_fn and type(value.value) is types.FunctionType and is_plugin_active():
+            # the compiled function itself: its code, defaults and closure values were inlined
+            plugin_state.handlers.input_object(value.value, provenance)
         return result
 
     hooked = _HookedCallbacks(original)
