@@ -26,6 +26,8 @@ from thunder.core.proxies import NumberProxy, Proxy, TensorProxy
 from thunder.core.pytree import tree_flatten
 
 from thunder_subclass._thunder_internals import (
+    ShapeSymbols,
+    SymbolicSizeError,
     fake_tensor_mode_class,
     is_interpreting,
     isolated_mask_buffers,
@@ -312,7 +314,10 @@ def value_source(p: Any) -> ValueSource | None:
 class FakeEnv:
     """Maps proxies to fake tensors (for running an operation) and fake results back to proxies."""
 
-    def __init__(self):
+    def __init__(self, symbols: ShapeSymbols | None = None):
+        # under cache="symbolic values", where the caller can fall back to pinned sizes (recording.record_call):
+        # fakes get symbolic sizes of this ShapeEnv and the run goes under its fake mode (see symbolic_sizes)
+        self.symbols = symbols
         self._fake_of: dict[int, torch.Tensor] = {}  # id(proxy) -> fake
         self._proxy_of: dict[int, TensorProxy] = {}  # id(fake) -> proxy
         self._keep: list[Any] = []  # keeps fakes alive so ids stay unique
@@ -349,7 +354,7 @@ class FakeEnv:
 
     def copy(self) -> FakeEnv:
         """A new environment that starts with this one's bindings (for recording a backward on a forward)."""
-        new = FakeEnv()
+        new = FakeEnv(self.symbols)
         new._fake_of = dict(self._fake_of)
         new._proxy_of = dict(self._proxy_of)
         new._keep = list(self._keep)
@@ -462,7 +467,11 @@ class FakeEnv:
         function that was a leaf (``proxy.mark_leaf``); other values are non-leaf, as in eager, so in-place ops on
         them run as eager runs them. ``outer_size``: the size of a subclass fake, when it is not the proxy's (the
         gradient of an output has the output's ragged sizes, also when the output was traced again)."""
-        pin_numbers(x)  # under cache="symbolic values": the fake run holds for these values only
+        if self.symbols is not None:
+            if isinstance(x, NumberProxy):
+                return self._number(x)
+        else:
+            pin_numbers(x)  # under cache="symbolic values": the fake run holds for these values only
         if isinstance(x, NumberProxy):
             return x.value
         if isinstance(x, (dtypes.dtype, devices.Device)):
@@ -480,11 +489,20 @@ class FakeEnv:
         requires_grad = bool(x.requires_grad) if requires_grad is None else requires_grad
         if isinstance(x, SubclassTensorProxy):
             inner = {a: self.to_fake(p) for a, p in x.inner.items()}
-            fake = unflatten_fake(x.subclass_type, inner, x.flatten_ctx, outer_size or x.outer_size, x.outer_stride)
+            size, stride = outer_size or x.outer_size, x.outer_stride
+            if self.symbols is not None:
+                size, stride = self._symbolic_outer(x, size, stride)
+            fake = unflatten_fake(x.subclass_type, inner, x.flatten_ctx, size, stride)
             restore_python_attributes(fake, x.python_attrs)
             self.subclass_inputs.append(x)
+        elif self.symbols is not None and not all(type(d) is int for d in x._shape):
+            if nested_int_of(x) is not None or value_source(x) is not None:
+                raise SymbolicSizeError("ragged sizes and known values are not kept symbolic")
+            shape = [self._size(d) for d in x._shape]
+            with self.symbols.mode:  # contiguous in the symbols
+                fake = torch.empty(shape, dtype=torch_dtype(x), device=torch_device(x))
         else:
-            with fake_mode():
+            with (self.symbols.mode if self.symbols is not None else fake_mode()):
                 fake = torch.empty_strided(
                     tuple(x._shape), stride_of(x), dtype=torch_dtype(x), device=torch_device(x)
                 )
@@ -511,6 +529,50 @@ class FakeEnv:
                 self._bind_inner(x, fake)  # the detached inner tensors stand for the same inner proxies
         self.bind(x, fake)
         return fake
+
+    def numbers(self, sizes) -> tuple:
+        """The sizes (or strides) of a fake result as the proxy's: ints, or, in a symbolic environment, the number
+        proxies their symbols stand for (``SymbolicSizeError`` for an expression of several)."""
+        if self.symbols is None:
+            return tuple(sizes)
+        return tuple(self.symbols.number(d) for d in sizes)
+
+    def _size(self, d: Any) -> Any:
+        """A size of a proxy as the fakes of a symbolic environment have it: an int, a pinned number's value, or
+        the symbol of a number proxy."""
+        if isinstance(d, NumberProxy):
+            if d.is_static_constrained():  # pinned (a prologue check of its value)
+                return int(d.value)
+            return self.symbols.symint(d)
+        return int(d)
+
+    def _number(self, x: NumberProxy) -> Any:
+        """A number argument of a fake run in a symbolic environment: the symbol of a size the run's tensors have
+        (a gradient's ``expand`` to an input's size), else the value, pinned."""
+        if self.symbols.knows(x) and not x.is_static_constrained():
+            return self.symbols.symint(x)
+        if x.is_dynamic() and not is_interpreting():
+            raise SymbolicSizeError(f"number {x.name} reaches a fake run after the prologue was made")
+        pin_numbers(x)
+        return x.value
+
+    def _symbolic_outer(self, x: SubclassTensorProxy, size: tuple, stride: tuple) -> tuple[tuple, tuple]:
+        """The outer size and strides of the fake of subclass proxy ``x`` in a symbolic environment: symbols where
+        ``x``'s sizes are number proxies; strides contiguous in them where they were contiguous, else its own."""
+        if x.nested_sizes:
+            raise SymbolicSizeError("ragged sizes are not kept symbolic")
+        sym_size = tuple(self._size(d) for d in size)
+        values = tuple(int(d.value) if isinstance(d, NumberProxy) else int(d) for d in size)
+        stride_values = tuple(int(d.value) if isinstance(d, NumberProxy) else int(d) for d in stride)
+        if stride_values == contiguous_strides(values):
+            sym_stride, acc = [], 1
+            for d in reversed(sym_size):
+                sym_stride.append(acc)
+                acc = acc * d
+            return sym_size, tuple(reversed(sym_stride))
+        if all(type(d) is int for d in sym_size):
+            return sym_size, stride_values
+        raise SymbolicSizeError("a non-contiguous subclass value with symbolic sizes")
 
     def _bind_inner(self, x: TensorProxy, fake: torch.Tensor) -> None:
         if isinstance(x, SubclassTensorProxy):
@@ -630,7 +692,8 @@ def fake_execution(*, autocast: bool = False, env: FakeEnv | None = None):
     the traced code), torch's autocast state is the traced code's (:func:`traced_autocast`); otherwise none (aten
     calls already recorded, backward graphs: what they compute is fixed, as when the trace runs them, which thunder
     does with autocast off)."""
-    with fake_mode(), traced_autocast(enabled=autocast), isolated_mask_buffers() as states:
+    mode = env.symbols.mode if env is not None and env.symbols is not None else fake_mode()
+    with mode, traced_autocast(enabled=autocast), isolated_mask_buffers() as states:
         if env is not None:
             env.context_states = states
         yield

@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 import thunder.core.prims as prims
-from thunder.core.proxies import TensorProxy
+from thunder.core.proxies import NumberProxy, TensorProxy
 
 from thunder_subclass import _thunder_internals
 from thunder_subclass.errors import (
@@ -75,11 +75,19 @@ __all__ = ["SubclassSpec", "add_subclass_guards", "check_subclass", "proxify_inp
            "write_back_input_containers", "write_back_container", "check_attribute_absent", "guard_attribute_absent"]
 
 
+def _is_symbolic_size(d) -> bool:
+    return isinstance(d, NumberProxy) and not d.is_static_constrained()
+
+
 def _tensor_meta(p) -> tuple:
     if isinstance(p, SubclassTensorProxy) and p.nested_sizes:
         # a ragged dim is not checked: its nested int is another one for every NestedTensor with new offsets, and
         # the trace does not depend on it (inner shapes are checked; sharing between inputs: check_nested_sizes)
         shape = tuple(None if i in p.nested_sizes else int(d) for i, d in enumerate(p._shape))
+    elif any(_is_symbolic_size(d) for d in p._shape):
+        # a symbolic size (cache="symbolic values") is not checked here: what the trace relied on about it is
+        # checked by the size guards of its fake runs, and its value where it was pinned
+        shape = tuple(None if _is_symbolic_size(d) else int(d) for d in p._shape)
     else:
         shape = torch.Size([int(d) for d in p._shape])
     return (shape, torch_dtype(p), torch_device(p), bool(p.requires_grad))
@@ -100,12 +108,15 @@ class SubclassSpec:
     context object cannot be printed.)"""
 
     __slots__ = ("subclass_type", "attr_names", "flatten_ctx", "opaque", "meta", "inner", "python_attrs",
-                 "strides", "_inner_items", "_metadata_guard")
+                 "strides", "contiguous", "_inner_items", "_metadata_guard")
 
     def __init__(self, subclass_type: type, attr_names: tuple[str, ...], flatten_ctx: Any, opaque=None,
                  meta: tuple | None = None, inner: dict | None = None, python_attrs: dict | None = None,
-                 strides: dict | None = None):
+                 strides: dict | None = None, contiguous: frozenset = frozenset()):
         self.subclass_type = subclass_type
+        # the outer tensor (None) and the plain inner tensors (by name) with symbolic sizes: their fakes were
+        # contiguous in the symbols, so they must be contiguous (strides of their own sizes)
+        self.contiguous = frozenset(contiguous)
         self.attr_names = tuple(attr_names)
         self.flatten_ctx = flatten_ctx
         # opaque attributes: name -> (type, its guard_fn's values when traced)
@@ -121,7 +132,8 @@ class SubclassSpec:
         # trace's views, errors and output layouts depend on them (absent where sizes are ragged or symbolic)
         self.strides: dict[str | None, tuple] = dict(strides or {})
         # checked every call: precomputed
-        self._inner_items = tuple((a, e, isinstance(e, SubclassSpec), self.strides.get(a))
+        self._inner_items = tuple((a, e, isinstance(e, SubclassSpec),
+                                   "contiguous" if a in self.contiguous else self.strides.get(a))
                                   for a, e in self.inner.items())
         self._metadata_guard = getattr(subclass_type, "__metadata_guard__", None)
 
@@ -129,9 +141,11 @@ class SubclassSpec:
     def of(cls, p: SubclassTensorProxy) -> SubclassSpec:
         """The spec of input proxy ``p`` (linked to it, and its nested subclass proxies to their specs, so reads of
         instance attributes while tracing add guards: :func:`guard_python_attribute`)."""
-        inner, opaque, strides = {}, {}, {}
+        inner, opaque, strides, contiguous = {}, {}, {}, set()
         if _is_int_strides(p.outer_stride) and all(type(d) is int for d in p._shape):
             strides[None] = tuple(p.outer_stride)
+        elif any(_is_symbolic_size(d) for d in p._shape):
+            contiguous.add(None)
         for a, q in p.inner.items():
             if isinstance(q, OpaqueObjectProxy):
                 opaque[a] = (type(q.value), opaque_guard_values(q.value))
@@ -140,10 +154,12 @@ class SubclassSpec:
             else:
                 inner[a] = _tensor_meta(q)
                 stride = recorded_stride(q)
-                if stride is not None:
+                if any(_is_symbolic_size(d) for d in q._shape):
+                    contiguous.add(a)
+                elif stride is not None:
                     strides[a] = stride
         spec = cls(p.subclass_type, p.attr_names, p.flatten_ctx, opaque, _tensor_meta(p), inner,
-                   _not_restored_by_unflatten(p), strides)
+                   _not_restored_by_unflatten(p), strides, frozenset(contiguous))
         p.__dict__[_SPEC_ATTR] = spec
         return spec
 
@@ -155,13 +171,15 @@ class SubclassSpec:
             return False
         if self.meta is not None:
             shape, *rest = self.meta
-            if type(shape) is tuple:  # ragged dims
+            if type(shape) is tuple:  # ragged or symbolic dims
                 if not _same_sizes(t.shape, shape) or [t.dtype, t.device, t.requires_grad] != rest:
                     return False
             elif (t.shape, t.dtype, t.device, t.requires_grad) != self.meta:
                 return False
             outer_stride = self.strides.get(None)
             if outer_stride is not None and t.stride() != outer_stride:
+                return False
+            if None in self.contiguous and not is_contiguous_layout(t):
                 return False
         attrs, ctx = t.__tensor_flatten__()
         if tuple(attrs) != self.attr_names:
@@ -171,7 +189,14 @@ class SubclassSpec:
             if nested:
                 if not expected.matches(x):
                     return False
-            elif type(x) not in PLAIN_TENSOR_TYPES or (x.shape, x.dtype, x.device, x.requires_grad) != expected:
+            elif type(x) not in PLAIN_TENSOR_TYPES:
+                return False
+            elif type(expected[0]) is tuple:  # symbolic dims
+                if not _same_sizes(x.shape, expected[0]) or [x.dtype, x.device, x.requires_grad] != list(expected[1:]):
+                    return False
+                if stride == "contiguous" and not is_contiguous_layout(x):
+                    return False
+            elif (x.shape, x.dtype, x.device, x.requires_grad) != expected:
                 return False
             elif stride is not None and x.stride() != stride:
                 return False
@@ -215,6 +240,8 @@ class SubclassSpec:
                 )
                 parts.append(f"{shape_check} and {v}.dtype is {const(dtype)} and "
                              f"{v}.device == {const(device)} and {v}.requires_grad is {const(requires_grad)}")
+                if None in self.contiguous:
+                    parts.append(f"{const(is_contiguous_layout)}({v})")
             else:
                 parts.append(tensor(v, shape, dtype, device, requires_grad, False, self.strides.get(None)))
         parts.append(f"len({flat} := {v}.__tensor_flatten__()) == 2 and tuple({flat}[0]) == {const(self.attr_names)}")
@@ -223,6 +250,17 @@ class SubclassSpec:
             bind = f"({x} := getattr({v}, {const(attr)})) is {x}"
             if nested:
                 parts.append(f"{bind} and {expected.expression(x, const, fresh, tensor)}")
+            elif type(expected[0]) is tuple:  # symbolic dims: checked inline, in Python
+                shape, dtype, device, requires_grad = expected
+                size = fresh()
+                parts.append(bind)
+                parts.append(" and ".join(
+                    [f"type({x}) in _plain", f"len({size} := {x}.shape) == {len(shape)}"]
+                    + [f"{size}[{i}] == {const(e)}" for i, e in enumerate(shape) if e is not None]
+                    + [f"{x}.dtype is {const(dtype)}", f"{x}.device == {const(device)}",
+                       f"{x}.requires_grad is {const(requires_grad)}"]
+                    + ([f"{const(is_contiguous_layout)}({x})"] if stride == "contiguous" else [])
+                ))
             else:
                 parts.append(bind)
                 parts.append(tensor(x, *expected, True, stride))
@@ -236,6 +274,17 @@ class SubclassSpec:
         else:
             parts.append(f"bool({flat}[1] == {const(self.flatten_ctx)})")
         return "(" + " and ".join(p for p in parts if p) + ")"
+
+
+def is_contiguous_layout(t) -> bool:
+    """``t``'s strides are the contiguous strides of its sizes (read from ``t.shape`` / ``t.stride()``, which a
+    wrapper subclass reports without dispatch)."""
+    acc = 1
+    for size, stride in zip(reversed(t.shape), reversed(t.stride())):
+        if size != 1 and stride != acc:
+            return False
+        acc *= max(size, 1)
+    return True
 
 
 def inline_tensor_check(const):
@@ -559,10 +608,14 @@ def proxify_input(jit_ctx, value, original):
 def _proxify_subclass(jit_ctx, value) -> SubclassTensorProxy:
     t = value.value
     name = _thunder_internals.input_proxy_name(jit_ctx, value)
+    symbolic = _thunder_internals.symbolic_values_active() and _has_symbolic_layout(t)
     p = subclass_proxy_from_tensor(
         t, name=name, history=value.provenance,
         inner_history=_thunder_internals.attribute_provenance(value.provenance),
+        outer_shape=_thunder_internals.input_size_numbers(t.shape, value.provenance) if symbolic else None,
     )
+    if _thunder_internals.symbolic_values_active():
+        _prepare_inner_sizes(p, symbolic)
     _thunder_internals.register_input_proxy(value, p)
     mark_leaf(p, t)
     _remember_inner_strides(p, t)
@@ -572,6 +625,44 @@ def _proxify_subclass(jit_ctx, value) -> SubclassTensorProxy:
     if p.nested_sizes:
         add_nested_sizes_guard(jit_ctx, p, t)
     return p
+
+
+def _has_symbolic_layout(t: torch.Tensor) -> bool:
+    """Whether subclass input ``t`` keeps symbolic sizes under ``cache="symbolic values"``: its outer tensor and
+    every plain inner tensor are contiguous (fakes with symbolic sizes are made contiguous in the symbols; the
+    prologue checks it), and no size is ragged."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    if t.layout is not torch.strided or not is_contiguous_layout(t) or not all(type(d) is int for d in t.shape):
+        return False
+    attrs, _ = t.__tensor_flatten__()
+    for a in attrs:
+        x = getattr(t, a)
+        if not isinstance(x, torch.Tensor):
+            continue
+        if is_traceable_wrapper_subclass(x):
+            if not _has_symbolic_layout(x):
+                return False
+        elif x.layout is not torch.strided or not is_contiguous_layout(x) or not all(type(d) is int for d in x.shape):
+            return False
+    return True
+
+
+def _prepare_inner_sizes(p: SubclassTensorProxy, symbolic: bool) -> None:
+    """The size numbers of the inner tensors of input ``p`` (thunder made them under ``cache="symbolic values"``):
+    with a provenance the prologue can unpack (``<input>.<attr>.shape[i]``), or, where ``p`` keeps static sizes
+    (``symbolic`` False: a non-contiguous layout), static (``check_subclass`` checks their values)."""
+    for q in p.inner.values():
+        if isinstance(q, SubclassTensorProxy):
+            _prepare_inner_sizes(q, symbolic)
+        if not isinstance(q, TensorProxy) or q.history is None:
+            continue
+        for i, d in enumerate(q._shape):
+            if isinstance(d, NumberProxy):
+                if symbolic:
+                    d.history = _thunder_internals.size_provenance(q.history, i)
+                else:
+                    d.make_static_constrained()
 
 
 def _remember_inner_strides(p: SubclassTensorProxy, t: torch.Tensor) -> None:

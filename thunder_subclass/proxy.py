@@ -396,8 +396,10 @@ def _inner_tensor_proxy(t: torch.Tensor, name: str, history) -> TensorProxy:
     return tensorproxy(t, name=name, history=history)
 
 
-def subclass_proxy_from_tensor(t: torch.Tensor, *, name: str | None, history, inner_history=None) -> SubclassTensorProxy:
-    """A proxy for the real (or fake) subclass ``t``. ``inner_history(attr)`` gives provenance for inner proxies."""
+def subclass_proxy_from_tensor(t: torch.Tensor, *, name: str | None, history, inner_history=None,
+                               outer_shape: tuple | None = None) -> SubclassTensorProxy:
+    """A proxy for the real (or fake) subclass ``t``. ``inner_history(attr)`` gives provenance for inner proxies;
+    ``outer_shape``, when given, is the proxy's shape (an input's size numbers under ``cache="symbolic values"``)."""
     attrs, fctx = flatten_tensor(t)
     name = name if name is not None else get_tracectx().make_name(prefix=SubclassTensorProxy._DEFAULT_PREFIX)
     inner = {}
@@ -428,7 +430,7 @@ def subclass_proxy_from_tensor(t: torch.Tensor, *, name: str | None, history, in
         outer_stride=tuple(t.stride()),
         python_attrs=python_attributes(t, attrs),
         inner_refs=inner_references(t, attrs),
-        shape=tuple(t.shape),
+        shape=tuple(outer_shape) if outer_shape is not None else tuple(t.shape),
         device=devices.to_device(t.device),
         dtype=dtypes.to_dtype(t.dtype),
         requires_grad=t.requires_grad,

@@ -53,8 +53,18 @@ def _is_literal(x: Any) -> bool:
 
 
 def ctx_arg(ctx: Any) -> Any:
-    """``ctx`` as a bound-symbol argument: itself when a plain literal, else wrapped in :class:`FlattenContext`."""
-    return ctx if _is_literal(ctx) else FlattenContext(ctx)
+    """``ctx`` as a bound-symbol argument: itself when a plain literal or a size holding number proxies (symbolic
+    sizes: the trace passes their values at run time), else wrapped in :class:`FlattenContext`."""
+    if _is_literal(ctx) or _is_symbolic_size(ctx):
+        return ctx
+    return FlattenContext(ctx)
+
+
+def _is_symbolic_size(x: Any) -> bool:
+    from thunder.core.proxies import NumberProxy
+
+    return type(x) is tuple and any(isinstance(v, NumberProxy) for v in x) \
+        and all(type(v) is int or isinstance(v, NumberProxy) for v in x)
 
 
 def ctx_value(arg: Any) -> Any:
