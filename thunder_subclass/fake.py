@@ -532,10 +532,11 @@ class FakeEnv:
 
     def numbers(self, sizes) -> tuple:
         """The sizes (or strides) of a fake result as the proxy's: ints, or, in a symbolic environment, the number
-        proxies their symbols stand for (``SymbolicSizeError`` for an expression of several)."""
+        proxies their symbols stand for (a sum or product of symbols: a number computed in the current scope,
+        ``ShapeSymbols.number``)."""
         if self.symbols is None:
             return tuple(sizes)
-        return tuple(self.symbols.number(d) for d in sizes)
+        return tuple(self.symbols.number(d, compute=True) for d in sizes)
 
     def _size(self, d: Any) -> Any:
         """A size of a proxy as the fakes of a symbolic environment have it: an int, a pinned number's value, or
@@ -562,6 +563,8 @@ class FakeEnv:
         if x.nested_sizes:
             raise SymbolicSizeError("ragged sizes are not kept symbolic")
         sym_size = tuple(self._size(d) for d in size)
+        if x.history is None:  # a computed value: its strides were mapped from a fake run's (ints are constants)
+            return sym_size, tuple(self._size(d) for d in stride)
         values = tuple(int(d.value) if isinstance(d, NumberProxy) else int(d) for d in size)
         stride_values = tuple(int(d.value) if isinstance(d, NumberProxy) else int(d) for d in stride)
         if stride_values == contiguous_strides(values):

@@ -460,6 +460,8 @@ def _record_symbolic(fn: Callable, args: tuple, kwargs: dict, scope: list, what:
         result = emit_calls(env, calls, out, scope, what, subclasses)
         add_size_guards(env.symbols)
     except Exception as e:
+        import os
+        if os.environ.get("TS_DEBUG"): print("SYMFAIL", what, type(e).__name__, str(e)[:400])
         del scope[mark:]
         if is_interpreting():
             return None
@@ -479,7 +481,7 @@ def emit_calls(env: FakeEnv, calls: list, out: Any, scope: list, what: str, subc
 
     def to_proxy(x):
         if isinstance(x, torch.SymInt) and env.symbols is not None:
-            return env.symbols.number(x)
+            return env.symbols.number(x, compute=True)
         if is_opaque_object(x):
             return env.proxy_of(x) or x
         if isinstance(x, torch.Tensor):

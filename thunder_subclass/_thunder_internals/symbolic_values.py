@@ -398,9 +398,17 @@ class ShapeSymbols:
         return p.name in self._symint
 
     def symint(self, p):
-        """The SymInt standing for size number proxy ``p`` in this environment's fakes (made once)."""
+        """The SymInt standing for size number proxy ``p`` in this environment's fakes (made once): for a number the
+        trace computes from others by thunder's number prims (``i9 = prims.mul(i0, i1)``, a flattened size), that
+        expression of theirs; else a new symbol."""
         s = self._symint.get(p.name)
         if s is None:
+            s = self._computed_symint(p, 8)
+            if s is not None:
+                self._symint[p.name] = s
+                if isinstance(s, torch_symint()):
+                    self._proxy.setdefault(self.shape_env.replace(s.node.expr), p)
+                return s
             import sympy
             from torch._dynamo.source import ConstantSource
             from torch.fx.experimental.symbolic_shapes import DimDynamic
@@ -418,9 +426,47 @@ class ShapeSymbols:
             self._symint[p.name] = s
         return s
 
-    def number(self, x):
-        """The int or number proxy a size of a fake result stands for; :class:`SymbolicSizeError` for an
-        expression of several symbols (``s0 * s1`` from a flattening view) that no proxy stands for."""
+    def _computed_symint(self, p, depth: int):
+        import operator
+
+        from thunder.core.prims import PrimIDs
+
+        ops = {PrimIDs.ADD: operator.add, PrimIDs.SUB: operator.sub, PrimIDs.MUL: operator.mul}
+        if depth <= 0 or p.history is not None:
+            return None
+        try:
+            b = trace_producers().get(p.name)
+        except Exception:  # noqa: BLE001 - no trace being built
+            return None
+        if b is None or b.sym.id not in ops or b.kwargs or len(b.args) != 2:
+            return None
+        from thunder.core.proxies import NumberProxy
+
+        operands = []
+        for a in b.args:
+            if isinstance(a, NumberProxy):
+                if a.is_static_constrained():
+                    operands.append(int(a.value))
+                elif a.name in self._symint:
+                    operands.append(self._symint[a.name])
+                else:
+                    v = self._computed_symint(a, depth - 1)
+                    if v is None:
+                        if a.history is None or type(a.value) is not int:
+                            return None
+                        v = self.symint(a)
+                    operands.append(v)
+            elif type(a) is int:
+                operands.append(a)
+            else:
+                return None
+        return ops[b.sym.id](*operands)
+
+    def number(self, x, *, compute: bool = False):
+        """The int or number proxy a size of a fake result stands for. A sum or product of symbols (``s0 * s1``
+        from a flattening view, ``s0 + s1`` from a ``cat``) is, with ``compute``, a number proxy computed by
+        thunder's number prims in the current scope (which runs them where the scope's symbols run), else, like
+        any other expression, a :class:`SymbolicSizeError`."""
         import torch
 
         if not isinstance(x, torch.SymInt):
@@ -429,9 +475,31 @@ class ShapeSymbols:
         if expr.is_number:
             return int(expr)
         p = self._proxy.get(expr)
-        if p is None:
-            raise SymbolicSizeError(f"a size of a result is {expr}, not a size of an argument")
-        return p
+        if p is not None:
+            return p
+        if compute:
+            return self._computed(expr)
+        raise SymbolicSizeError(f"a size of a result is {expr}, not a size of an argument")
+
+    def _computed(self, expr):
+        import sympy
+        import thunder.core.prims as prims
+
+        if expr.is_Integer:
+            return int(expr)
+        if expr.is_Symbol:
+            p = self._proxy.get(expr)
+            if p is None:
+                raise SymbolicSizeError(f"{expr} stands for no number proxy")
+            return p
+        if not isinstance(expr, (sympy.Add, sympy.Mul)):
+            raise SymbolicSizeError(f"a size of a result is {expr}: not a sum or product of sizes")
+        op = prims.add if isinstance(expr, sympy.Add) else prims.mul
+        terms = [self._computed(a) for a in expr.args]
+        acc = terms[0]
+        for t in terms[1:]:
+            acc = op(acc, t)
+        return acc
 
     def take_guards(self) -> tuple[list, list, list]:
         """``(guards, symbol ranges, specialised proxies)`` recorded since the last call: the guard expressions,
@@ -449,6 +517,12 @@ class ShapeSymbols:
 
     def proxy_of(self, symbol):
         return self._proxy.get(symbol)
+
+
+def torch_symint() -> type:
+    import torch
+
+    return torch.SymInt
 
 
 class SizeCondition:
