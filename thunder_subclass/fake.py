@@ -314,10 +314,13 @@ def value_source(p: Any) -> ValueSource | None:
 class FakeEnv:
     """Maps proxies to fake tensors (for running an operation) and fake results back to proxies."""
 
-    def __init__(self, symbols: ShapeSymbols | None = None):
+    def __init__(self, symbols: ShapeSymbols | None = None, *, pin: bool = True):
         # under cache="symbolic values", where the caller can fall back to pinned sizes (recording.record_call):
         # fakes get symbolic sizes of this ShapeEnv and the run goes under its fake mode (see symbolic_sizes)
         self.symbols = symbols
+        # pin: numbers that reach fakes are pinned under cache="symbolic values" (False for a fake run whose result
+        # the trace does not depend on: which instance attributes __tensor_unflatten__ restores)
+        self.pin = pin
         self._fake_of: dict[int, torch.Tensor] = {}  # id(proxy) -> fake
         self._proxy_of: dict[int, TensorProxy] = {}  # id(fake) -> proxy
         self._keep: list[Any] = []  # keeps fakes alive so ids stay unique
@@ -354,7 +357,7 @@ class FakeEnv:
 
     def copy(self) -> FakeEnv:
         """A new environment that starts with this one's bindings (for recording a backward on a forward)."""
-        new = FakeEnv(self.symbols)
+        new = FakeEnv(self.symbols, pin=self.pin)
         new._fake_of = dict(self._fake_of)
         new._proxy_of = dict(self._proxy_of)
         new._keep = list(self._keep)
@@ -470,7 +473,7 @@ class FakeEnv:
         if self.symbols is not None:
             if isinstance(x, NumberProxy):
                 return self._number(x)
-        else:
+        elif self.pin:
             pin_numbers(x)  # under cache="symbolic values": the fake run holds for these values only
         if isinstance(x, NumberProxy):
             return x.value

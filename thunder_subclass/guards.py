@@ -322,7 +322,7 @@ def _not_restored_by_unflatten(p: SubclassTensorProxy) -> dict[str, Any]:
     may depend on them."""
     if not p.python_attrs:
         return {}
-    env = FakeEnv()
+    env = FakeEnv(pin=False)  # (the sizes do not matter: nothing of this run enters the trace)
     rebuilt = unflatten_fake(
         p.subclass_type, {a: env.to_fake(q) for a, q in p.inner.items()}, p.flatten_ctx, p.outer_size, p.outer_stride
     )
@@ -652,6 +652,7 @@ def _prepare_inner_sizes(p: SubclassTensorProxy, symbolic: bool) -> None:
     """The size numbers of the inner tensors of input ``p`` (thunder made them under ``cache="symbolic values"``):
     with a provenance the prologue can unpack (``<input>.<attr>.shape[i]``), or, where ``p`` keeps static sizes
     (``symbolic`` False: a non-contiguous layout), static (``check_subclass`` checks their values)."""
+    same = []
     for q in p.inner.values():
         if isinstance(q, SubclassTensorProxy):
             _prepare_inner_sizes(q, symbolic)
@@ -661,8 +662,14 @@ def _prepare_inner_sizes(p: SubclassTensorProxy, symbolic: bool) -> None:
             if isinstance(d, NumberProxy):
                 if symbolic:
                     d.history = _thunder_internals.size_provenance(q.history, i)
+                    if len(q._shape) == len(p._shape) and isinstance(p._shape[i], NumberProxy) \
+                            and p._shape[i].value == d.value:
+                        same.append((d, p._shape[i]))
                 else:
                     d.make_static_constrained()
+    # an inner size equal to the outer size at the same dim (a TwoTensor's, a DTensor's local tensor at one rank)
+    # stays equal to it: checked, and one symbol for both in fake runs
+    _thunder_internals.guard_equal_sizes(same)
 
 
 def _remember_inner_strides(p: SubclassTensorProxy, t: torch.Tensor) -> None:

@@ -460,8 +460,6 @@ def _record_symbolic(fn: Callable, args: tuple, kwargs: dict, scope: list, what:
         result = emit_calls(env, calls, out, scope, what, subclasses)
         add_size_guards(env.symbols)
     except Exception as e:
-        import os
-        if os.environ.get("TS_DEBUG"): print("SYMFAIL", what, type(e).__name__, str(e)[:400])
         del scope[mark:]
         if is_interpreting():
             return None

@@ -85,6 +85,7 @@ from thunder_subclass._thunder_internals.symbolic_values import (  # noqa: F401
     ShapeSymbols,
     SymbolicSizeError,
     add_size_guards,
+    guard_equal_sizes,
     pin_input_numbers,
     pin_numbers,
     symbolic_values_active,

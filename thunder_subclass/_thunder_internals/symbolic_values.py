@@ -360,6 +360,38 @@ def hook_targets() -> list[tuple[Any, str, Callable]]:
 # ---------------------------------------------------------------------------------------------------------------
 
 
+_SAME_SIZE_AS = "_thunder_subclass_same_size_as"
+
+
+def guard_equal_sizes(pairs: list) -> None:
+    """Input size numbers ``(p, q)`` that are equal (an inner tensor's size and its subclass input's outer size at the
+    same dim): a prologue check that they stay equal, and fake runs give ``p`` the symbol of ``q``. Relations between
+    them that a run relies on later (autograd checks a gradient's outer size against the input's, after the prologue
+    is made) are then known."""
+    import sympy
+
+    pairs = [(p, q) for p, q in pairs if p.name != q.name]
+    if not pairs:
+        return
+    from thunder.core.jit_ext import get_jit_ctx
+
+    added = jit_state().setdefault(_SIZE_GUARDS, set())
+    exprs = []
+    for p, q in pairs:
+        p.__dict__[_SAME_SIZE_AS] = q
+        e = sympy.Eq(sympy.Symbol(p.name, integer=True), sympy.Symbol(q.name, integer=True))
+        added.add(e)
+        exprs.append(e)
+    proxies = {}
+    for p, q in pairs:
+        proxies[p.name], proxies[q.name] = p, q
+        p.__dict__[_SIZE_GUARDS] = q.__dict__[_SIZE_GUARDS] = added
+    names = sorted(set().union(*(e.free_symbols for e in exprs)), key=str)
+    get_jit_ctx().add_constraint(
+        (_condition_check_symbol(), SizeCondition(names, exprs), *(proxies[n.name] for n in names))
+    )
+
+
 class SymbolicSizeError(Exception):
     """A fake run cannot keep these sizes symbolic: a size its results have is an expression no number proxy stands
     for, a number the ShapeEnv specialised or a guard it recorded came after the prologue was made. The caller runs
@@ -395,12 +427,16 @@ class ShapeSymbols:
         self._guards_seen = 0
 
     def knows(self, p) -> bool:
-        return p.name in self._symint
+        same = p.__dict__.get(_SAME_SIZE_AS)
+        return (same if same is not None else p).name in self._symint
 
     def symint(self, p):
         """The SymInt standing for size number proxy ``p`` in this environment's fakes (made once): for a number the
         trace computes from others by thunder's number prims (``i9 = prims.mul(i0, i1)``, a flattened size), that
         expression of theirs; else a new symbol."""
+        same = p.__dict__.get(_SAME_SIZE_AS)
+        if same is not None:  # guarded equal to another input number: one symbol for both
+            return self.symint(same)
         s = self._symint.get(p.name)
         if s is None:
             s = self._computed_symint(p, 8)
