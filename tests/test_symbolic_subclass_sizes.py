@@ -193,3 +193,35 @@ def test_automatic_and_explicit_dynamic_shapes(dynamic_kwargs):
         _same(jf(x), f(x))
     # automatic: the first trace is exact, the second (after a size-driven miss) symbolic
     assert _counts(jf) == ((2, 2) if not dynamic_kwargs else (1, 3))
+
+
+def test_a_module_trained_on_subclass_inputs_of_new_batch_sizes_traces_once():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+    reference = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+    reference.load_state_dict(model.state_dict())
+    jmodel = thunder_subclass.jit(model, cache="symbolic values")
+    for n in (3, 5, 7):
+        a, b = torch.randn(n, 4), torch.randn(n, 4)
+        x = TwoTensor(a.clone().requires_grad_(), b.clone().requires_grad_())
+        x_ref = TwoTensor(a.clone().requires_grad_(), b.clone().requires_grad_())
+        out, expected = jmodel(x), reference(x_ref)
+        _same(out, expected)
+        out.sum().backward()
+        expected.sum().backward()
+        _same(x.grad, x_ref.grad)
+    for p, q in zip(model.parameters(), reference.parameters()):
+        _same(p.grad, q.grad)
+    assert _counts(jmodel) == (1, 2)
+
+
+def test_nested_subclass_inputs_keep_static_sizes():
+    # the outer sizes of a subclass nested inside another are not made symbolic: one trace per size, eager's values
+    f = lambda x: (x * 2).sum(0)  # noqa: E731
+    jf = thunder_subclass.jit(f, cache="symbolic values")
+    for n in (3, 5, 3):
+        x = TwoTensor(TwoTensor(torch.randn(n, 4), torch.randn(n, 4)), TwoTensor(torch.randn(n, 4), torch.randn(n, 4)))
+        out, expected = jf(x), f(x)
+        for attr in ("a", "b"):
+            _same(getattr(out, attr), getattr(expected, attr))
+    assert _counts(jf) == (2, 1)

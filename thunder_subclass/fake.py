@@ -495,6 +495,8 @@ class FakeEnv:
             size, stride = outer_size or x.outer_size, x.outer_stride
             if self.symbols is not None:
                 size, stride = self._symbolic_outer(x, size, stride)
+            else:  # the values of size numbers (comparing number proxies would record comparisons in the trace)
+                size, stride = _values(size), _values(stride)
             fake = unflatten_fake(x.subclass_type, inner, x.flatten_ctx, size, stride)
             restore_python_attributes(fake, x.python_attrs)
             self.subclass_inputs.append(x)
@@ -587,6 +589,10 @@ class FakeEnv:
                     inner = getattr(fake, a)
                     self._bind_inner(p, inner)
                     self.bind(p, inner)
+
+
+def _values(sizes) -> tuple:
+    return tuple(int(d.value) if isinstance(d, NumberProxy) else d for d in sizes)
 
 
 class _NonLeaf(torch.autograd.Function):

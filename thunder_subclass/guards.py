@@ -608,7 +608,10 @@ def proxify_input(jit_ctx, value, original):
 def _proxify_subclass(jit_ctx, value) -> SubclassTensorProxy:
     t = value.value
     name = _thunder_internals.input_proxy_name(jit_ctx, value)
-    symbolic = _thunder_internals.symbolic_values_active() and _has_symbolic_layout(t)
+    # sizes stay symbolic for an argument (not a global or a module's attribute: thunder's prologue unpacks no
+    # number from those) whose layout the fakes can have
+    symbolic = _thunder_internals.symbolic_values_active() and _has_symbolic_layout(t) \
+        and _thunder_internals.is_argument_provenance(value.provenance)
     p = subclass_proxy_from_tensor(
         t, name=name, history=value.provenance,
         inner_history=_thunder_internals.attribute_provenance(value.provenance),

@@ -98,6 +98,7 @@ from thunder_subclass._thunder_internals.thunder_state import (  # noqa: F401
     SetItems,
     attribute_provenance,
     input_size_numbers,
+    is_argument_provenance,
     size_provenance,
     call_in_epilogue,
     constant_rooted_path,

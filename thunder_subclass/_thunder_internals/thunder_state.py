@@ -537,6 +537,17 @@ def size_provenance(tensor_history, dim: int):
     return ProvenanceRecord(PseudoInst.BINARY_SUBSCR, inputs=[shape, wrap_const(dim).provenance])
 
 
+def is_argument_provenance(history) -> bool:
+    """Whether a value of provenance ``history`` is read from the arguments of the traced call (``args[0].w``), as
+    opposed to globals or a module's attributes, from which thunder's prologue cannot unpack size numbers."""
+    from thunder.core.interpreter import PseudoInst
+
+    record = history
+    while record is not None and record.inputs:
+        record = record.inputs[0]
+    return record is not None and record.inst in (PseudoInst.INPUT_ARGS, PseudoInst.INPUT_KWARGS)
+
+
 def input_size_numbers(sizes, tensor_history) -> tuple:
     """Number proxies for the sizes of a tensor input (``<tensor>.shape[i]``), unchecked by the prologue unless
     pinned, as thunder makes them for plain tensors under ``cache="symbolic values"``."""
