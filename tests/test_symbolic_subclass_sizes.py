@@ -225,3 +225,61 @@ def test_nested_subclass_inputs_keep_static_sizes():
         for attr in ("a", "b"):
             _same(getattr(out, attr), getattr(expected, attr))
     assert _counts(jf) == (2, 1)
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    import tempfile
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    with tempfile.NamedTemporaryFile() as f:
+        dist.init_process_group("gloo", init_method=f"file://{f.name}", rank=0, world_size=1)
+        try:
+            yield init_device_mesh("cpu", (1,))
+        finally:
+            dist.destroy_process_group()
+
+
+def _dtensor(mesh, t, placement):
+    from torch.distributed.tensor import DTensor
+
+    return DTensor.from_local(t, mesh, [placement], run_check=False)
+
+
+def test_dtensor_inputs_of_new_sizes_trace_once(mesh):
+    # a DTensor's flatten context holds its size and strides (TensorMeta): the trace holds them as the call's
+    from torch.distributed.tensor import Replicate, Shard
+
+    f = lambda x, w: ((x @ w).sin() * 2).sum(0)  # noqa: E731
+    jf = thunder_subclass.jit(f, cache="symbolic values")
+    for n, k in ((3, 2), (5, 2), (7, 3)):
+        x, w = _dtensor(mesh, torch.randn(n, 4), Shard(0)), _dtensor(mesh, torch.randn(4, k), Replicate())
+        out, expected = jf(x, w), f(x, w)
+        assert type(out) is type(expected) and out.placements == expected.placements
+        assert out.shape == expected.shape and out.stride() == expected.stride()
+        torch.testing.assert_close(out.to_local(), expected.to_local())
+    assert _counts(jf) == (1, 2)
+
+
+def test_dtensor_training_of_new_sizes_traces_once(mesh):
+    from torch.distributed.tensor import Shard
+
+    def f(x):
+        return (x * x).sum(1).mean()
+
+    jf = thunder_subclass.jit(f, cache="symbolic values")
+    for n in (3, 5, 7):
+        local = torch.randn(n, 4)
+        leaf, leaf_ref = local.clone().requires_grad_(), local.clone().requires_grad_()
+        x, x_ref = _dtensor(mesh, leaf, Shard(0)), _dtensor(mesh, leaf_ref, Shard(0))  # (from_local: not leaves)
+        out, expected = jf(x), f(x_ref)
+        assert type(out) is type(expected)
+        torch.testing.assert_close(out.to_local(), expected.to_local())
+        out.backward()
+        expected.backward()
+        torch.testing.assert_close(leaf.grad, leaf_ref.grad)
+    assert _counts(jf) == (1, 2)

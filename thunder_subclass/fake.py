@@ -493,11 +493,16 @@ class FakeEnv:
         if isinstance(x, SubclassTensorProxy):
             inner = {a: self.to_fake(p) for a, p in x.inner.items()}
             size, stride = outer_size or x.outer_size, x.outer_stride
+            ctx = x.flatten_ctx
             if self.symbols is not None:
+                if x.history is not None and not isinstance(ctx, SizedContext):
+                    # an input: its sizes in its context become the symbols too (DTensor's TensorMeta)
+                    template, found = context_template(ctx, _values(size), _values(stride))
+                    ctx = SizedContext(template) if found else ctx
                 size, stride = self._symbolic_outer(x, size, stride)
             else:  # the values of size numbers (comparing number proxies would record comparisons in the trace)
                 size, stride = _values(size), _values(stride)
-            fake = unflatten_fake(x.subclass_type, inner, x.flatten_ctx, size, stride)
+            fake = unflatten_fake(x.subclass_type, inner, resolve_context(ctx, size, stride), size, stride)
             restore_python_attributes(fake, x.python_attrs)
             self.subclass_inputs.append(x)
         elif self.symbols is not None and not all(type(d) is int for d in x._shape):
@@ -525,7 +530,8 @@ class FakeEnv:
         if requires_grad != fake.requires_grad and fake.is_leaf:
             fake.requires_grad_(requires_grad)
         if fake.requires_grad and fake.is_leaf and not is_marked_leaf(x):
-            non_leaf = _NonLeaf.apply(fake)
+            with self._in_mode():  # (DTensor's dispatch of a symbolic fake needs its fake mode active)
+                non_leaf = _NonLeaf.apply(fake)
             # through dispatch for a subclass: usable only if it kept the value's kind (detach may give a plain tensor)
             if type(non_leaf) is type(fake) and (not isinstance(x, SubclassTensorProxy) or
                                                   non_leaf.__tensor_flatten__()[0] == fake.__tensor_flatten__()[0]):
@@ -534,6 +540,11 @@ class FakeEnv:
                 self._bind_inner(x, fake)  # the detached inner tensors stand for the same inner proxies
         self.bind(x, fake)
         return fake
+
+    def _in_mode(self) -> contextlib.AbstractContextManager:
+        if self.symbols is None or torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None:
+            return contextlib.nullcontext()
+        return self.symbols.mode
 
     def numbers(self, sizes) -> tuple:
         """The sizes (or strides) of a fake result as the proxy's: ints, or, in a symbolic environment, the number
@@ -589,6 +600,123 @@ class FakeEnv:
                     inner = getattr(fake, a)
                     self._bind_inner(p, inner)
                     self.bind(p, inner)
+
+
+class _OuterSizeMarker:
+    """Stands in a flatten context for the value's outer size (``kind`` "size") or strides ("stride"), as a tuple of
+    type ``typ`` (``torch.Size``, ``tuple``)."""
+
+    __slots__ = ("kind", "typ")
+
+    def __init__(self, kind: str, typ: type):
+        self.kind, self.typ = kind, typ
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, _OuterSizeMarker) and (self.kind, self.typ) == (other.kind, other.typ)
+
+    def __hash__(self) -> int:
+        return hash((self.kind, self.typ))
+
+    def __repr__(self) -> str:
+        return f"<outer {self.kind}>"
+
+
+def _same_entries(a: tuple, b: tuple) -> bool:
+    # element-wise identity of sizes without guards: ints by value, SymInts by their expressions
+    if len(a) != len(b) or not a:
+        return False
+    for x, y in zip(a, b):
+        if isinstance(x, torch.SymInt) or isinstance(y, torch.SymInt):
+            if not (isinstance(x, torch.SymInt) and isinstance(y, torch.SymInt)) or x.node.expr != y.node.expr:
+                return False
+        elif type(x) is not int or type(y) is not int or x != y:
+            return False
+    return True
+
+
+def context_template(ctx: Any, size: tuple, stride: tuple) -> tuple[Any, bool]:
+    """``(template, found)``: flatten context ``ctx`` with each tuple (a ``torch.Size``, a named tuple's field) equal
+    to the value's outer ``size`` or ``stride`` replaced by a marker (DTensor's ``TensorMeta(shape, stride, dtype)``).
+    Tuples, lists, named tuples and dicts are searched."""
+    found = [False]
+    size, stride = tuple(size), tuple(stride)
+
+    def walk(x):
+        if isinstance(x, tuple) and not hasattr(x, "_fields") and x and all(
+                type(v) is int or isinstance(v, torch.SymInt) for v in x):
+            if _same_entries(x, size):
+                found[0] = True
+                return _OuterSizeMarker("size", type(x))
+            if _same_entries(x, stride):
+                found[0] = True
+                return _OuterSizeMarker("stride", type(x))
+            return x
+        if isinstance(x, tuple) and hasattr(x, "_fields"):
+            return type(x)(*(walk(v) for v in x))
+        if type(x) in (tuple, list):
+            return type(x)(walk(v) for v in x)
+        if type(x) is dict:
+            return {k: walk(v) for k, v in x.items()}
+        return x
+
+    template = walk(ctx)
+    return template, found[0]
+
+
+def context_with_sizes(template: Any, size: tuple, stride: tuple) -> Any:
+    """``template`` (:func:`context_template`) with its markers replaced by ``size`` and ``stride``."""
+
+    def walk(x):
+        if isinstance(x, _OuterSizeMarker):
+            return x.typ(size if x.kind == "size" else stride)
+        if isinstance(x, tuple) and hasattr(x, "_fields"):
+            return type(x)(*(walk(v) for v in x))
+        if type(x) in (tuple, list):
+            return type(x)(walk(v) for v in x)
+        if type(x) is dict:
+            return {k: walk(v) for k, v in x.items()}
+        return x
+
+    return walk(template)
+
+
+def has_symints(x: Any) -> bool:
+    """Whether ``x`` (a flatten context) holds a SymInt in a tuple, list, named tuple or dict."""
+    if isinstance(x, torch.SymInt):
+        return True
+    if isinstance(x, (tuple, list)):
+        return any(has_symints(v) for v in x)
+    if type(x) is dict:
+        return any(has_symints(v) for v in x.values())
+    return False
+
+
+class SizedContext:
+    """The flatten context of a value computed with symbolic sizes whose context holds its outer size or strides
+    (DTensor's ``TensorMeta``): a template (:func:`context_template`) completed with the value's sizes where it is
+    used (:meth:`resolve`: in fake runs with their symbols, when the trace runs with the actual sizes)."""
+
+    __slots__ = ("template",)
+
+    def __init__(self, template: Any):
+        self.template = template
+
+    def resolve(self, size: tuple, stride: tuple) -> Any:
+        return context_with_sizes(self.template, size, stride)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, SizedContext) and other.template == self.template
+
+    def __hash__(self) -> int:
+        return hash(repr(self.template))
+
+    def __repr__(self) -> str:
+        return f"SizedContext({self.template!r})"
+
+
+def resolve_context(ctx: Any, size: tuple, stride: tuple) -> Any:
+    """A flatten context as ``__tensor_unflatten__`` takes it, for a value of this outer size and strides."""
+    return ctx.resolve(tuple(size), tuple(stride)) if isinstance(ctx, SizedContext) else ctx
 
 
 def _values(sizes) -> tuple:

@@ -46,6 +46,8 @@ from thunder_subclass.errors import (
 from thunder_subclass.executor import subclass_executor
 from thunder_subclass.fake import (
     FakeEnv,
+    context_template,
+    context_with_sizes,
     ValueSource,
     real_execution,
     remember_value_source,
@@ -108,7 +110,7 @@ class SubclassSpec:
     context object cannot be printed.)"""
 
     __slots__ = ("subclass_type", "attr_names", "flatten_ctx", "opaque", "meta", "inner", "python_attrs",
-                 "strides", "contiguous", "_inner_items", "_metadata_guard")
+                 "strides", "contiguous", "ctx_template", "_inner_items", "_metadata_guard")
 
     def __init__(self, subclass_type: type, attr_names: tuple[str, ...], flatten_ctx: Any, opaque=None,
                  meta: tuple | None = None, inner: dict | None = None, python_attrs: dict | None = None,
@@ -117,6 +119,9 @@ class SubclassSpec:
         # the outer tensor (None) and the plain inner tensors (by name) with symbolic sizes: their fakes were
         # contiguous in the symbols, so they must be contiguous (strides of their own sizes)
         self.contiguous = frozenset(contiguous)
+        # with symbolic outer sizes: the flatten context with the outer size and strides it holds as markers
+        # (fake.context_template); the call's context must be it with the call's outer size and strides
+        self.ctx_template = None
         self.attr_names = tuple(attr_names)
         self.flatten_ctx = flatten_ctx
         # opaque attributes: name -> (type, its guard_fn's values when traced)
@@ -160,6 +165,10 @@ class SubclassSpec:
                     strides[a] = stride
         spec = cls(p.subclass_type, p.attr_names, p.flatten_ctx, opaque, _tensor_meta(p), inner,
                    _not_restored_by_unflatten(p), strides, frozenset(contiguous))
+        if None in contiguous:
+            values = tuple(int(d.value) if isinstance(d, NumberProxy) else d for d in p._shape)
+            template, found = context_template(p.flatten_ctx, values, p.outer_stride)
+            spec.ctx_template = template if found else None
         p.__dict__[_SPEC_ATTR] = spec
         return spec
 
@@ -206,9 +215,14 @@ class SubclassSpec:
             for name, value in self.python_attrs.items():
                 if not is_same_value(getattr(t, name, _MISSING), value):  # __dict__ or __slots__
                     return False
+        expected = self.flatten_ctx if self.ctx_template is None else self._expected_ctx(t)
         if self._metadata_guard is not None:
-            return bool(self._metadata_guard(self.flatten_ctx, ctx))
-        return bool(ctx == self.flatten_ctx)
+            return bool(self._metadata_guard(expected, ctx))
+        return bool(ctx == expected)
+
+    def _expected_ctx(self, t) -> Any:
+        """The flatten context this trace holds for ``t``: the traced one with ``t``'s outer size and strides."""
+        return context_with_sizes(self.ctx_template, tuple(t.shape), tuple(t.stride()))
 
     def _opaque_match(self, t) -> bool:
         for attr, (typ, values) in self.opaque.items():
@@ -269,10 +283,11 @@ class SubclassSpec:
         for name, value in self.python_attrs.items():
             x, c = fresh(), const(value)
             parts.append(f"(({x} := getattr({v}, {const(name)}, _MISSING)) is {c} or _same({x}, {c}))")
+        expected = const(self.flatten_ctx) if self.ctx_template is None else f"{const(self)}._expected_ctx({v})"
         if self._metadata_guard is not None:
-            parts.append(f"bool({const(self._metadata_guard)}({const(self.flatten_ctx)}, {flat}[1]))")
+            parts.append(f"bool({const(self._metadata_guard)}({expected}, {flat}[1]))")
         else:
-            parts.append(f"bool({flat}[1] == {const(self.flatten_ctx)})")
+            parts.append(f"bool({flat}[1] == {expected})")
         return "(" + " and ".join(p for p in parts if p) + ")"
 
 

@@ -39,7 +39,9 @@ from thunder.core.trace import get_tracectx
 
 from thunder_subclass._thunder_internals import (
     ShapeSymbols,
+    SymbolicSizeError,
     add_size_guards,
+    holds_mask,
     fake_run_replacement,
     is_interpreting,
     symbolic_values_active,
@@ -60,7 +62,9 @@ from thunder_subclass.errors import (
     UnsupportedTracingError,
     format_location,
 )
-from thunder_subclass.fake import FakeEnv, fake_execution, real_execution
+from thunder_subclass.fake import (
+    FakeEnv, SizedContext, context_template, fake_execution, has_symints, real_execution,
+)
 from thunder_subclass.proxy import (
     SubclassTensorProxy,
     flatten_tensor,
@@ -385,6 +389,11 @@ def _proxy_for_result(x: Any, env: FakeEnv, scope: list, what: str) -> Any:
     if is_traceable_wrapper_subclass(x):
         attrs, ctx = flatten_tensor(x)
         ctx = env.own_context(ctx)
+        if env.symbols is not None and has_symints(ctx):  # its outer size in its context (DTensor's TensorMeta)
+            template, _ = context_template(ctx, x.shape, x.stride())
+            if has_symints(template) or holds_mask(ctx, unreduced=False):
+                raise SymbolicSizeError(f"the flatten context of a {type(x).__qualname__} result holds sizes")
+            ctx = SizedContext(template)
         inner = {a: _proxy_for_result(getattr(x, a), env, scope, what) for a in attrs}
         out = SubclassTensorProxy(
             None,

@@ -42,7 +42,7 @@ from thunder_subclass.errors import (
     format_location,
 )
 from thunder_subclass.executor import register_symbol, subclass_executor
-from thunder_subclass.fake import FakeEnv, fake_execution, torch_device, torch_dtype
+from thunder_subclass.fake import FakeEnv, fake_execution, resolve_context, torch_device, torch_dtype
 from thunder_subclass.flatten import Flattener, flatten_subclasses, is_subclass_level
 from thunder_subclass.subclass_symbols import is_flatten_bsym, is_unflatten_bsym
 from thunder_subclass.proxy import OpaqueObjectProxy, SubclassTensorProxy, proxy_kind, runtime_kind, subclass_proxy_from_tensor
@@ -316,7 +316,8 @@ def _zeros_of(p):
         )
     if isinstance(p, SubclassTensorProxy):
         inner = {a: q.value if isinstance(q, OpaqueObjectProxy) else _zeros_of(q) for a, q in p.inner.items()}
-        return p.subclass_type.__tensor_unflatten__(inner, p.flatten_ctx, p.outer_size, p.outer_stride)
+        ctx = resolve_context(p.flatten_ctx, p.outer_size, p.outer_stride)
+        return p.subclass_type.__tensor_unflatten__(inner, ctx, p.outer_size, p.outer_stride)
     return torch.zeros(tuple(p._shape), dtype=torch_dtype(p), device=torch_device(p))
 
 
