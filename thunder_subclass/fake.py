@@ -4,6 +4,12 @@ In: thunder proxies (plain and subclass). Out: fake tensors with the same metada
 ``__tensor_unflatten__`` on fake inner tensors), and proxies for fake results. Used by interpretation (running an
 operation on fake subclass instances) and by the metas of aten-level symbols.
 
+Symbolic sizes: under ``cache="symbolic values"`` a recording may give its :class:`FakeEnv` a
+``_thunder_internals.ShapeSymbols``: fakes then get the symbols of the proxies' size numbers (contiguous strides in
+them; an argument's flatten context that holds its outer size and strides, DTensor's ``TensorMeta``, gets them too:
+:func:`context_template`), the run goes under that ShapeEnv's fake mode, and sizes of results map back to number
+proxies (:meth:`FakeEnv.numbers`); a result whose context holds its sizes keeps a :class:`SizedContext`.
+
 Known values: fakes of integer inputs (a jagged NestedTensor's offsets and lengths, 1-D integer arguments) know their
 real values (:class:`ValueSource`, :meth:`FakeEnv.known_value`), and so do results of aten calls on such fakes only
 (:meth:`FakeEnv.propagate_values`); dispatch that reads them (``.tolist()``) gets them, and the inputs they come from

@@ -15,7 +15,9 @@ the torch, torch_compile and nvFuser executors can claim. One forward sweep with
   types, and torch-level symbols whose argument kinds changed are traced again (through ``__torch_dispatch__`` when
   they now see a subclass);
 * ``unflatten_<Cls>`` whose result nothing uses any more is removed by thunder's dead-code elimination, which runs
-  right after this pass: subclass objects are built only where they leave the compiled function.
+  right after this pass: subclass objects are built only where they leave the compiled function;
+* under symbolic sizes, a size number that an inlined symbol names and nothing defines at the top level (it was
+  defined inside a torch symbol's decomposition) gets a ``tensor_sizes`` of a tensor that has it, before its use.
 
 Called from the ``_transform_for_operator_executor_execution`` hook in ``_thunder_internals``, i.e. after
 ``grad_transform_on_trace`` and before executors claim operations, for the forward and backward alike (they are one

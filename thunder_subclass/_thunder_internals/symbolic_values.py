@@ -1,10 +1,11 @@
 """thunder's ``cache="symbolic values"`` for plugin jits.
 
-Plain inputs' sizes and number inputs become NumberProxies whose values the prologue does not check.
-thunder_subclass runs subclass operations on fakes of the current sizes (no ShapeEnv), so every number that reaches a
-fake run is pinned (:func:`pin_numbers`, called by ``thunder_subclass.fake`` where a proxy becomes a fake: the input
-numbers it is computed from get a value check in the prologue); sizes that only meet plain operations stay symbolic
-(transformers' DynamicCache length in decoding: one trace for every decode step). The hooks below fix what thunder
+Plain inputs' sizes, subclass arguments' sizes and number inputs become NumberProxies whose values the prologue does
+not check. Subclass operations run on fakes whose sizes are symbols of a torch ``ShapeEnv`` (:class:`ShapeSymbols`,
+torch's ``torch/fx/experimental/symbolic_shapes.py``); what a run relied on becomes a prologue check
+(:func:`add_size_guards`). Where that cannot be done, the operation runs on fakes of the current sizes and every
+number that reaches it is pinned (:func:`pin_numbers`, called by ``thunder_subclass.fake`` where a proxy becomes a
+fake: the input numbers it is computed from get a value check in the prologue). The hooks below fix what thunder
 0.2.6 itself gets wrong under symbolic values; each acts only for a plugin jit with that cache option:
 ``jit_ext.unpack_inputs`` (parameters tagged ``STATIC_MEMORY_LOCATION``: :func:`unpacked_parameters_tagged`, entered
 by :mod:`.interpreter_fixes`' hook of it), ``StringProxy``'s comparison methods
