@@ -75,6 +75,16 @@ def test_views_whose_sizes_are_sums_and_products_of_sizes_trace_once():
     assert _counts(jf) == (1, 2)
 
 
+def test_a_transposed_value_keeps_its_layout_in_later_operations():
+    # x.t() * 2 is a transposed TwoTensor: the reshape after it copies (a view would fail when the trace runs)
+    f = lambda x: (x.t() * 2).reshape(-1) + x[:, 1:3].sum()  # noqa: E731
+    jf = thunder_subclass.jit(f, cache="symbolic values")
+    for n in (3, 5, 7):
+        x = _two(n)
+        _same(jf(x), f(x))
+    assert _counts(jf) == (1, 2)
+
+
 def test_training_with_backward_traces_once():
     def f(x, w):
         return ((x @ w).sin() * 2).sum(0).sum()

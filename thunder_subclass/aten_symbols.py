@@ -211,7 +211,7 @@ def proxy_from_fake(x: Any, env: FakeEnv | None = None) -> Any:
         dtype=dtypes.to_dtype(x.dtype),
         requires_grad=x.requires_grad,
     )
-    return remember_stride(p, x)
+    return remember_stride(p, x, env)
 
 
 def aten_symbol(op: OpOverload) -> Symbol:
@@ -359,7 +359,7 @@ def record_aten_call(op: OpOverload, args: tuple, kwargs: dict, fake_out: Any, e
                 and all(_same_metadata(p, f, env) for p, f in zip(flat_out, flat_fake)):
             for p, f in zip(flat_out, flat_fake):
                 if isinstance(f, torch.Tensor):
-                    env.bind(remember_stride(p, f), f)
+                    env.bind(remember_stride(p, f, env), f)
             return
         del scope[mark:]
 

@@ -230,10 +230,23 @@ def recorded_stride(p: TensorProxy) -> tuple[int, ...] | None:
     return p.__dict__.get(_STRIDE_ATTR)
 
 
-def remember_stride(p: TensorProxy, t: torch.Tensor) -> TensorProxy:
+def remember_stride(p: TensorProxy, t: torch.Tensor, env: FakeEnv | None = None) -> TensorProxy:
     if not isinstance(p, SubclassTensorProxy):
-        p.__dict__[_STRIDE_ATTR] = tuple(t.stride())
+        stride = tuple(t.stride())
+        if any(isinstance(s, torch.SymInt) for s in stride):
+            # a fake with symbolic sizes (``env``'s): its strides as number proxies, for the fakes made of ``p``
+            # later (a transposed inner tensor stays transposed: a later reshape is not recorded as a view)
+            if env is not None and env.symbols is not None:
+                try:
+                    p.__dict__[_SYMBOLIC_STRIDE_ATTR] = env.numbers(stride)
+                except SymbolicSizeError:
+                    pass
+            return p
+        p.__dict__[_STRIDE_ATTR] = stride
     return p
+
+
+_SYMBOLIC_STRIDE_ATTR = "_thunder_subclass_symbolic_stride"
 
 
 def torch_argument(x: Any) -> Any:
@@ -515,8 +528,13 @@ class FakeEnv:
             if nested_int_of(x) is not None or value_source(x) is not None:
                 raise SymbolicSizeError("ragged sizes and known values are not kept symbolic")
             shape = [self._size(d) for d in x._shape]
-            with self.symbols.mode:  # contiguous in the symbols
-                fake = torch.empty(shape, dtype=torch_dtype(x), device=torch_device(x))
+            strides = x.__dict__.get(_SYMBOLIC_STRIDE_ATTR)
+            with self.symbols.mode:  # the strides a symbolic run gave it, else contiguous in the symbols
+                if strides is not None and len(strides) == len(shape):
+                    fake = torch.empty_strided(shape, [self._size(d) for d in strides], dtype=torch_dtype(x),
+                                               device=torch_device(x))
+                else:
+                    fake = torch.empty(shape, dtype=torch_dtype(x), device=torch_device(x))
         else:
             with (self.symbols.mode if self.symbols is not None else fake_mode()):
                 fake = torch.empty_strided(

@@ -586,7 +586,10 @@ class SizeCondition:
 
     def __call__(self, *values) -> bool:
         if self._fn is not None:
-            return self._fn(*values)
+            try:
+                return self._fn(*values)
+            except Exception:  # noqa: BLE001 - printed code Python cannot run: evaluated with sympy from now on
+                self._fn = None
         import sympy
 
         subs = {s: sympy.Integer(v) for s, v in zip(self._symbols, values)}
