@@ -409,7 +409,8 @@ class ShapeSymbols:
     What the runs rely on becomes a prologue check (:func:`add_size_guards`): the guards the ShapeEnv recorded
     (``Eq(s0, s1)`` from a matmul's inner dims, a branch on a size inside dispatch) and the range it assumed for
     each symbol (>= 2: it specialises 0 and 1, and those numbers are pinned). A size of a result maps back to a
-    number proxy only where it is a bare symbol or a constant (:meth:`number`; otherwise :class:`SymbolicSizeError`).
+    number proxy where it is a bare symbol, a constant, or a sum or product of those (:meth:`number`; otherwise
+    :class:`SymbolicSizeError`).
 
     Owner: the FakeEnv that made it, and the copies of that environment (a backward recorded on a forward's fakes);
     freed with them."""
