@@ -225,16 +225,31 @@ def test_a_module_trained_on_subclass_inputs_of_new_batch_sizes_traces_once():
     assert _counts(jmodel) == (1, 2)
 
 
-def test_nested_subclass_inputs_keep_static_sizes():
-    # the outer sizes of a subclass nested inside another are not made symbolic: one trace per size, eager's values
-    f = lambda x: (x * 2).sum(0)  # noqa: E731
+def test_nested_subclass_inputs_trace_once():
+    # a TwoTensor of TwoTensors: the nested values' outer sizes are symbolic too
+    f = lambda x: (x * 2).sum(0) + x.mean()  # noqa: E731
     jf = thunder_subclass.jit(f, cache="symbolic values")
-    for n in (3, 5, 3):
+    for n in (3, 5, 7):
         x = TwoTensor(TwoTensor(torch.randn(n, 4), torch.randn(n, 4)), TwoTensor(torch.randn(n, 4), torch.randn(n, 4)))
         out, expected = jf(x), f(x)
+        assert type(out) is type(expected)
         for attr in ("a", "b"):
             _same(getattr(out, attr), getattr(expected, attr))
-    assert _counts(jf) == (2, 1)
+    assert _counts(jf) == (1, 2)
+
+
+def test_a_quantized_weight_argument_of_new_sizes_traces_once():
+    # QuantizedWeight: int8 data (out, in) and a per-row scale (out,); dispatch dequantizes to float32
+    from subclasses import quantize
+
+    f = lambda x, w: torch.nn.functional.linear(x, w) * 2  # noqa: E731
+    jf = thunder_subclass.jit(f, cache="symbolic values")
+    for n, out_features in ((3, 5), (4, 6), (7, 5), (2, 9)):
+        x, w = torch.randn(n, 8), quantize(torch.randn(out_features, 8))
+        out, expected = jf(x, w), f(x, w)
+        assert out.dtype == expected.dtype
+        _same(out, expected)
+    assert _counts(jf) == (1, 3)
 
 
 @pytest.fixture(scope="module")
