@@ -128,7 +128,7 @@ def test_a_non_contiguous_input_is_a_new_trace():
     assert _counts(jf) == (2, 0)
 
 
-def test_a_subclass_with_a_size_in_its_flatten_context_stays_correct():
+def test_a_scaled_tensor_input_of_new_sizes_traces_once():
     # ScaledTensor computes on data * factor and returns plain tensors; its factor is in the flatten context
     f = lambda x: (x * 1.0).sum(0)  # noqa: E731
     jf = thunder_subclass.jit(f, cache="symbolic values")
