@@ -30,7 +30,7 @@ import thunder.core.prims as prims
 import thunder.torch as ltorch
 import thunder.core.devices as devices
 import thunder.core.dtypes as dtypes
-from thunder.core.proxies import TensorProxy
+from thunder.core.proxies import NumberProxy, TensorProxy
 from thunder.core.pytree import tree_flatten, tree_map
 from thunder.core.symbol import Symbol
 
@@ -200,18 +200,18 @@ def _fake_meta(op: OpOverload) -> Callable:
     return meta
 
 
-def proxy_from_fake(x: Any) -> Any:
-    """A plain ``TensorProxy`` with the metadata of fake tensor ``x`` (non-tensors are returned unchanged)."""
+def proxy_from_fake(x: Any, env: FakeEnv | None = None) -> Any:
+    """A plain ``TensorProxy`` with the metadata of fake tensor ``x`` (non-tensors are returned unchanged). Its sizes
+    are ints, or, for a fake of a symbolic environment ``env``, the number proxies its symbols stand for."""
     if not isinstance(x, torch.Tensor):
         return x
-    # static metadata: fake tensors here carry concrete sizes (no ShapeEnv), also under cache="symbolic values"
     p = TensorProxy(
-        shape=tuple(int(s) for s in x.shape),
+        shape=_sizes_of(x, env),
         device=devices.to_device(x.device),
         dtype=dtypes.to_dtype(x.dtype),
         requires_grad=x.requires_grad,
     )
-    return remember_stride(p, x)
+    return remember_stride(p, x, env)
 
 
 def aten_symbol(op: OpOverload) -> Symbol:
@@ -302,13 +302,27 @@ def _writes_and_returns_first_argument(op: OpOverload) -> bool:
     return first is not None and first.is_write and ret is not None and ret.is_write
 
 
-def _same_metadata(p: Any, fake: Any) -> bool:
+def _sizes_of(x: torch.Tensor, env: FakeEnv | None) -> tuple:
+    if env is not None and env.symbols is not None:
+        return env.numbers(x.shape)
+    return tuple(int(s) for s in x.shape)
+
+
+def _same_size(a: Any, b: Any) -> bool:
+    # a size of a thunder proxy and of a fake's (as the proxy's): the same number proxy, or equal ints
+    if isinstance(a, NumberProxy) or isinstance(b, NumberProxy):
+        return isinstance(a, NumberProxy) and isinstance(b, NumberProxy) and a.name == b.name
+    return a == b
+
+
+def _same_metadata(p: Any, fake: Any, env: FakeEnv | None = None) -> bool:
     if isinstance(fake, torch.Tensor):
-        return (
-            isinstance(p, TensorProxy)
-            and tuple(p._shape) == tuple(fake.shape)
-            and torch_dtype(p) == fake.dtype
-        )
+        if not isinstance(p, TensorProxy) or torch_dtype(p) != fake.dtype:
+            return False
+        if env is not None and env.symbols is not None:
+            sizes = _sizes_of(fake, env)
+            return len(sizes) == len(p._shape) and all(map(_same_size, p._shape, sizes))
+        return tuple(p._shape) == tuple(fake.shape)
     return not isinstance(p, TensorProxy)
 
 
@@ -341,15 +355,16 @@ def record_aten_call(op: OpOverload, args: tuple, kwargs: dict, fake_out: Any, e
             out = None
         flat_out, _ = tree_flatten(out)
         flat_fake = pytree.tree_leaves(fake_out)
-        if out is not None and len(flat_out) == len(flat_fake) and all(map(_same_metadata, flat_out, flat_fake)):
+        if out is not None and len(flat_out) == len(flat_fake) \
+                and all(_same_metadata(p, f, env) for p, f in zip(flat_out, flat_fake)):
             for p, f in zip(flat_out, flat_fake):
                 if isinstance(f, torch.Tensor):
-                    env.bind(remember_stride(p, f), f)
+                    env.bind(remember_stride(p, f, env), f)
             return
         del scope[mark:]
 
     flat_fake, spec = pytree.tree_flatten(fake_out)
-    flat_out = [proxy_from_fake(f) for f in flat_fake]
+    flat_out = [proxy_from_fake(f, env) for f in flat_fake]
     out = pytree.tree_unflatten(flat_out, spec)
     bsym = _registered.get(op, None) or aten_symbol(op)
     bsym = bsym.bind(*args, **kwargs, output=out)

@@ -64,9 +64,12 @@ from thunder_subclass.interpretation import (
 )
 from thunder_subclass.rules import call_rule, find_grad_rule
 from thunder_subclass._thunder_internals import (
-    holds_mask, newest_version, runs_natively, source_location, thunder_resolves_method, torch_to_thunder_symbols,
+    SymbolicSizeError, add_size_guards, holds_mask, newest_version, runs_natively, source_location,
+    thunder_resolves_method, torch_to_thunder_symbols,
 )
-from thunder_subclass.errors import SubclassDispatchError, UnsupportedSubclassOperationError, format_location
+from thunder_subclass.errors import (
+    SubclassDispatchError, UnsupportedSubclassOperationError, UnsupportedTracingError, format_location,
+)
 
 __all__ = [
     "GradRecipe", "ensure_grad_rule", "is_grad_bsym", "is_container_bsym", "record_backward", "differentiate_call",
@@ -392,6 +395,14 @@ def record_backward(recipe: GradRecipe, grads, saved=None) -> tuple[list, list]:
     with recording_backward():
         input_grads = emit_calls(env, recorder.calls, list(fake_input_grads), scope,
                                  f"the backward of {recipe.what}", recipe.subclasses, flatten_from=mark)
+    if env.symbols is not None:  # symbolic sizes: the backward may rely only on what the prologue checks
+        try:
+            add_size_guards(env.symbols)
+        except SymbolicSizeError as e:
+            raise UnsupportedTracingError(
+                f"the backward of {recipe.what} on {recipe.subclasses} cannot be traced with symbolic sizes ({e}); "
+                "pass dynamic=False to thunder_subclass.jit (or cache=\"constant values\") for one trace per size."
+            ) from e
     return input_grads, scope
 
 
@@ -611,7 +622,7 @@ def involves_subclass(cls: type, args: tuple, kwargs: dict) -> bool:
     (``ctx.t = t``), which its ``backward`` may change: thunder 0.2.6's own handling of Functions traces ``forward``
     into a trace of its own whose in-place updates of inputs never reach the caller, and its backward cannot read a
     tensor kept on ``ctx`` (``UnboundLocalError`` in the generated backward)."""
-    env = FakeEnv()
+    env = FakeEnv(pin=False)  # (a probe: the recording that follows pins or keeps the sizes symbolic)
     recorder = RecordingMode()
     try:
         fargs, fkwargs = tree_map(env.to_fake, (args, kwargs))

@@ -4,6 +4,12 @@ In: thunder proxies (plain and subclass). Out: fake tensors with the same metada
 ``__tensor_unflatten__`` on fake inner tensors), and proxies for fake results. Used by interpretation (running an
 operation on fake subclass instances) and by the metas of aten-level symbols.
 
+Symbolic sizes: under ``cache="symbolic values"`` a recording may give its :class:`FakeEnv` a
+``_thunder_internals.ShapeSymbols``: fakes then get the symbols of the proxies' size numbers (contiguous strides in
+them; an argument's flatten context that holds its outer size and strides, DTensor's ``TensorMeta``, gets them too:
+:func:`context_template`), the run goes under that ShapeEnv's fake mode, and sizes of results map back to number
+proxies (:meth:`FakeEnv.numbers`); a result whose context holds its sizes keeps a :class:`SizedContext`.
+
 Known values: fakes of integer inputs (a jagged NestedTensor's offsets and lengths, 1-D integer arguments) know their
 real values (:class:`ValueSource`, :meth:`FakeEnv.known_value`), and so do results of aten calls on such fakes only
 (:meth:`FakeEnv.propagate_values`); dispatch that reads them (``.tolist()``) gets them, and the inputs they come from
@@ -26,6 +32,8 @@ from thunder.core.proxies import NumberProxy, Proxy, TensorProxy
 from thunder.core.pytree import tree_flatten
 
 from thunder_subclass._thunder_internals import (
+    ShapeSymbols,
+    SymbolicSizeError,
     fake_tensor_mode_class,
     is_interpreting,
     isolated_mask_buffers,
@@ -222,10 +230,23 @@ def recorded_stride(p: TensorProxy) -> tuple[int, ...] | None:
     return p.__dict__.get(_STRIDE_ATTR)
 
 
-def remember_stride(p: TensorProxy, t: torch.Tensor) -> TensorProxy:
+def remember_stride(p: TensorProxy, t: torch.Tensor, env: FakeEnv | None = None) -> TensorProxy:
     if not isinstance(p, SubclassTensorProxy):
-        p.__dict__[_STRIDE_ATTR] = tuple(t.stride())
+        stride = tuple(t.stride())
+        if any(isinstance(s, torch.SymInt) for s in stride):
+            # a fake with symbolic sizes (``env``'s): its strides as number proxies, for the fakes made of ``p``
+            # later (a transposed inner tensor stays transposed: a later reshape is not recorded as a view)
+            if env is not None and env.symbols is not None:
+                try:
+                    p.__dict__[_SYMBOLIC_STRIDE_ATTR] = env.numbers(stride)
+                except SymbolicSizeError:
+                    pass
+            return p
+        p.__dict__[_STRIDE_ATTR] = stride
     return p
+
+
+_SYMBOLIC_STRIDE_ATTR = "_thunder_subclass_symbolic_stride"
 
 
 def torch_argument(x: Any) -> Any:
@@ -312,7 +333,13 @@ def value_source(p: Any) -> ValueSource | None:
 class FakeEnv:
     """Maps proxies to fake tensors (for running an operation) and fake results back to proxies."""
 
-    def __init__(self):
+    def __init__(self, symbols: ShapeSymbols | None = None, *, pin: bool = True):
+        # under cache="symbolic values", where the caller can fall back to pinned sizes (recording.record_call):
+        # fakes get symbolic sizes of this ShapeEnv and the run goes under its fake mode (see symbolic_sizes)
+        self.symbols = symbols
+        # pin: numbers that reach fakes are pinned under cache="symbolic values" (False for a fake run whose result
+        # the trace does not depend on: which instance attributes __tensor_unflatten__ restores)
+        self.pin = pin
         self._fake_of: dict[int, torch.Tensor] = {}  # id(proxy) -> fake
         self._proxy_of: dict[int, TensorProxy] = {}  # id(fake) -> proxy
         self._keep: list[Any] = []  # keeps fakes alive so ids stay unique
@@ -349,7 +376,7 @@ class FakeEnv:
 
     def copy(self) -> FakeEnv:
         """A new environment that starts with this one's bindings (for recording a backward on a forward)."""
-        new = FakeEnv()
+        new = FakeEnv(self.symbols, pin=self.pin)
         new._fake_of = dict(self._fake_of)
         new._proxy_of = dict(self._proxy_of)
         new._keep = list(self._keep)
@@ -462,7 +489,11 @@ class FakeEnv:
         function that was a leaf (``proxy.mark_leaf``); other values are non-leaf, as in eager, so in-place ops on
         them run as eager runs them. ``outer_size``: the size of a subclass fake, when it is not the proxy's (the
         gradient of an output has the output's ragged sizes, also when the output was traced again)."""
-        pin_numbers(x)  # under cache="symbolic values": the fake run holds for these values only
+        if self.symbols is not None:
+            if isinstance(x, NumberProxy):
+                return self._number(x)
+        elif self.pin:
+            pin_numbers(x)  # under cache="symbolic values": the fake run holds for these values only
         if isinstance(x, NumberProxy):
             return x.value
         if isinstance(x, (dtypes.dtype, devices.Device)):
@@ -480,11 +511,32 @@ class FakeEnv:
         requires_grad = bool(x.requires_grad) if requires_grad is None else requires_grad
         if isinstance(x, SubclassTensorProxy):
             inner = {a: self.to_fake(p) for a, p in x.inner.items()}
-            fake = unflatten_fake(x.subclass_type, inner, x.flatten_ctx, outer_size or x.outer_size, x.outer_stride)
+            size, stride = outer_size or x.outer_size, x.outer_stride
+            ctx = x.flatten_ctx
+            if self.symbols is not None:
+                if x.history is not None and not isinstance(ctx, SizedContext):
+                    # an input: its sizes in its context become the symbols too (DTensor's TensorMeta)
+                    template, found = context_template(ctx, _values(size), _values(stride))
+                    ctx = SizedContext(template) if found else ctx
+                size, stride = self._symbolic_outer(x, size, stride)
+            else:  # the values of size numbers (comparing number proxies would record comparisons in the trace)
+                size, stride = _values(size), _values(stride)
+            fake = unflatten_fake(x.subclass_type, inner, resolve_context(ctx, size, stride), size, stride)
             restore_python_attributes(fake, x.python_attrs)
             self.subclass_inputs.append(x)
+        elif self.symbols is not None and not all(type(d) is int for d in x._shape):
+            if nested_int_of(x) is not None or value_source(x) is not None:
+                raise SymbolicSizeError("ragged sizes and known values are not kept symbolic")
+            shape = [self._size(d) for d in x._shape]
+            strides = x.__dict__.get(_SYMBOLIC_STRIDE_ATTR)
+            with self.symbols.mode:  # the strides a symbolic run gave it, else contiguous in the symbols
+                if strides is not None and len(strides) == len(shape):
+                    fake = torch.empty_strided(shape, [self._size(d) for d in strides], dtype=torch_dtype(x),
+                                               device=torch_device(x))
+                else:
+                    fake = torch.empty(shape, dtype=torch_dtype(x), device=torch_device(x))
         else:
-            with fake_mode():
+            with (self.symbols.mode if self.symbols is not None else fake_mode()):
                 fake = torch.empty_strided(
                     tuple(x._shape), stride_of(x), dtype=torch_dtype(x), device=torch_device(x)
                 )
@@ -502,7 +554,8 @@ class FakeEnv:
         if requires_grad != fake.requires_grad and fake.is_leaf:
             fake.requires_grad_(requires_grad)
         if fake.requires_grad and fake.is_leaf and not is_marked_leaf(x):
-            non_leaf = _NonLeaf.apply(fake)
+            with self._in_mode():  # (DTensor's dispatch of a symbolic fake needs its fake mode active)
+                non_leaf = _NonLeaf.apply(fake)
             # through dispatch for a subclass: usable only if it kept the value's kind (detach may give a plain tensor)
             if type(non_leaf) is type(fake) and (not isinstance(x, SubclassTensorProxy) or
                                                   non_leaf.__tensor_flatten__()[0] == fake.__tensor_flatten__()[0]):
@@ -512,6 +565,58 @@ class FakeEnv:
         self.bind(x, fake)
         return fake
 
+    def _in_mode(self) -> contextlib.AbstractContextManager:
+        if self.symbols is None or torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None:
+            return contextlib.nullcontext()
+        return self.symbols.mode
+
+    def numbers(self, sizes) -> tuple:
+        """The sizes (or strides) of a fake result as the proxy's: ints, or, in a symbolic environment, the number
+        proxies their symbols stand for (a sum or product of symbols: a number computed in the current scope,
+        ``ShapeSymbols.number``)."""
+        if self.symbols is None:
+            return tuple(sizes)
+        return tuple(self.symbols.number(d, compute=True) for d in sizes)
+
+    def _size(self, d: Any) -> Any:
+        """A size of a proxy as the fakes of a symbolic environment have it: an int, a pinned number's value, or
+        the symbol of a number proxy."""
+        if isinstance(d, NumberProxy):
+            if d.is_static_constrained():  # pinned (a prologue check of its value)
+                return int(d.value)
+            return self.symbols.symint(d)
+        return int(d)
+
+    def _number(self, x: NumberProxy) -> Any:
+        """A number argument of a fake run in a symbolic environment: the symbol of a size the run's tensors have
+        (a gradient's ``expand`` to an input's size), else the value, pinned."""
+        if self.symbols.knows(x) and not x.is_static_constrained():
+            return self.symbols.symint(x)
+        if x.is_dynamic() and not is_interpreting():
+            raise SymbolicSizeError(f"number {x.name} reaches a fake run after the prologue was made")
+        pin_numbers(x)
+        return x.value
+
+    def _symbolic_outer(self, x: SubclassTensorProxy, size: tuple, stride: tuple) -> tuple[tuple, tuple]:
+        """The outer size and strides of the fake of subclass proxy ``x`` in a symbolic environment: symbols where
+        ``x``'s sizes are number proxies; strides contiguous in them where they were contiguous, else its own."""
+        if x.nested_sizes:
+            raise SymbolicSizeError("ragged sizes are not kept symbolic")
+        sym_size = tuple(self._size(d) for d in size)
+        if x.history is None:  # a computed value: its strides were mapped from a fake run's (ints are constants)
+            return sym_size, tuple(self._size(d) for d in stride)
+        values = tuple(int(d.value) if isinstance(d, NumberProxy) else int(d) for d in size)
+        stride_values = tuple(int(d.value) if isinstance(d, NumberProxy) else int(d) for d in stride)
+        if stride_values == contiguous_strides(values):
+            sym_stride, acc = [], 1
+            for d in reversed(sym_size):
+                sym_stride.append(acc)
+                acc = acc * d
+            return sym_size, tuple(reversed(sym_stride))
+        if all(type(d) is int for d in sym_size):
+            return sym_size, stride_values
+        raise SymbolicSizeError("a non-contiguous subclass value with symbolic sizes")
+
     def _bind_inner(self, x: TensorProxy, fake: torch.Tensor) -> None:
         if isinstance(x, SubclassTensorProxy):
             for a, p in x.inner.items():
@@ -519,6 +624,127 @@ class FakeEnv:
                     inner = getattr(fake, a)
                     self._bind_inner(p, inner)
                     self.bind(p, inner)
+
+
+class _OuterSizeMarker:
+    """Stands in a flatten context for the value's outer size (``kind`` "size") or strides ("stride"), as a tuple of
+    type ``typ`` (``torch.Size``, ``tuple``)."""
+
+    __slots__ = ("kind", "typ")
+
+    def __init__(self, kind: str, typ: type):
+        self.kind, self.typ = kind, typ
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, _OuterSizeMarker) and (self.kind, self.typ) == (other.kind, other.typ)
+
+    def __hash__(self) -> int:
+        return hash((self.kind, self.typ))
+
+    def __repr__(self) -> str:
+        return f"<outer {self.kind}>"
+
+
+def _same_entries(a: tuple, b: tuple) -> bool:
+    # element-wise identity of sizes without guards: ints by value, SymInts by their expressions
+    if len(a) != len(b) or not a:
+        return False
+    for x, y in zip(a, b):
+        if isinstance(x, torch.SymInt) or isinstance(y, torch.SymInt):
+            if not (isinstance(x, torch.SymInt) and isinstance(y, torch.SymInt)) or x.node.expr != y.node.expr:
+                return False
+        elif type(x) is not int or type(y) is not int or x != y:
+            return False
+    return True
+
+
+def context_template(ctx: Any, size: tuple, stride: tuple) -> tuple[Any, bool]:
+    """``(template, found)``: flatten context ``ctx`` with each tuple (a ``torch.Size``, a named tuple's field) equal
+    to the value's outer ``size`` or ``stride`` replaced by a marker (DTensor's ``TensorMeta(shape, stride, dtype)``).
+    Tuples, lists, named tuples and dicts are searched."""
+    found = [False]
+    size, stride = tuple(size), tuple(stride)
+
+    def walk(x):
+        if isinstance(x, tuple) and not hasattr(x, "_fields") and x and all(
+                type(v) is int or isinstance(v, torch.SymInt) for v in x):
+            if _same_entries(x, size):
+                found[0] = True
+                return _OuterSizeMarker("size", type(x))
+            if _same_entries(x, stride):
+                found[0] = True
+                return _OuterSizeMarker("stride", type(x))
+            return x
+        if isinstance(x, tuple) and hasattr(x, "_fields"):
+            return type(x)(*(walk(v) for v in x))
+        if type(x) in (tuple, list):
+            return type(x)(walk(v) for v in x)
+        if type(x) is dict:
+            return {k: walk(v) for k, v in x.items()}
+        return x
+
+    template = walk(ctx)
+    return template, found[0]
+
+
+def context_with_sizes(template: Any, size: tuple, stride: tuple) -> Any:
+    """``template`` (:func:`context_template`) with its markers replaced by ``size`` and ``stride``."""
+
+    def walk(x):
+        if isinstance(x, _OuterSizeMarker):
+            return x.typ(size if x.kind == "size" else stride)
+        if isinstance(x, tuple) and hasattr(x, "_fields"):
+            return type(x)(*(walk(v) for v in x))
+        if type(x) in (tuple, list):
+            return type(x)(walk(v) for v in x)
+        if type(x) is dict:
+            return {k: walk(v) for k, v in x.items()}
+        return x
+
+    return walk(template)
+
+
+def has_symints(x: Any) -> bool:
+    """Whether ``x`` (a flatten context) holds a SymInt in a tuple, list, named tuple or dict."""
+    if isinstance(x, torch.SymInt):
+        return True
+    if isinstance(x, (tuple, list)):
+        return any(has_symints(v) for v in x)
+    if type(x) is dict:
+        return any(has_symints(v) for v in x.values())
+    return False
+
+
+class SizedContext:
+    """The flatten context of a value computed with symbolic sizes whose context holds its outer size or strides
+    (DTensor's ``TensorMeta``): a template (:func:`context_template`) completed with the value's sizes where it is
+    used (:meth:`resolve`: in fake runs with their symbols, when the trace runs with the actual sizes)."""
+
+    __slots__ = ("template",)
+
+    def __init__(self, template: Any):
+        self.template = template
+
+    def resolve(self, size: tuple, stride: tuple) -> Any:
+        return context_with_sizes(self.template, size, stride)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, SizedContext) and other.template == self.template
+
+    def __hash__(self) -> int:
+        return hash(repr(self.template))
+
+    def __repr__(self) -> str:
+        return f"SizedContext({self.template!r})"
+
+
+def resolve_context(ctx: Any, size: tuple, stride: tuple) -> Any:
+    """A flatten context as ``__tensor_unflatten__`` takes it, for a value of this outer size and strides."""
+    return ctx.resolve(tuple(size), tuple(stride)) if isinstance(ctx, SizedContext) else ctx
+
+
+def _values(sizes) -> tuple:
+    return tuple(int(d.value) if isinstance(d, NumberProxy) else d for d in sizes)
 
 
 class _NonLeaf(torch.autograd.Function):
@@ -630,7 +856,8 @@ def fake_execution(*, autocast: bool = False, env: FakeEnv | None = None):
     the traced code), torch's autocast state is the traced code's (:func:`traced_autocast`); otherwise none (aten
     calls already recorded, backward graphs: what they compute is fixed, as when the trace runs them, which thunder
     does with autocast off)."""
-    with fake_mode(), traced_autocast(enabled=autocast), isolated_mask_buffers() as states:
+    mode = env.symbols.mode if env is not None and env.symbols is not None else fake_mode()
+    with mode, traced_autocast(enabled=autocast), isolated_mask_buffers() as states:
         if env is not None:
             env.context_states = states
         yield

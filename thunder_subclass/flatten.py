@@ -15,7 +15,9 @@ the torch, torch_compile and nvFuser executors can claim. One forward sweep with
   types, and torch-level symbols whose argument kinds changed are traced again (through ``__torch_dispatch__`` when
   they now see a subclass);
 * ``unflatten_<Cls>`` whose result nothing uses any more is removed by thunder's dead-code elimination, which runs
-  right after this pass: subclass objects are built only where they leave the compiled function.
+  right after this pass: subclass objects are built only where they leave the compiled function;
+* under symbolic sizes, a size number that an inlined symbol names and nothing defines at the top level (it was
+  defined inside a torch symbol's decomposition) gets a ``tensor_sizes`` of a tensor that has it, before its use.
 
 Called from the ``_transform_for_operator_executor_execution`` hook in ``_thunder_internals``, i.e. after
 ``grad_transform_on_trace`` and before executors claim operations, for the forward and backward alike (they are one
@@ -27,7 +29,7 @@ from __future__ import annotations
 from typing import Any
 
 import thunder.core.prims as prims
-from thunder.core.proxies import TensorProxy, variableify
+from thunder.core.proxies import NumberProxy, Proxy, TensorProxy, variableify
 from thunder.core.pytree import tree_flatten
 from thunder.core.trace import TraceProvenance, from_trace, tracectx
 
@@ -40,6 +42,7 @@ from thunder_subclass.autograd import (
     record_container_again,
 )
 from thunder_subclass.errors import UnsupportedSubclassOperationError
+from thunder_subclass.executor import subclass_executor
 from thunder_subclass.proxy import OpaqueObjectProxy, SubclassTensorProxy, proxy_kind
 from thunder_subclass.recording import record_call, recorded_argument_kinds, subclass_names, traced_grad_mode
 from thunder_subclass.rules import call_rule, find_implementation
@@ -259,9 +262,63 @@ def flatten_subclasses(trace, *, cotangent_aliases=()):
         f.alias(old, new)
     for bsym in trace.bound_symbols:
         f.visit(bsym)
-    f.trace.bound_symbols = _sink_unflattens(_hoist_flattens(f.bsyms))
+    f.trace.bound_symbols = _define_size_numbers(trace, _sink_unflattens(_hoist_flattens(f.bsyms)))
     f.trace.set_provenance(TraceProvenance("Flatten tensor subclasses (thunder_subclass)"))
     return f.trace
+
+
+def _tensor_sizes_meta(t, dims: tuple) -> tuple:
+    return tuple(t._shape[d] for d in dims)
+
+
+def _tensor_sizes_impl(t, dims: tuple) -> tuple:
+    return tuple(t.shape[d] for d in dims)
+
+
+# ``tensor_sizes(t, dims)``: sizes of ``t`` as numbers of the trace (see _define_size_numbers)
+tensor_sizes = subclass_executor.register_operator(
+    "tensor_sizes", meta=_tensor_sizes_meta, fn=_tensor_sizes_impl
+)
+
+
+def _define_size_numbers(trace, bsyms: list) -> list:
+    """Under symbolic sizes (``cache="symbolic values"``), flattened symbols name size numbers (an aten ``expand``
+    to an input's size, the outer size of an ``unflatten_<Cls>``) that were defined only inside the subsymbols they
+    came from (thunder's ``prims.shape`` in a torch symbol's decomposition, which does not run): each such number
+    gets a ``tensor_sizes`` of a tensor that has it as a size, just before its first use."""
+    defined: set[str] = set()
+    holder: dict[str, tuple] = {}  # number name -> (tensor proxy, dim)
+
+    def provide(p) -> None:
+        defined.add(p.name)
+        if isinstance(p, TensorProxy):
+            shape = p.outer_size if isinstance(p, SubclassTensorProxy) else p._shape
+            for d, n in enumerate(shape):
+                if isinstance(n, NumberProxy) and n.name not in holder:
+                    holder[n.name] = (p, d)
+
+    for p in tree_flatten((trace.args, trace.kwargs))[0]:
+        if isinstance(p, Proxy):
+            provide(p)
+    out: list = []
+    changed = False
+    for b in bsyms:
+        missing = [a for a in b.flat_proxy_args if isinstance(a, NumberProxy) and a.name not in defined
+                   and a.name in holder]
+        by_tensor: dict[str, tuple] = {}
+        for a in missing:
+            t, d = holder[a.name]
+            by_tensor.setdefault(t.name, (t, []))[1].append(d)
+        for t, dims in by_tensor.values():
+            dims = tuple(sorted(set(dims)))
+            out.append(tensor_sizes.bind(t, dims, output=_tensor_sizes_meta(t, dims)))
+            for d in dims:
+                defined.add(t._shape[d].name)
+            changed = True
+        out.append(b)
+        for o in b.flat_proxy_outs:
+            provide(o)
+    return out if changed else bsyms
 
 
 def _hoist_flattens(bsyms: list) -> list:

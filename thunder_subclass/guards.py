@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 import thunder.core.prims as prims
-from thunder.core.proxies import TensorProxy
+from thunder.core.proxies import NumberProxy, TensorProxy
 
 from thunder_subclass import _thunder_internals
 from thunder_subclass.errors import (
@@ -46,6 +46,8 @@ from thunder_subclass.errors import (
 from thunder_subclass.executor import subclass_executor
 from thunder_subclass.fake import (
     FakeEnv,
+    context_template,
+    context_with_sizes,
     ValueSource,
     real_execution,
     remember_value_source,
@@ -75,11 +77,19 @@ __all__ = ["SubclassSpec", "add_subclass_guards", "check_subclass", "proxify_inp
            "write_back_input_containers", "write_back_container", "check_attribute_absent", "guard_attribute_absent"]
 
 
+def _is_symbolic_size(d) -> bool:
+    return isinstance(d, NumberProxy) and not d.is_static_constrained()
+
+
 def _tensor_meta(p) -> tuple:
     if isinstance(p, SubclassTensorProxy) and p.nested_sizes:
         # a ragged dim is not checked: its nested int is another one for every NestedTensor with new offsets, and
         # the trace does not depend on it (inner shapes are checked; sharing between inputs: check_nested_sizes)
         shape = tuple(None if i in p.nested_sizes else int(d) for i, d in enumerate(p._shape))
+    elif any(_is_symbolic_size(d) for d in p._shape):
+        # a symbolic size (cache="symbolic values") is not checked here: what the trace relied on about it is
+        # checked by the size guards of its fake runs, and its value where it was pinned
+        shape = tuple(None if _is_symbolic_size(d) else int(d) for d in p._shape)
     else:
         shape = torch.Size([int(d) for d in p._shape])
     return (shape, torch_dtype(p), torch_device(p), bool(p.requires_grad))
@@ -100,12 +110,18 @@ class SubclassSpec:
     context object cannot be printed.)"""
 
     __slots__ = ("subclass_type", "attr_names", "flatten_ctx", "opaque", "meta", "inner", "python_attrs",
-                 "strides", "_inner_items", "_metadata_guard")
+                 "strides", "contiguous", "ctx_template", "_inner_items", "_metadata_guard")
 
     def __init__(self, subclass_type: type, attr_names: tuple[str, ...], flatten_ctx: Any, opaque=None,
                  meta: tuple | None = None, inner: dict | None = None, python_attrs: dict | None = None,
-                 strides: dict | None = None):
+                 strides: dict | None = None, contiguous: frozenset = frozenset()):
         self.subclass_type = subclass_type
+        # the outer tensor (None) and the plain inner tensors (by name) with symbolic sizes: their fakes were
+        # contiguous in the symbols, so they must be contiguous (strides of their own sizes)
+        self.contiguous = frozenset(contiguous)
+        # with symbolic outer sizes: the flatten context with the outer size and strides it holds as markers
+        # (fake.context_template); the call's context must be it with the call's outer size and strides
+        self.ctx_template = None
         self.attr_names = tuple(attr_names)
         self.flatten_ctx = flatten_ctx
         # opaque attributes: name -> (type, its guard_fn's values when traced)
@@ -121,7 +137,8 @@ class SubclassSpec:
         # trace's views, errors and output layouts depend on them (absent where sizes are ragged or symbolic)
         self.strides: dict[str | None, tuple] = dict(strides or {})
         # checked every call: precomputed
-        self._inner_items = tuple((a, e, isinstance(e, SubclassSpec), self.strides.get(a))
+        self._inner_items = tuple((a, e, isinstance(e, SubclassSpec),
+                                   "contiguous" if a in self.contiguous else self.strides.get(a))
                                   for a, e in self.inner.items())
         self._metadata_guard = getattr(subclass_type, "__metadata_guard__", None)
 
@@ -129,9 +146,11 @@ class SubclassSpec:
     def of(cls, p: SubclassTensorProxy) -> SubclassSpec:
         """The spec of input proxy ``p`` (linked to it, and its nested subclass proxies to their specs, so reads of
         instance attributes while tracing add guards: :func:`guard_python_attribute`)."""
-        inner, opaque, strides = {}, {}, {}
+        inner, opaque, strides, contiguous = {}, {}, {}, set()
         if _is_int_strides(p.outer_stride) and all(type(d) is int for d in p._shape):
             strides[None] = tuple(p.outer_stride)
+        elif any(_is_symbolic_size(d) for d in p._shape):
+            contiguous.add(None)
         for a, q in p.inner.items():
             if isinstance(q, OpaqueObjectProxy):
                 opaque[a] = (type(q.value), opaque_guard_values(q.value))
@@ -140,10 +159,16 @@ class SubclassSpec:
             else:
                 inner[a] = _tensor_meta(q)
                 stride = recorded_stride(q)
-                if stride is not None:
+                if any(_is_symbolic_size(d) for d in q._shape):
+                    contiguous.add(a)
+                elif stride is not None:
                     strides[a] = stride
         spec = cls(p.subclass_type, p.attr_names, p.flatten_ctx, opaque, _tensor_meta(p), inner,
-                   _not_restored_by_unflatten(p), strides)
+                   _not_restored_by_unflatten(p), strides, frozenset(contiguous))
+        if None in contiguous:
+            values = tuple(int(d.value) if isinstance(d, NumberProxy) else d for d in p._shape)
+            template, found = context_template(p.flatten_ctx, values, p.outer_stride)
+            spec.ctx_template = template if found else None
         p.__dict__[_SPEC_ATTR] = spec
         return spec
 
@@ -155,13 +180,15 @@ class SubclassSpec:
             return False
         if self.meta is not None:
             shape, *rest = self.meta
-            if type(shape) is tuple:  # ragged dims
+            if type(shape) is tuple:  # ragged or symbolic dims
                 if not _same_sizes(t.shape, shape) or [t.dtype, t.device, t.requires_grad] != rest:
                     return False
             elif (t.shape, t.dtype, t.device, t.requires_grad) != self.meta:
                 return False
             outer_stride = self.strides.get(None)
             if outer_stride is not None and t.stride() != outer_stride:
+                return False
+            if None in self.contiguous and not is_contiguous_layout(t):
                 return False
         attrs, ctx = t.__tensor_flatten__()
         if tuple(attrs) != self.attr_names:
@@ -171,7 +198,14 @@ class SubclassSpec:
             if nested:
                 if not expected.matches(x):
                     return False
-            elif type(x) not in PLAIN_TENSOR_TYPES or (x.shape, x.dtype, x.device, x.requires_grad) != expected:
+            elif type(x) not in PLAIN_TENSOR_TYPES:
+                return False
+            elif type(expected[0]) is tuple:  # symbolic dims
+                if not _same_sizes(x.shape, expected[0]) or [x.dtype, x.device, x.requires_grad] != list(expected[1:]):
+                    return False
+                if stride == "contiguous" and not is_contiguous_layout(x):
+                    return False
+            elif (x.shape, x.dtype, x.device, x.requires_grad) != expected:
                 return False
             elif stride is not None and x.stride() != stride:
                 return False
@@ -181,9 +215,14 @@ class SubclassSpec:
             for name, value in self.python_attrs.items():
                 if not is_same_value(getattr(t, name, _MISSING), value):  # __dict__ or __slots__
                     return False
+        expected = self.flatten_ctx if self.ctx_template is None else self._expected_ctx(t)
         if self._metadata_guard is not None:
-            return bool(self._metadata_guard(self.flatten_ctx, ctx))
-        return bool(ctx == self.flatten_ctx)
+            return bool(self._metadata_guard(expected, ctx))
+        return bool(ctx == expected)
+
+    def _expected_ctx(self, t) -> Any:
+        """The flatten context this trace holds for ``t``: the traced one with ``t``'s outer size and strides."""
+        return context_with_sizes(self.ctx_template, tuple(t.shape), tuple(t.stride()))
 
     def _opaque_match(self, t) -> bool:
         for attr, (typ, values) in self.opaque.items():
@@ -215,6 +254,8 @@ class SubclassSpec:
                 )
                 parts.append(f"{shape_check} and {v}.dtype is {const(dtype)} and "
                              f"{v}.device == {const(device)} and {v}.requires_grad is {const(requires_grad)}")
+                if None in self.contiguous:
+                    parts.append(f"{const(is_contiguous_layout)}({v})")
             else:
                 parts.append(tensor(v, shape, dtype, device, requires_grad, False, self.strides.get(None)))
         parts.append(f"len({flat} := {v}.__tensor_flatten__()) == 2 and tuple({flat}[0]) == {const(self.attr_names)}")
@@ -223,6 +264,17 @@ class SubclassSpec:
             bind = f"({x} := getattr({v}, {const(attr)})) is {x}"
             if nested:
                 parts.append(f"{bind} and {expected.expression(x, const, fresh, tensor)}")
+            elif type(expected[0]) is tuple:  # symbolic dims: checked inline, in Python
+                shape, dtype, device, requires_grad = expected
+                size = fresh()
+                parts.append(bind)
+                parts.append(" and ".join(
+                    [f"type({x}) in _plain", f"len({size} := {x}.shape) == {len(shape)}"]
+                    + [f"{size}[{i}] == {const(e)}" for i, e in enumerate(shape) if e is not None]
+                    + [f"{x}.dtype is {const(dtype)}", f"{x}.device == {const(device)}",
+                       f"{x}.requires_grad is {const(requires_grad)}"]
+                    + ([f"{const(is_contiguous_layout)}({x})"] if stride == "contiguous" else [])
+                ))
             else:
                 parts.append(bind)
                 parts.append(tensor(x, *expected, True, stride))
@@ -231,11 +283,23 @@ class SubclassSpec:
         for name, value in self.python_attrs.items():
             x, c = fresh(), const(value)
             parts.append(f"(({x} := getattr({v}, {const(name)}, _MISSING)) is {c} or _same({x}, {c}))")
+        expected = const(self.flatten_ctx) if self.ctx_template is None else f"{const(self)}._expected_ctx({v})"
         if self._metadata_guard is not None:
-            parts.append(f"bool({const(self._metadata_guard)}({const(self.flatten_ctx)}, {flat}[1]))")
+            parts.append(f"bool({const(self._metadata_guard)}({expected}, {flat}[1]))")
         else:
-            parts.append(f"bool({flat}[1] == {const(self.flatten_ctx)})")
+            parts.append(f"bool({flat}[1] == {expected})")
         return "(" + " and ".join(p for p in parts if p) + ")"
+
+
+def is_contiguous_layout(t) -> bool:
+    """``t``'s strides are the contiguous strides of its sizes (read from ``t.shape`` / ``t.stride()``, which a
+    wrapper subclass reports without dispatch)."""
+    acc = 1
+    for size, stride in zip(reversed(t.shape), reversed(t.stride())):
+        if size != 1 and stride != acc:
+            return False
+        acc *= max(size, 1)
+    return True
 
 
 def inline_tensor_check(const):
@@ -273,7 +337,7 @@ def _not_restored_by_unflatten(p: SubclassTensorProxy) -> dict[str, Any]:
     may depend on them."""
     if not p.python_attrs:
         return {}
-    env = FakeEnv()
+    env = FakeEnv(pin=False)  # (the sizes do not matter: nothing of this run enters the trace)
     rebuilt = unflatten_fake(
         p.subclass_type, {a: env.to_fake(q) for a, q in p.inner.items()}, p.flatten_ctx, p.outer_size, p.outer_stride
     )
@@ -559,10 +623,17 @@ def proxify_input(jit_ctx, value, original):
 def _proxify_subclass(jit_ctx, value) -> SubclassTensorProxy:
     t = value.value
     name = _thunder_internals.input_proxy_name(jit_ctx, value)
+    # sizes stay symbolic for an argument (not a global or a module's attribute: thunder's prologue unpacks no
+    # number from those) whose layout the fakes can have
+    symbolic = _thunder_internals.symbolic_values_active() and _has_symbolic_layout(t) \
+        and _thunder_internals.is_argument_provenance(value.provenance)
     p = subclass_proxy_from_tensor(
         t, name=name, history=value.provenance,
         inner_history=_thunder_internals.attribute_provenance(value.provenance),
+        outer_shape=_thunder_internals.input_size_numbers(t.shape, value.provenance) if symbolic else None,
     )
+    if _thunder_internals.symbolic_values_active():
+        _prepare_inner_sizes(p, symbolic)
     _thunder_internals.register_input_proxy(value, p)
     mark_leaf(p, t)
     _remember_inner_strides(p, t)
@@ -572,6 +643,51 @@ def _proxify_subclass(jit_ctx, value) -> SubclassTensorProxy:
     if p.nested_sizes:
         add_nested_sizes_guard(jit_ctx, p, t)
     return p
+
+
+def _has_symbolic_layout(t: torch.Tensor) -> bool:
+    """Whether subclass input ``t`` keeps symbolic sizes under ``cache="symbolic values"``: its outer tensor and
+    every plain inner tensor are contiguous (fakes with symbolic sizes are made contiguous in the symbols; the
+    prologue checks it), and no size is ragged."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    if t.layout is not torch.strided or not is_contiguous_layout(t) or not all(type(d) is int for d in t.shape):
+        return False
+    attrs, _ = t.__tensor_flatten__()
+    for a in attrs:
+        x = getattr(t, a)
+        if not isinstance(x, torch.Tensor):
+            continue
+        if is_traceable_wrapper_subclass(x):
+            if not _has_symbolic_layout(x):
+                return False
+        elif x.layout is not torch.strided or not is_contiguous_layout(x) or not all(type(d) is int for d in x.shape):
+            return False
+    return True
+
+
+def _prepare_inner_sizes(p: SubclassTensorProxy, symbolic: bool) -> None:
+    """The size numbers of the inner tensors of input ``p`` (thunder made them under ``cache="symbolic values"``):
+    with a provenance the prologue can unpack (``<input>.<attr>.shape[i]``), or, where ``p`` keeps static sizes
+    (``symbolic`` False: a non-contiguous layout), static (``check_subclass`` checks their values)."""
+    same = []
+    for q in p.inner.values():
+        if isinstance(q, SubclassTensorProxy):
+            _prepare_inner_sizes(q, symbolic)
+        if not isinstance(q, TensorProxy) or q.history is None:
+            continue
+        for i, d in enumerate(q._shape):
+            if isinstance(d, NumberProxy):
+                if symbolic:
+                    d.history = _thunder_internals.size_provenance(q.history, i)
+                    if len(q._shape) == len(p._shape) and isinstance(p._shape[i], NumberProxy) \
+                            and p._shape[i].value == d.value:
+                        same.append((d, p._shape[i]))
+                else:
+                    d.make_static_constrained()
+    # an inner size equal to the outer size at the same dim (a TwoTensor's, a DTensor's local tensor at one rank)
+    # stays equal to it: checked, and one symbol for both in fake runs
+    _thunder_internals.guard_equal_sizes(same)
 
 
 def _remember_inner_strides(p: SubclassTensorProxy, t: torch.Tensor) -> None:

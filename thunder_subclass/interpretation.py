@@ -110,7 +110,7 @@ def _stand_in(p: SubclassTensorProxy) -> torch.Tensor:
     itself (``isinstance`` through metaclass checks: ``nn.Parameter``'s looks at ``_is_param``)."""
     fake = p.__dict__.get("_thunder_subclass_stand_in")
     if fake is None:
-        fake = p.__dict__["_thunder_subclass_stand_in"] = FakeEnv().to_fake(p)
+        fake = p.__dict__["_thunder_subclass_stand_in"] = FakeEnv(pin=False).to_fake(p)  # (types, attributes)
     return fake
 
 

@@ -38,6 +38,7 @@ from thunder.core.trace import get_tracectx
 
 from thunder_subclass._thunder_internals import (
     attribute_provenance,
+    input_size_numbers,
     is_nested_int,
     is_opaque_reference_object,
     registered_nested_int,
@@ -402,8 +403,11 @@ def _inner_tensor_proxy(t: torch.Tensor, name: str, history) -> TensorProxy:
     return tensorproxy(t, name=name, history=history)
 
 
-def subclass_proxy_from_tensor(t: torch.Tensor, *, name: str | None, history, inner_history=None) -> SubclassTensorProxy:
-    """A proxy for the real (or fake) subclass ``t``. ``inner_history(attr)`` gives provenance for inner proxies."""
+def subclass_proxy_from_tensor(t: torch.Tensor, *, name: str | None, history, inner_history=None,
+                               outer_shape: tuple | None = None) -> SubclassTensorProxy:
+    """A proxy for the real (or fake) subclass ``t``. ``inner_history(attr)`` gives provenance for inner proxies;
+    ``outer_shape``, when given, is the proxy's shape (an input's size numbers under ``cache="symbolic values"``;
+    a subclass nested inside gets its own, read from its provenance)."""
     attrs, fctx = flatten_tensor(t)
     name = name if name is not None else get_tracectx().make_name(prefix=SubclassTensorProxy._DEFAULT_PREFIX)
     inner = {}
@@ -415,7 +419,8 @@ def subclass_proxy_from_tensor(t: torch.Tensor, *, name: str | None, history, in
             inner[a] = OpaqueObjectProxy(it, name=iname, history=h)
         elif is_subclass_value(it):
             inner[a] = subclass_proxy_from_tensor(
-                it, name=iname, history=h, inner_history=None if h is None else attribute_provenance(h)
+                it, name=iname, history=h, inner_history=None if h is None else attribute_provenance(h),
+                outer_shape=input_size_numbers(it.shape, h) if outer_shape is not None and h is not None else None,
             )
         else:
             inner[a] = _inner_tensor_proxy(it, iname, h)
@@ -434,7 +439,7 @@ def subclass_proxy_from_tensor(t: torch.Tensor, *, name: str | None, history, in
         outer_stride=tuple(t.stride()),
         python_attrs=python_attributes(t, attrs),
         inner_refs=inner_references(t, attrs),
-        shape=tuple(t.shape),
+        shape=tuple(outer_shape) if outer_shape is not None else tuple(t.shape),
         device=devices.to_device(t.device),
         dtype=dtypes.to_dtype(t.dtype),
         requires_grad=t.requires_grad,

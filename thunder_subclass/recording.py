@@ -32,18 +32,24 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass_type
 import thunder.core.devices as devices
 import thunder.core.dtypes as dtypes
 import thunder.core.prims as prims
-from thunder.core.proxies import Proxy, TensorProxy
+from thunder.core.proxies import NumberProxy, Proxy, TensorProxy
 from thunder.core.pytree import tree_flatten, tree_map, tree_unflatten
 from thunder.core.symbol import Symbol
 from thunder.core.trace import get_tracectx
 
 from thunder_subclass._thunder_internals import (
+    ShapeSymbols,
+    SymbolicSizeError,
+    add_size_guards,
     fake_run_replacement,
+    holds_mask,
     holes_lengths,
+    is_interpreting,
     jagged_numel,
     jit_state,
     real_script_object,
     source_location,
+    symbolic_values_active,
     torch_to_thunder_symbols,
     trace_state,
 )
@@ -53,9 +59,12 @@ from thunder_subclass.errors import (
     SubclassProtocolError,
     TensorSubclassError,
     UnsupportedSubclassOperationError,
+    UnsupportedTracingError,
     format_location,
 )
-from thunder_subclass.fake import FakeEnv, fake_execution, real_execution
+from thunder_subclass.fake import (
+    FakeEnv, SizedContext, context_template, fake_execution, has_symints, real_execution,
+)
 from thunder_subclass.proxy import (
     SubclassTensorProxy,
     flatten_tensor,
@@ -380,16 +389,21 @@ def _proxy_for_result(x: Any, env: FakeEnv, scope: list, what: str) -> Any:
     if is_traceable_wrapper_subclass(x):
         attrs, ctx = flatten_tensor(x)
         ctx = env.own_context(ctx)
+        if env.symbols is not None and has_symints(ctx):  # its outer size in its context (DTensor's TensorMeta)
+            template, _ = context_template(ctx, x.shape, x.stride())
+            if has_symints(template) or holds_mask(ctx, unreduced=False):
+                raise SymbolicSizeError(f"the flatten context of a {type(x).__qualname__} result holds sizes")
+            ctx = SizedContext(template)
         inner = {a: _proxy_for_result(getattr(x, a), env, scope, what) for a in attrs}
         out = SubclassTensorProxy(
             None,
             subclass_type=type(x),
             inner=inner,
             flatten_ctx=ctx,
-            outer_stride=tuple(x.stride()),
+            outer_stride=env.numbers(x.stride()),
             python_attrs=python_attributes(x, attrs),
             inner_refs=inner_references(x, attrs),
-            shape=tuple(x.shape),
+            shape=env.numbers(x.shape),
             device=devices.to_device(x.device),
             dtype=dtypes.to_dtype(x.dtype),
             requires_grad=x.requires_grad,
@@ -416,9 +430,54 @@ def _inner_mutated(x: torch.Tensor, env: FakeEnv) -> bool:
 
 
 def record_call(fn: Callable, args: tuple, kwargs: dict, scope: list, what: str, subclasses: str, **run_kwargs):
-    """Run ``fn`` on fakes and record flatten -> aten calls -> unflatten into ``scope``; return proxy results."""
+    """Run ``fn`` on fakes and record flatten -> aten calls -> unflatten into ``scope``; return proxy results.
+
+    Under ``cache="symbolic values"``, arguments with symbolic sizes first run on fakes with symbolic sizes
+    (:func:`_record_symbolic`); where that cannot be done soundly, on fakes of the current sizes, which are pinned."""
+    found = _record_symbolic(fn, args, kwargs, scope, what, subclasses, run_kwargs)
+    if found is not None:
+        return found
     env, calls, out = run_on_fakes(fn, args, kwargs, what, subclasses, **run_kwargs)
     result = emit_calls(env, calls, out, scope, what, subclasses)
+    return env, out, result
+
+
+def _has_symbolic_sizes(x: Any) -> bool:
+    if isinstance(x, SubclassTensorProxy):
+        return any(isinstance(d, NumberProxy) and not d.is_static_constrained() for d in x._shape) \
+            or any(_has_symbolic_sizes(q) for q in x.inner.values())
+    if isinstance(x, TensorProxy):
+        return any(isinstance(d, NumberProxy) and not d.is_static_constrained() for d in x._shape)
+    return False
+
+
+def _record_symbolic(fn: Callable, args: tuple, kwargs: dict, scope: list, what: str, subclasses: str,
+                     run_kwargs: dict):
+    """``(env, fake results, proxy results)`` of ``fn`` run on fakes whose sizes are the symbols of a ShapeEnv
+    (``_thunder_internals.ShapeSymbols``), with prologue checks for what the run relied on
+    (``add_size_guards``); None when no argument has symbolic sizes or the run cannot keep them symbolic (then
+    nothing was recorded: the caller runs it on fakes of the current sizes, pinned). After the prologue is made
+    (recording again for autodiff) a failure is raised instead: sizes can no longer be pinned."""
+    if "env" in run_kwargs or not symbolic_values_active():
+        return None
+    if not any(_has_symbolic_sizes(a) for a in tree_flatten((args, kwargs))[0]):
+        return None
+    mark = len(scope)
+    env = FakeEnv(ShapeSymbols())
+    try:
+        env, calls, out = run_on_fakes(fn, args, kwargs, what, subclasses, env=env, **run_kwargs)
+        result = emit_calls(env, calls, out, scope, what, subclasses)
+        add_size_guards(env.symbols)
+    except Exception as e:
+        del scope[mark:]
+        if is_interpreting():
+            return None
+        if isinstance(e, TensorSubclassError):
+            raise
+        raise UnsupportedTracingError(
+            f"{what} on {subclasses} cannot be traced with symbolic sizes here ({type(e).__name__}: {e}); "
+            "thunder_subclass keeps one trace per size for it (dynamic=False), or pass cache=\"constant values\"."
+        ) from e
     return env, out, result
 
 
@@ -428,6 +487,8 @@ def emit_calls(env: FakeEnv, calls: list, out: Any, scope: list, what: str, subc
     the recorded aten ``calls``, and unflattens building subclass results; return ``out`` as proxies."""
 
     def to_proxy(x):
+        if isinstance(x, torch.SymInt) and env.symbols is not None:
+            return env.symbols.number(x, compute=True)
         if is_opaque_object(x):
             return env.proxy_of(x) or x
         if isinstance(x, torch.Tensor):
@@ -596,6 +657,9 @@ def record_call_shared(fn: Callable, args: tuple, kwargs: dict, scope: list, wha
     Returns the proxy results."""
     from thunder_subclass._thunder_internals import jit_state
 
+    found = _record_symbolic(fn, args, kwargs, scope, what, subclasses, {})
+    if found is not None:
+        return found[2]
     key = memo_key(fn, args, kwargs)
     memo = jit_state().setdefault(_MEMO, {}) if key is not None else None
     entry = memo.get(key) if memo is not None else None

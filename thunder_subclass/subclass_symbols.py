@@ -14,12 +14,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from thunder.core.proxies import NumberProxy
 from thunder.core.symbol import Symbol
 
 from thunder_subclass._thunder_internals import remember_symbol_origin
 from thunder_subclass.errors import SubclassGradientError
 from thunder_subclass.executor import register_symbol
-from thunder_subclass.fake import FakeEnv
+from thunder_subclass.fake import FakeEnv, resolve_context
 from thunder_subclass.proxy import SubclassTensorProxy, flatten_ids, subclass_proxy_from_tensor
 
 __all__ = [
@@ -53,8 +54,18 @@ def _is_literal(x: Any) -> bool:
 
 
 def ctx_arg(ctx: Any) -> Any:
-    """``ctx`` as a bound-symbol argument: itself when a plain literal, else wrapped in :class:`FlattenContext`."""
-    return ctx if _is_literal(ctx) else FlattenContext(ctx)
+    """``ctx`` as a bound-symbol argument: itself when a plain literal or a size holding number proxies (symbolic
+    sizes: the trace passes their values at run time), else wrapped in :class:`FlattenContext`."""
+    if _is_literal(ctx) or _is_symbolic_size(ctx):
+        return ctx
+    return FlattenContext(ctx)
+
+
+def _is_symbolic_size(x: Any) -> bool:
+    from thunder.core.proxies import NumberProxy
+
+    return type(x) is tuple and any(isinstance(v, NumberProxy) for v in x) \
+        and all(type(v) is int or isinstance(v, NumberProxy) for v in x)
 
 
 def ctx_value(arg: Any) -> Any:
@@ -71,17 +82,20 @@ def unflatten_symbol(cls: type) -> Symbol:
 
         def meta(inner: tuple, attrs: tuple[str, ...], ctx: Any, outer_size: tuple, outer_stride: tuple):
             env = FakeEnv()
+            size = tuple(int(d.value) if isinstance(d, NumberProxy) else d for d in ctx_value(outer_size))
+            stride = tuple(int(d.value) if isinstance(d, NumberProxy) else d for d in ctx_value(outer_stride))
             fake = cls.__tensor_unflatten__(
-                {a: env.to_fake(p) for a, p in zip(attrs, inner)}, ctx_value(ctx), ctx_value(outer_size),
-                ctx_value(outer_stride),
+                {a: env.to_fake(p) for a, p in zip(attrs, inner)}, resolve_context(ctx_value(ctx), size, stride),
+                size, stride,
             )
             out = subclass_proxy_from_tensor(fake, name=None, history=None)
             out.inner = dict(zip(attrs, inner))
             return out
 
         def impl(inner, attrs, ctx, outer_size, outer_stride):
+            size, stride = ctx_value(outer_size), ctx_value(outer_stride)
             return cls.__tensor_unflatten__(
-                dict(zip(attrs, inner)), ctx_value(ctx), ctx_value(outer_size), ctx_value(outer_stride)
+                dict(zip(attrs, inner)), resolve_context(ctx_value(ctx), size, stride), size, stride
             )
 
         sym = register_symbol(f"unflatten_{cls.__name__}", meta=meta, fn=impl)
@@ -126,7 +140,7 @@ def cotangent_flatten_symbol(cls: type) -> Symbol:
             return tuple(g.inner[a] for a in attrs)
 
         def impl(g, attrs, ctx):
-            g = _coerce_cotangent(cls, g, ctx_value(ctx))
+            g = _coerce_cotangent(cls, g, resolve_context(ctx_value(ctx), g.shape, g.stride()))
             return tuple(getattr(g, a) for a in attrs)
 
         sym = register_symbol(f"flatten_cotangent_{cls.__name__}", meta=meta, fn=impl)

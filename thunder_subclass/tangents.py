@@ -38,10 +38,11 @@ from thunder_subclass.errors import (
     HigherOrderGradientError,
     SubclassGradientError,
     UnsupportedSubclassOperationError,
+    UnsupportedTracingError,
     format_location,
 )
 from thunder_subclass.executor import register_symbol, subclass_executor
-from thunder_subclass.fake import FakeEnv, fake_execution, torch_device, torch_dtype
+from thunder_subclass.fake import FakeEnv, fake_execution, resolve_context, torch_device, torch_dtype
 from thunder_subclass.flatten import Flattener, flatten_subclasses, is_subclass_level
 from thunder_subclass.subclass_symbols import is_flatten_bsym, is_unflatten_bsym
 from thunder_subclass.proxy import OpaqueObjectProxy, SubclassTensorProxy, proxy_kind, runtime_kind, subclass_proxy_from_tensor
@@ -297,11 +298,26 @@ def mutated_inputs(compiled_backward) -> tuple[int, ...]:
     return () if variants is None else variants.mutated_inputs
 
 
+def _has_symbolic_sizes(p) -> bool:
+    from thunder.core.proxies import NumberProxy
+
+    if isinstance(p, SubclassTensorProxy) and any(_has_symbolic_sizes(q) for q in p.inner.values()):
+        return True
+    return isinstance(p, TensorProxy) and any(isinstance(d, NumberProxy) and not d.is_static_constrained()
+                                               for d in p._shape)
+
+
 def _zeros_of(p):
     """A real zero tensor of the kind of proxy ``p`` (a subclass rebuilt from zero inner tensors)."""
+    if _has_symbolic_sizes(p):  # the sizes of this call are not known here
+        raise UnsupportedTracingError(
+            f"a zero gradient for a {proxy_kind(p)} output with symbolic sizes (cache=\"symbolic values\") cannot "
+            "be made; pass dynamic=False to thunder_subclass.jit for one trace per size."
+        )
     if isinstance(p, SubclassTensorProxy):
         inner = {a: q.value if isinstance(q, OpaqueObjectProxy) else _zeros_of(q) for a, q in p.inner.items()}
-        return p.subclass_type.__tensor_unflatten__(inner, p.flatten_ctx, p.outer_size, p.outer_stride)
+        ctx = resolve_context(p.flatten_ctx, p.outer_size, p.outer_stride)
+        return p.subclass_type.__tensor_unflatten__(inner, ctx, p.outer_size, p.outer_stride)
     return torch.zeros(tuple(p._shape), dtype=torch_dtype(p), device=torch_device(p))
 
 
@@ -310,7 +326,7 @@ def coerced_tangent(gp: SubclassTensorProxy):
     (a gradient does not require grad), then what the subclass's ``__coerce_tangent_metadata__`` turns it into (as
     torch.compile does: a DTensor with a Partial placement expects a Replicate gradient). Returns a new proxy, or
     None when unchanged."""
-    fake = FakeEnv().to_fake(gp)
+    fake = FakeEnv(pin=False).to_fake(gp)
     with fake_execution(), torch.no_grad():
         # a gradient does not require grad (DTensor's flatten context records requires_grad)
         tangent = fake.detach() if fake.requires_grad else fake
@@ -318,6 +334,12 @@ def coerced_tangent(gp: SubclassTensorProxy):
             tangent = tangent.__coerce_tangent_metadata__()
     if runtime_kind(tangent) == proxy_kind(gp):
         return None
+    if _has_symbolic_sizes(gp):  # the gradient kind would have this trace's sizes
+        raise UnsupportedTracingError(
+            f"the gradient of a {proxy_kind(gp)} output is coerced to another kind, which thunder_subclass does not "
+            "do with symbolic sizes (cache=\"symbolic values\"); pass dynamic=False to thunder_subclass.jit for "
+            "one trace per size."
+        )
     if not is_traceable_wrapper_subclass(tangent):  # a plain gradient expected for this subclass output
         from thunder.core.proxies import tensorproxy
 

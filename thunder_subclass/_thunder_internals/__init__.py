@@ -82,8 +82,13 @@ from thunder_subclass._thunder_internals.runtime import (  # noqa: F401
     with_fast_cache_hits,
 )
 from thunder_subclass._thunder_internals.symbolic_values import (  # noqa: F401
+    ShapeSymbols,
+    SymbolicSizeError,
+    add_size_guards,
+    guard_equal_sizes,
     pin_input_numbers,
     pin_numbers,
+    symbolic_values_active,
     symbolic_values_lookaside,
 )
 from thunder_subclass._thunder_internals.transform_speed import printed_trace  # noqa: F401
@@ -92,6 +97,9 @@ from thunder_subclass._thunder_internals.thunder_state import (  # noqa: F401
     trace_wrote_integer_tensors,
     SetItems,
     attribute_provenance,
+    input_size_numbers,
+    is_argument_provenance,
+    size_provenance,
     call_in_epilogue,
     constant_rooted_path,
     hooked_module_provenance,

@@ -1,10 +1,11 @@
 """thunder's ``cache="symbolic values"`` for plugin jits.
 
-Plain inputs' sizes and number inputs become NumberProxies whose values the prologue does not check.
-thunder_subclass runs subclass operations on fakes of the current sizes (no ShapeEnv), so every number that reaches a
-fake run is pinned (:func:`pin_numbers`, called by ``thunder_subclass.fake`` where a proxy becomes a fake: the input
-numbers it is computed from get a value check in the prologue); sizes that only meet plain operations stay symbolic
-(transformers' DynamicCache length in decoding: one trace for every decode step). The hooks below fix what thunder
+Plain inputs' sizes, subclass arguments' sizes and number inputs become NumberProxies whose values the prologue does
+not check. Subclass operations run on fakes whose sizes are symbols of a torch ``ShapeEnv`` (:class:`ShapeSymbols`,
+torch's ``torch/fx/experimental/symbolic_shapes.py``); what a run relied on becomes a prologue check
+(:func:`add_size_guards`). Where that cannot be done, the operation runs on fakes of the current sizes and every
+number that reaches it is pinned (:func:`pin_numbers`, called by ``thunder_subclass.fake`` where a proxy becomes a
+fake: the input numbers it is computed from get a value check in the prologue). The hooks below fix what thunder
 0.2.6 itself gets wrong under symbolic values; each acts only for a plugin jit with that cache option:
 ``jit_ext.unpack_inputs`` (parameters tagged ``STATIC_MEMORY_LOCATION``: :func:`unpacked_parameters_tagged`, entered
 by :mod:`.interpreter_fixes`' hook of it), ``StringProxy``'s comparison methods
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -25,6 +27,7 @@ from thunder_subclass._thunder_internals import plugin_state
 from thunder_subclass._thunder_internals.plugin_state import is_plugin_active
 from thunder_subclass._thunder_internals.thunder_state import (
     is_interpreting,
+    jit_state,
     trace_producers,
 )
 
@@ -36,6 +39,14 @@ def _symbolic_values_active() -> bool:
     from thunder.core.options import CACHE_OPTIONS
 
     return get_compile_data().cache_option is CACHE_OPTIONS.SYMBOLIC_VALUES
+
+
+def symbolic_values_active() -> bool:
+    """Whether a plugin jit is tracing (or transforming) with ``cache="symbolic values"``."""
+    try:
+        return _symbolic_values_active()
+    except Exception:  # noqa: BLE001 - no compile data (outside a jit)
+        return False
 
 
 def _is_input_number(v) -> bool:
@@ -343,3 +354,321 @@ def hook_targets() -> list[tuple[Any, str, Callable]]:
     return [
         *((proxies.StringProxy, name, _hook_string_proxy_method(name)) for name in _STRING_PROXY_METHODS),
     ]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Symbolic sizes in fake runs (torch's ShapeEnv)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+_SAME_SIZE_AS = "_thunder_subclass_same_size_as"
+
+
+def guard_equal_sizes(pairs: list) -> None:
+    """Input size numbers ``(p, q)`` that are equal (an inner tensor's size and its subclass input's outer size at the
+    same dim): a prologue check that they stay equal, and fake runs give ``p`` the symbol of ``q``. Relations between
+    them that a run relies on later (autograd checks a gradient's outer size against the input's, after the prologue
+    is made) are then known."""
+    import sympy
+
+    pairs = [(p, q) for p, q in pairs if p.name != q.name]
+    if not pairs:
+        return
+    from thunder.core.jit_ext import get_jit_ctx
+
+    added = jit_state().setdefault(_SIZE_GUARDS, set())
+    exprs = []
+    for p, q in pairs:
+        p.__dict__[_SAME_SIZE_AS] = q
+        e = sympy.Eq(sympy.Symbol(p.name, integer=True), sympy.Symbol(q.name, integer=True))
+        added.add(e)
+        exprs.append(e)
+    proxies = {}
+    for p, q in pairs:
+        proxies[p.name], proxies[q.name] = p, q
+        p.__dict__[_SIZE_GUARDS] = q.__dict__[_SIZE_GUARDS] = added
+    names = sorted(set().union(*(e.free_symbols for e in exprs)), key=str)
+    get_jit_ctx().add_constraint(
+        (_condition_check_symbol(), SizeCondition(names, exprs), *(proxies[n.name] for n in names))
+    )
+
+
+class SymbolicSizeError(Exception):
+    """A fake run cannot keep these sizes symbolic: a size its results have is an expression no number proxy stands
+    for, a number the ShapeEnv specialised or a guard it recorded came after the prologue was made. The caller runs
+    the operation again on fakes of the current sizes (pinned), or, where it can no longer pin, refuses to trace
+    with symbolic sizes."""
+
+
+class ShapeSymbols:
+    """The sizes of one environment of fake runs (``thunder_subclass.fake.FakeEnv``) as symbols of a torch
+    ``ShapeEnv`` (torch/fx/experimental/symbolic_shapes.py): one symbol per size number proxy (no duck sizing: equal
+    values are not assumed equal), with the proxy's value as hint; ``mode`` is a fake mode over that ShapeEnv (the
+    fakes of the environment are made and run under it).
+
+    What the runs rely on becomes a prologue check (:func:`add_size_guards`): the guards the ShapeEnv recorded
+    (``Eq(s0, s1)`` from a matmul's inner dims, a branch on a size inside dispatch) and the range it assumed for
+    each symbol (>= 2: it specialises 0 and 1, and those numbers are pinned). A size of a result maps back to a
+    number proxy where it is a bare symbol, a constant, or a sum or product of those (:meth:`number`; otherwise
+    :class:`SymbolicSizeError`).
+
+    Owner: the FakeEnv that made it, and the copies of that environment (a backward recorded on a forward's fakes);
+    freed with them."""
+
+    def __init__(self):
+        from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+        from thunder_subclass._thunder_internals.torch_state import fake_tensor_mode_class
+
+        self.shape_env = ShapeEnv(duck_shape=False)
+        self.mode = fake_tensor_mode_class()(allow_non_fake_inputs=True, shape_env=self.shape_env)
+        self._symint: dict[str, Any] = {}  # number proxy name -> its SymInt (an int where specialised)
+        self._proxy: dict[Any, Any] = {}  # sympy symbol -> number proxy
+        self._specialised: list = []  # number proxies the ShapeEnv made constants (0, 1), not yet pinned
+        self._new_symbols: list = []  # symbols whose range is not yet guarded
+        self._guards_seen = 0
+
+    def knows(self, p) -> bool:
+        same = p.__dict__.get(_SAME_SIZE_AS)
+        return (same if same is not None else p).name in self._symint
+
+    def symint(self, p):
+        """The SymInt standing for size number proxy ``p`` in this environment's fakes (made once): for a number the
+        trace computes from others by thunder's number prims (``i9 = prims.mul(i0, i1)``, a flattened size), that
+        expression of theirs; else a new symbol."""
+        same = p.__dict__.get(_SAME_SIZE_AS)
+        if same is not None:  # guarded equal to another input number: one symbol for both
+            return self.symint(same)
+        s = self._symint.get(p.name)
+        if s is None:
+            s = self._computed_symint(p, 8)
+            if s is not None:
+                self._symint[p.name] = s
+                if isinstance(s, torch_symint()):
+                    self._proxy.setdefault(self.shape_env.replace(s.node.expr), p)
+                return s
+            import sympy
+            from torch._dynamo.source import ConstantSource
+            from torch.fx.experimental.symbolic_shapes import DimDynamic
+
+            value = int(p.value)
+            source = ConstantSource(f"{p.name}_{len(self._symint)}")
+            expr = self.shape_env.create_symbol(value, source, dynamic_dim=DimDynamic.DYNAMIC)
+            if isinstance(expr, sympy.Integer) or expr.is_number:
+                s = value
+                self._specialised.append(p)
+            else:
+                s = self.shape_env.create_symintnode(expr, hint=value, source=source)
+                self._proxy[expr] = p
+                self._new_symbols.append(expr)
+            self._symint[p.name] = s
+        return s
+
+    def _computed_symint(self, p, depth: int):
+        import operator
+
+        from thunder.core.prims import PrimIDs
+
+        ops = {PrimIDs.ADD: operator.add, PrimIDs.SUB: operator.sub, PrimIDs.MUL: operator.mul}
+        if depth <= 0 or p.history is not None:
+            return None
+        try:
+            b = trace_producers().get(p.name)
+        except Exception:  # noqa: BLE001 - no trace being built
+            return None
+        if b is None or b.sym.id not in ops or b.kwargs or len(b.args) != 2:
+            return None
+        from thunder.core.proxies import NumberProxy
+
+        operands = []
+        for a in b.args:
+            if isinstance(a, NumberProxy):
+                if a.is_static_constrained():
+                    operands.append(int(a.value))
+                elif a.name in self._symint:
+                    operands.append(self._symint[a.name])
+                else:
+                    v = self._computed_symint(a, depth - 1)
+                    if v is None:
+                        if a.history is None or type(a.value) is not int:
+                            return None
+                        v = self.symint(a)
+                    operands.append(v)
+            elif type(a) is int:
+                operands.append(a)
+            else:
+                return None
+        return ops[b.sym.id](*operands)
+
+    def number(self, x, *, compute: bool = False):
+        """The int or number proxy a size of a fake result stands for. A sum or product of symbols (``s0 * s1``
+        from a flattening view, ``s0 + s1`` from a ``cat``) is, with ``compute``, a number proxy computed by
+        thunder's number prims in the current scope (which runs them where the scope's symbols run), else, like
+        any other expression, a :class:`SymbolicSizeError`."""
+        import torch
+
+        if not isinstance(x, torch.SymInt):
+            return int(x)
+        expr = self.shape_env.replace(x.node.expr)
+        if expr.is_number:
+            return int(expr)
+        p = self._proxy.get(expr)
+        if p is not None:
+            return p
+        if compute:
+            return self._computed(expr)
+        raise SymbolicSizeError(f"a size of a result is {expr}, not a size of an argument")
+
+    def _computed(self, expr):
+        import sympy
+        import thunder.core.prims as prims
+
+        if expr.is_Integer:
+            return int(expr)
+        if expr.is_Symbol:
+            p = self._proxy.get(expr)
+            if p is None:
+                raise SymbolicSizeError(f"{expr} stands for no number proxy")
+            return p
+        if not isinstance(expr, (sympy.Add, sympy.Mul)):
+            raise SymbolicSizeError(f"a size of a result is {expr}: not a sum or product of sizes")
+        op = prims.add if isinstance(expr, sympy.Add) else prims.mul
+        terms = [self._computed(a) for a in expr.args]
+        acc = terms[0]
+        for t in terms[1:]:
+            acc = op(acc, t)
+        return acc
+
+    def take_guards(self) -> tuple[list, list, list]:
+        """``(guards, symbol ranges, specialised proxies)`` recorded since the last call: the guard expressions,
+        ``(symbol, lower, upper)`` of new symbols, and the number proxies the ShapeEnv made constants."""
+        guards = [g.expr for g in self.shape_env.guards[self._guards_seen:]]
+        self._guards_seen = len(self.shape_env.guards)
+        ranges = []
+        for s in self._new_symbols:
+            r = self.shape_env.var_to_range.get(s)
+            if r is not None:
+                ranges.append((s, r.lower, r.upper))
+        self._new_symbols = []
+        specialised, self._specialised = self._specialised, []
+        return guards, ranges, specialised
+
+    def proxy_of(self, symbol):
+        return self._proxy.get(symbol)
+
+
+def torch_symint() -> type:
+    import torch
+
+    return torch.SymInt
+
+
+class SizeCondition:
+    """Relations between input sizes that a trace relies on (the guards and symbol ranges of its fake runs' ShapeEnv),
+    re-evaluated by a prologue check (``check_number_condition``) on each call's numbers: ``self(*values)`` is True
+    when they hold."""
+
+    def __init__(self, symbols: list, exprs: list):
+        import sympy
+
+        self.exprs = exprs
+        self._symbols = symbols
+        names = [f"_v{i}" for i in range(len(symbols))]
+        renamed = [e.xreplace({s: sympy.Symbol(n, integer=True) for s, n in zip(symbols, names)}) for e in exprs]
+        self._fn = None
+        try:
+            from torch.utils._sympy.printers import PythonPrinter
+
+            printer = PythonPrinter()
+            body = " and ".join(f"({printer.doprint(e)})" for e in renamed) or "True"
+            self._fn = eval(f"lambda {', '.join(names)}: bool({body})", {"math": math})  # noqa: S307
+        except Exception:  # noqa: BLE001 - an expression Python cannot print: evaluated with sympy
+            self._fn = None
+
+    def __call__(self, *values) -> bool:
+        if self._fn is not None:
+            try:
+                return self._fn(*values)
+            except Exception:  # noqa: BLE001 - printed code Python cannot run: evaluated with sympy from now on
+                self._fn = None
+        import sympy
+
+        subs = {s: sympy.Integer(v) for s, v in zip(self._symbols, values)}
+        return all(bool(e.xreplace(subs)) for e in self.exprs)
+
+    def __repr__(self):
+        return f"<sizes {' and '.join(str(e) for e in self.exprs)}>"
+
+
+def add_size_guards(symbols: ShapeSymbols) -> None:
+    """The prologue checks for what the fake runs of ``symbols`` relied on since the last call: one condition over
+    the input numbers the guards and ranges name (a relation another fake run of the trace already made a check for
+    is not checked twice); numbers that are not inputs (computed from them) and numbers the ShapeEnv specialised
+    are pinned. After the prologue is made (autodiff recording an operation again, a backward recorded on the
+    forward's fakes), a relation no check holds yet is a :class:`SymbolicSizeError`."""
+    import sympy
+
+    guards, ranges, specialised = symbols.take_guards()
+    exprs = list(guards)
+    for s, lower, upper in ranges:
+        if isinstance(lower, sympy.Integer):
+            exprs.append(sympy.Ge(s, lower))
+        if isinstance(upper, sympy.Integer):
+            exprs.append(sympy.Le(s, upper))
+    if not exprs and not specialised:
+        return
+    interpreting = is_interpreting()
+
+    def pin(p) -> None:
+        if interpreting:
+            pin_input_numbers(p)
+        elif not (_is_input_number(p) and p.is_static_constrained()):
+            raise SymbolicSizeError(f"a fake run after the prologue was made relied on the value of {p.name}")
+
+    for p in specialised:
+        pin(p)
+    free = sorted(set().union(*(e.free_symbols for e in exprs)), key=str) if exprs else []
+    inputs, subs = [], {}
+    for s in free:
+        p = symbols.proxy_of(s)
+        if p is None:
+            raise SymbolicSizeError(f"a guard names {s}, which stands for no number proxy")
+        if _is_input_number(p):
+            inputs.append((s, p))
+        else:  # computed from input numbers: pinned (those numbers checked by value), its value used
+            pin(p)
+            subs[s] = sympy.Integer(int(p.value))
+    exprs = [e.xreplace(subs) for e in exprs]
+    if any(e is sympy.false for e in exprs):
+        raise SymbolicSizeError(f"a guard does not hold for the traced sizes: {exprs}")
+    # in terms of the proxies' names: the same relation found by another fake run of the trace is checked once
+    by_name = {s: sympy.Symbol(p.name, integer=True) for s, p in inputs}
+    if interpreting:
+        added = jit_state().setdefault(_SIZE_GUARDS, set())
+    else:
+        added = next((p.__dict__[_SIZE_GUARDS] for _, p in inputs if _SIZE_GUARDS in p.__dict__), set())
+    fresh = []
+    for e in exprs:
+        key = e.xreplace(by_name)
+        if key is not sympy.true and key not in added:
+            fresh.append(key)
+    if not fresh:
+        return
+    if not interpreting:
+        raise SymbolicSizeError(
+            "a fake run after the prologue was made relied on sizes: " + ", ".join(str(e) for e in fresh)
+        )
+    added.update(fresh)
+    for _, p in inputs:  # found again when autodiff records the operation again
+        p.__dict__[_SIZE_GUARDS] = added
+    from thunder.core.jit_ext import get_jit_ctx
+
+    names = sorted(set().union(*(e.free_symbols for e in fresh)), key=str)
+    proxies = {p.name: p for _, p in inputs}
+    condition = SizeCondition(names, fresh)
+    get_jit_ctx().add_constraint((_condition_check_symbol(), condition, *(proxies[n.name] for n in names)))
+
+
+# the size relations a prologue check already holds: in the jit state while interpreting, and on the input number
+# proxies they name (for autodiff, which records operations again after the prologue is made)
+_SIZE_GUARDS = "_thunder_subclass_size_guards"

@@ -533,6 +533,52 @@ def attribute_provenance(history) -> Callable[[str], Any]:
     return inner_history
 
 
+def _unflagged_copy(record):
+    """A copy of provenance ``record`` and the records it comes from without thunder's tensor-proxy flag: thunder's
+    ``should_register_for_prologue`` refuses any chain through a record flagged ``EXT_FLAG_IS_TENSOR_PROXY`` (set on
+    an input tensor's record once it is proxied), so sizes read from it would not be unpackable (thunder's own
+    ``tensorproxy`` copies the record before it is flagged)."""
+    import copy
+
+    from thunder.core.jit_ext import EXT_FLAG_IS_TENSOR_PROXY
+
+    new = copy.copy(record)
+    new.ext_flag = record.ext_flag & ~EXT_FLAG_IS_TENSOR_PROXY
+    new.inputs = [_unflagged_copy(i) for i in record.inputs]
+    return new
+
+
+def size_provenance(tensor_history, dim: int):
+    """The provenance of ``<tensor>.shape[dim]`` for a tensor input of provenance ``tensor_history`` (as thunder's
+    ``tensorproxy`` gives its size numbers under ``cache="symbolic values"``): the prologue can unpack it."""
+    from thunder.core.interpreter import ProvenanceRecord, PseudoInst, wrap_const
+
+    shape = ProvenanceRecord(PseudoInst.LOAD_ATTR, inputs=[_unflagged_copy(tensor_history), wrap_const("shape").provenance])
+    return ProvenanceRecord(PseudoInst.BINARY_SUBSCR, inputs=[shape, wrap_const(dim).provenance])
+
+
+def is_argument_provenance(history) -> bool:
+    """Whether a value of provenance ``history`` is read from the arguments of the traced call (``args[0].w``), as
+    opposed to globals or a module's attributes, from which thunder's prologue cannot unpack size numbers."""
+    from thunder.core.interpreter import PseudoInst
+
+    record = history
+    while record is not None and record.inputs:
+        record = record.inputs[0]
+    return record is not None and record.inst in (PseudoInst.INPUT_ARGS, PseudoInst.INPUT_KWARGS)
+
+
+def input_size_numbers(sizes, tensor_history) -> tuple:
+    """Number proxies for the sizes of a tensor input (``<tensor>.shape[i]``), unchecked by the prologue unless
+    pinned, as thunder makes them for plain tensors under ``cache="symbolic values"``."""
+    from thunder.core.proxies import CONSTRAINT, IntegerProxy
+
+    return tuple(
+        IntegerProxy(None, int(s), history=size_provenance(tensor_history, i), constraint=CONSTRAINT.CONSTRAINABLE)
+        for i, s in enumerate(sizes)
+    )
+
+
 class _Producers:
     """name of each proxy -> the first bound symbol producing it (an outer symbol before its subsymbols), over the
     computation trace being built: its top level is indexed as it grows (again from the start if it shrank: a

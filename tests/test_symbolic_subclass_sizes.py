@@ -1,0 +1,310 @@
+"""Sizes of subclass values stay symbolic under ``cache="symbolic values"`` (issue 25): subclass operations run on
+fakes whose sizes are symbols of a torch ShapeEnv, what dispatch relied on about them becomes a prologue check, and
+an operation that cannot keep them symbolic runs on fakes of the current sizes, pinned (a new trace per size).
+
+Every test compares values, types (and gradients) with eager and counts traces exactly."""
+
+import pytest
+import thunder
+import torch
+
+import thunder_subclass
+from subclasses import ElemTensor, ScaledTensor, TwoTensor
+
+
+def _two(n: int, m: int = 4, requires_grad: bool = False) -> TwoTensor:
+    return TwoTensor(torch.randn(n, m, requires_grad=requires_grad), torch.randn(n, m, requires_grad=requires_grad))
+
+
+def _same(out, expected) -> None:
+    assert type(out) is type(expected)
+    if isinstance(expected, TwoTensor):
+        torch.testing.assert_close(out.a, expected.a)
+        torch.testing.assert_close(out.b, expected.b)
+    else:
+        torch.testing.assert_close(out, expected)
+
+
+def _counts(jf) -> tuple[int, int]:
+    return thunder.cache_misses(jf), thunder.cache_hits(jf)
+
+
+def test_elementwise_ops_on_new_batch_sizes_trace_once():
+    f = lambda x: (x * 2 + 1).sin()  # noqa: E731
+    jf = thunder_subclass.jit(f, cache="symbolic values")
+    for n in (3, 5, 7, 9):
+        x = _two(n)
+        _same(jf(x), f(x))
+    assert _counts(jf) == (1, 3)
+
+
+def test_matmul_with_a_plain_weight_traces_once():
+    w = torch.randn(4, 6)
+    f = lambda x: x @ w  # noqa: E731
+    jf = thunder_subclass.jit(f, cache="symbolic values")
+    for n in (3, 5, 7):
+        x = _two(n)
+        _same(jf(x), f(x))
+    assert _counts(jf) == (1, 2)
+
+
+def test_the_plain_weight_may_change_size_too():
+    f = lambda x, w: x @ w  # noqa: E731
+    jf = thunder_subclass.jit(f, cache="symbolic values")
+    for n, k in ((3, 6), (5, 2), (7, 9)):
+        x, w = _two(n), torch.randn(4, k)
+        _same(jf(x, w), f(x, w))
+    assert _counts(jf) == (1, 2)
+
+
+def test_sum_and_mean_over_dims_trace_once():
+    f = lambda x: x.sum(0) + x.mean(1).sum() + x.sum(dim=1, keepdim=True).mean(0)  # noqa: E731
+    jf = thunder_subclass.jit(f, cache="symbolic values")
+    for n in (3, 5, 7):
+        x = _two(n)
+        _same(jf(x), f(x))
+    assert _counts(jf) == (1, 2)
+
+
+def test_views_whose_sizes_are_sums_and_products_of_sizes_trace_once():
+    f = lambda x: torch.cat([x.flatten(), x[:, :2].flatten()]) * 2  # noqa: E731  (n*4 + n*2)
+    jf = thunder_subclass.jit(f, cache="symbolic values")
+    for n in (3, 5, 7):
+        x = _two(n)
+        _same(jf(x), f(x))
+    assert _counts(jf) == (1, 2)
+
+
+def test_a_transposed_value_keeps_its_layout_in_later_operations():
+    # x.t() * 2 is a transposed TwoTensor: the reshape after it copies (a view would fail when the trace runs)
+    f = lambda x: (x.t() * 2).reshape(-1) + x[:, 1:3].sum()  # noqa: E731
+    jf = thunder_subclass.jit(f, cache="symbolic values")
+    for n in (3, 5, 7):
+        x = _two(n)
+        _same(jf(x), f(x))
+    assert _counts(jf) == (1, 2)
+
+
+def test_training_with_backward_traces_once():
+    def f(x, w):
+        return ((x @ w).sin() * 2).sum(0).sum()
+
+    jf = thunder_subclass.jit(f, cache="symbolic values")
+    for n in (3, 5, 7):
+        a, b, w = torch.randn(n, 4), torch.randn(n, 4), torch.randn(4, 3)
+        x = TwoTensor(a.clone().requires_grad_(), b.clone().requires_grad_())
+        x_ref = TwoTensor(a.clone().requires_grad_(), b.clone().requires_grad_())
+        w1, w_ref = w.clone().requires_grad_(), w.clone().requires_grad_()
+        out, expected = jf(x, w1), f(x_ref, w_ref)
+        _same(out, expected)
+        out.backward()
+        expected.backward()
+        _same(x.grad, x_ref.grad)
+        torch.testing.assert_close(w1.grad, w_ref.grad)
+    assert _counts(jf) == (1, 2)
+
+
+def test_a_size_of_one_is_a_new_trace():
+    # the ShapeEnv specialises sizes 0 and 1 (a size-1 dim broadcasts): a trace holds for sizes >= 2, and a trace
+    # made for size 1 pins it
+    f = lambda x, y: x * y + 1  # noqa: E731
+    jf = thunder_subclass.jit(f, cache="symbolic values")
+    for n in (3, 5, 1, 1, 6):
+        x, y = _two(n), _two(n)
+        _same(jf(x, y), f(x, y))
+    assert _counts(jf) == (2, 3)
+
+
+def test_a_non_contiguous_input_is_a_new_trace():
+    f = lambda x: x * 2  # noqa: E731
+    jf = thunder_subclass.jit(f, cache="symbolic values")
+    x = _two(3)
+    _same(jf(x), f(x))
+    a, b = torch.randn(4, 5), torch.randn(4, 5)
+    transposed = TwoTensor(a.t(), b.t())  # (5, 4), strides (1, 5): its fakes would have other strides
+    out = jf(transposed)
+    _same(out, f(transposed))
+    assert out.stride() == f(transposed).stride()
+    assert _counts(jf) == (2, 0)
+
+
+def test_a_scaled_tensor_input_of_new_sizes_traces_once():
+    # ScaledTensor computes on data * factor and returns plain tensors; its factor is in the flatten context
+    f = lambda x: (x * 1.0).sum(0)  # noqa: E731
+    jf = thunder_subclass.jit(f, cache="symbolic values")
+    for n in (3, 5, 7):
+        x = ScaledTensor(torch.randn(n, 4), 2.0)
+        _same(jf(x), f(x))
+    assert _counts(jf) == (1, 2)
+
+
+class _SizeBranchTensor(ElemTensor):
+    """Dispatch branches on a size: ``mul`` doubles the result for more than 4 rows (eager does the same)."""
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        if func is torch.ops.aten.mul.Tensor and out.elem.shape[0] > 4:
+            return cls(out.elem * 2)
+        return out
+
+
+def test_dispatch_that_branches_on_a_size_is_guarded_by_the_condition():
+    f = lambda x: x * 3  # noqa: E731
+    jf = thunder_subclass.jit(f, cache="symbolic values")
+    for n in (3, 4, 6, 8, 2):  # n > 4 is False, False, True, True, False
+        x = _SizeBranchTensor(torch.randn(n, 4))
+        out, expected = jf(x), f(x)
+        assert type(out) is _SizeBranchTensor
+        torch.testing.assert_close(out.elem, expected.elem)
+    assert _counts(jf) == (2, 3)
+
+
+class _IntSizeTensor(ElemTensor):
+    """Dispatch reads a size as a Python int (``int(shape[0])``) and builds a tensor from it: the trace holds for
+    that size only."""
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        if func is torch.ops.aten.mul.Tensor:
+            rows = int(out.elem.shape[0])
+            return cls(out.elem + torch.arange(rows, dtype=out.elem.dtype).unsqueeze(1))
+        return out
+
+
+def test_dispatch_that_reads_a_size_as_an_int_pins_it():
+    f = lambda x: x * 3  # noqa: E731
+    jf = thunder_subclass.jit(f, cache="symbolic values")
+    for n in (3, 5, 3, 5):
+        x = _IntSizeTensor(torch.randn(n, 4))
+        out, expected = jf(x), f(x)
+        torch.testing.assert_close(out.elem, expected.elem)
+    assert _counts(jf) == (2, 2)
+
+
+def test_a_size_that_is_not_a_sum_or_product_falls_back_to_pinned_sizes():
+    # view(-1, 2) of an (n, 4) value has n * 4 // 2 rows: no number proxy stands for a floor division, so the
+    # operation runs on fakes of the current sizes, which are pinned (one trace per size), with eager's values
+    f = lambda x: x.view(-1, 2) + 1  # noqa: E731
+    jf = thunder_subclass.jit(f, cache="symbolic values")
+    for n in (3, 5, 3, 5, 7):
+        x = _two(n)
+        _same(jf(x), f(x))
+    assert _counts(jf) == (3, 2)
+
+
+@pytest.mark.parametrize("dynamic_kwargs", [{}, {"dynamic": True}])
+def test_automatic_and_explicit_dynamic_shapes(dynamic_kwargs):
+    f = lambda x: (x @ torch.ones(4, 2)).relu()  # noqa: E731
+    jf = thunder_subclass.jit(f, **dynamic_kwargs)
+    for n in (2, 3, 4, 5):
+        x = _two(n)
+        _same(jf(x), f(x))
+    # automatic: the first trace is exact, the second (after a size-driven miss) symbolic
+    assert _counts(jf) == ((2, 2) if not dynamic_kwargs else (1, 3))
+
+
+def test_a_module_trained_on_subclass_inputs_of_new_batch_sizes_traces_once():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+    reference = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+    reference.load_state_dict(model.state_dict())
+    jmodel = thunder_subclass.jit(model, cache="symbolic values")
+    for n in (3, 5, 7):
+        a, b = torch.randn(n, 4), torch.randn(n, 4)
+        x = TwoTensor(a.clone().requires_grad_(), b.clone().requires_grad_())
+        x_ref = TwoTensor(a.clone().requires_grad_(), b.clone().requires_grad_())
+        out, expected = jmodel(x), reference(x_ref)
+        _same(out, expected)
+        out.sum().backward()
+        expected.sum().backward()
+        _same(x.grad, x_ref.grad)
+    for p, q in zip(model.parameters(), reference.parameters()):
+        _same(p.grad, q.grad)
+    assert _counts(jmodel) == (1, 2)
+
+
+def test_nested_subclass_inputs_trace_once():
+    # a TwoTensor of TwoTensors: the nested values' outer sizes are symbolic too
+    f = lambda x: (x * 2).sum(0) + x.mean()  # noqa: E731
+    jf = thunder_subclass.jit(f, cache="symbolic values")
+    for n in (3, 5, 7):
+        x = TwoTensor(TwoTensor(torch.randn(n, 4), torch.randn(n, 4)), TwoTensor(torch.randn(n, 4), torch.randn(n, 4)))
+        out, expected = jf(x), f(x)
+        assert type(out) is type(expected)
+        for attr in ("a", "b"):
+            _same(getattr(out, attr), getattr(expected, attr))
+    assert _counts(jf) == (1, 2)
+
+
+def test_a_quantized_weight_argument_of_new_sizes_traces_once():
+    # QuantizedWeight: int8 data (out, in) and a per-row scale (out,); dispatch dequantizes to float32
+    from subclasses import quantize
+
+    f = lambda x, w: torch.nn.functional.linear(x, w) * 2  # noqa: E731
+    jf = thunder_subclass.jit(f, cache="symbolic values")
+    for n, out_features in ((3, 5), (4, 6), (7, 5), (2, 9)):
+        x, w = torch.randn(n, 8), quantize(torch.randn(out_features, 8))
+        out, expected = jf(x, w), f(x, w)
+        assert out.dtype == expected.dtype
+        _same(out, expected)
+    assert _counts(jf) == (1, 3)
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    import tempfile
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    with tempfile.NamedTemporaryFile() as f:
+        dist.init_process_group("gloo", init_method=f"file://{f.name}", rank=0, world_size=1)
+        try:
+            yield init_device_mesh("cpu", (1,))
+        finally:
+            dist.destroy_process_group()
+
+
+def _dtensor(mesh, t, placement):
+    from torch.distributed.tensor import DTensor
+
+    return DTensor.from_local(t, mesh, [placement], run_check=False)
+
+
+def test_dtensor_inputs_of_new_sizes_trace_once(mesh):
+    # a DTensor's flatten context holds its size and strides (TensorMeta): the trace holds them as the call's
+    from torch.distributed.tensor import Replicate, Shard
+
+    f = lambda x, w: ((x @ w).sin() * 2).sum(0)  # noqa: E731
+    jf = thunder_subclass.jit(f, cache="symbolic values")
+    for n, k in ((3, 2), (5, 2), (7, 3)):
+        x, w = _dtensor(mesh, torch.randn(n, 4), Shard(0)), _dtensor(mesh, torch.randn(4, k), Replicate())
+        out, expected = jf(x, w), f(x, w)
+        assert type(out) is type(expected) and out.placements == expected.placements
+        assert out.shape == expected.shape and out.stride() == expected.stride()
+        torch.testing.assert_close(out.to_local(), expected.to_local())
+    assert _counts(jf) == (1, 2)
+
+
+def test_dtensor_training_of_new_sizes_traces_once(mesh):
+    from torch.distributed.tensor import Shard
+
+    def f(x):
+        return (x * x).sum(1).mean()
+
+    jf = thunder_subclass.jit(f, cache="symbolic values")
+    for n in (3, 5, 7):
+        local = torch.randn(n, 4)
+        leaf, leaf_ref = local.clone().requires_grad_(), local.clone().requires_grad_()
+        x, x_ref = _dtensor(mesh, leaf, Shard(0)), _dtensor(mesh, leaf_ref, Shard(0))  # (from_local: not leaves)
+        out, expected = jf(x), f(x_ref)
+        assert type(out) is type(expected)
+        torch.testing.assert_close(out.to_local(), expected.to_local())
+        out.backward()
+        expected.backward()
+        torch.testing.assert_close(leaf.grad, leaf_ref.grad)
+    assert _counts(jf) == (1, 2)
