@@ -5,6 +5,7 @@ import pytest
 import thunder
 import torch
 from torch import nn
+import torch.nn.functional as F
 from torch.testing._internal.custom_tensor import ConstantExtraMetadataTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -810,3 +811,17 @@ def test_factory_with_requires_grad_true_is_a_typed_error(f):
     with pytest.raises(UnsupportedTracingError, match=r"\(\.\.\., requires_grad=True\) at .*test_parity.py:\d+ makes a "
                                                       r"new leaf tensor .* pass it in"):
         thunder_subclass.jit(f)(torch.randn(3))
+
+
+@pytest.mark.parametrize("make", [lambda: torch.nn.ReLU(inplace=True), lambda: (lambda x: F.relu(x, inplace=True))],
+                         ids=["module", "functional"])
+def test_inplace_true_of_a_functional_op_on_a_subclass_changes_the_input_as_eager(make):
+    # thunder's relu symbol binds inplace=True; it was passed to Tensor.relu ("takes no arguments (1 given)"): the
+    # torch callable is torch.nn.functional's, which takes it
+    f = make()
+    x = TwoTensor(torch.randn(3, 4), torch.randn(3, 4))
+    ex = TwoTensor(x.a.clone(), x.b.clone())
+    out, expected = thunder_subclass.jit(f)(x), f(ex)
+    assert type(out) is TwoTensor
+    for got, want in ((out.a, expected.a), (out.b, expected.b), (x.a, ex.a), (x.b, ex.b)):
+        torch.testing.assert_close(got, want)

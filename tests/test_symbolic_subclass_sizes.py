@@ -308,3 +308,14 @@ def test_dtensor_training_of_new_sizes_traces_once(mesh):
         expected.backward()
         torch.testing.assert_close(leaf.grad, leaf_ref.grad)
     assert _counts(jf) == (1, 2)
+
+
+def test_a_module_flag_that_is_a_number_proxy_is_passed_as_its_value():
+    # nn.ReLU reads self.inplace (False), a number proxy under symbolic values: it reached TensorBase.relu as an
+    # argument ("takes no arguments (1 given)"); now dropped as the default it equals, and checked by the prologue
+    m = torch.nn.ReLU()
+    jm = thunder_subclass.jit(m, cache="symbolic values")
+    for n in (3, 5, 7):
+        x = _two(n)
+        _same(jm(x), m(x))
+    assert _counts(jm) == (1, 2)

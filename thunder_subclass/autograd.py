@@ -152,7 +152,7 @@ def ensure_grad_rule(sym: Symbol) -> None:
         if rule is not None:  # registered with thunder_subclass.register_grad_rule
             return call_rule(rule, args, kwargs)
         targs, tkwargs = denormalize(sym, args, kwargs)
-        fn = torch_callable_for(sym, targs)
+        fn = torch_callable_for(sym, targs, tkwargs)
         return differentiate_call(sym, fn, args, kwargs, op_name(fn), subclass_names(args, kwargs),
                                   call_args=(targs, tkwargs))
 
@@ -200,7 +200,7 @@ def differentiate_call(sym: Symbol, fn: Callable, args: tuple, kwargs: dict, wha
             if a is args and k is kwargs:
                 return (fn, *call_args)
             targs, tkwargs = denormalize(sym, a, k)
-            return torch_callable_for(sym, targs), targs, tkwargs
+            return torch_callable_for(sym, targs, tkwargs), targs, tkwargs
 
     result, recipe = record_forward(sym, call_for, args, kwargs, what, subclasses)
     if recipe is None:
@@ -506,7 +506,7 @@ def record_symbol_call_under_autocast(sym: Symbol, args: tuple, kwargs: dict):
     """``sym(*args, **kwargs)`` (some args are subclass proxies) at a point of the traced code where autocast is on:
     recorded as the call of its torch callable under this autocast state (:func:`record_function_call`)."""
     targs, tkwargs = denormalize(sym, args, kwargs)
-    fn = torch_callable_for(sym, targs)
+    fn = torch_callable_for(sym, targs, tkwargs)
     return record_function_call(fn, sym.name, op_name(fn), *targs, **tkwargs)
 
 

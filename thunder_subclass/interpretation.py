@@ -70,7 +70,7 @@ def unroll_symbol_call(sym: Symbol, args: tuple, kwargs: dict):
     """Record ``sym(*args, **kwargs)`` (some args are subclass proxies) as one bound symbol with unrolled
     subsymbols, and return its outputs (called from the ``Symbol.__call__`` hook)."""
     targs, tkwargs = denormalize(sym, args, kwargs)
-    fn = torch_callable_for(sym, targs)
+    fn = torch_callable_for(sym, targs, tkwargs)
     subsymbols: list = []
     result = record_call_shared(fn, targs, tkwargs, subsymbols, op_name(fn), subclass_names(args, kwargs))
     return bind_unrolled(sym, args, kwargs, result, subsymbols)

@@ -38,6 +38,7 @@ from thunder.core.symbol import Symbol
 from thunder.core.trace import get_tracectx
 
 from thunder_subclass._thunder_internals import (
+    pin_numbers,
     ShapeSymbols,
     SymbolicSizeError,
     add_size_guards,
@@ -172,8 +173,9 @@ def _first_parameter(sym: Symbol) -> str | None:
         return None
 
 
-def torch_callable_for(sym: Symbol, args: tuple) -> Callable:
-    """The torch callable that thunder symbol ``sym`` stands for (resolved from the symbol id)."""
+def torch_callable_for(sym: Symbol, args: tuple, kwargs: dict | None = None) -> Callable:
+    """The torch callable that thunder symbol ``sym`` stands for (resolved from the symbol id), for the arguments
+    ``args`` / ``kwargs`` as :func:`denormalize` gives them."""
     candidates = _torch_callables_by_symbol_id().get(sym.id, [])
     if not candidates:
         raise UnsupportedSubclassOperationError(
@@ -186,6 +188,11 @@ def torch_callable_for(sym: Symbol, args: tuple) -> Callable:
     def preference(f):  # same name as the symbol first (torch.mm, not torch.spmm, for ltorch.mm), then torch.*
         return (f.__name__ != sym.name, not (getattr(f, "__module__", "") or "").startswith("torch"))
 
+    # an `inplace=True` argument (F.relu(x, inplace=True), nn.ReLU(inplace=True)) only torch.nn.functional takes
+    if _binds_inplace(sym, args, kwargs or {}):
+        functional = [f for f in functions if getattr(f, "__module__", None) == "torch.nn.functional"]
+        if functional:
+            return min(functional, key=preference)
     # the Tensor method when the first argument is a tensor (thunder symbols take method-style arguments:
     # x.reshape(3, 8) calls ltorch.reshape(x, 3, 8)); else a function (2 * x calls torch.mul(2, x))
     if args and isinstance(args[0], TensorProxy) and methods and _first_parameter(sym) in ("a", "self", "input"):
@@ -195,8 +202,24 @@ def torch_callable_for(sym: Symbol, args: tuple) -> Callable:
     return candidates[0]
 
 
+def _binds_inplace(sym: Symbol, args: tuple, kwargs: dict) -> bool:
+    try:
+        bound = inspect.signature(sym.meta).bind_partial(*args, **kwargs).arguments
+    except (TypeError, ValueError):
+        return False
+    value = bound.get("inplace", False)
+    return value is not False and getattr(value, "value", value) is not False
+
+
 def _is_default(value: Any, default: Any) -> bool:
     if value is default:
+        return True
+    if isinstance(value, NumberProxy) and type(value.value) is type(default) and type(default) in (bool, int, float):
+        # a number the trace holds as a proxy under cache="symbolic values" (nn.ReLU's self.inplace): dropped as
+        # the default it equals, which the prologue then checks (pinned)
+        if value.value != default:
+            return False
+        pin_numbers(value)
         return True
     if isinstance(value, Proxy) or type(value) is not type(default):
         return False

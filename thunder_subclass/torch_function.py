@@ -246,7 +246,7 @@ def dispatch(sym, args: tuple, kwargs: dict, torch_callable_for: Callable, denor
     if not overloaded:
         return _thunder_internals.NOT_HANDLED
     targs, tkwargs = denormalize(sym, args, kwargs)
-    return call_torch_function(torch_callable_for(sym, targs), overloaded, targs, tkwargs)
+    return call_torch_function(torch_callable_for(sym, targs, tkwargs), overloaded, targs, tkwargs)
 
 
 def call_torch_function(fn: Callable, overloaded: list[TensorProxy], args: tuple, kwargs: dict):
