@@ -516,25 +516,27 @@ def test_under_no_grad_thunders_grad_transform_and_split_are_skipped(monkeypatch
     assert _up_to_names(thunder.last_traces(jm)[-1]) == _up_to_names(thunder.last_traces(alone)[-1])
 
 
-def test_grad_enabled_inside_a_no_grad_call_keeps_thunders_grad_transform(monkeypatch):
-    # torch.enable_grad() inside the compiled function: its operations are not constant, thunder's transform runs
+def test_a_trace_with_differentiable_operations_keeps_thunders_grad_transform(monkeypatch):
+    # a no_grad block next to operations that need a gradient: not every operation is constant, thunder's transform
+    # runs and the gradients are eager's
     from thunder.transforms import autodiff
 
     thunder_subclass.install_hooks()
     transforms = _spy(monkeypatch, autodiff, "dce")  # thunder's grad transform calls it on the joint trace
 
     def f(x, w):
-        y = x * 2
-        with torch.enable_grad():
-            z = (y * w).sin()
-        return z, y
+        with torch.no_grad():
+            y = x * 2
+        return (y * w).sin(), y
 
     w = TwoTensor(torch.randn(4), torch.randn(4)).requires_grad_()
+    ew = TwoTensor(w.a.detach().clone(), w.b.detach().clone()).requires_grad_()
     x = torch.randn(4)
-    with torch.no_grad():
-        jf = thunder_subclass.jit(f)
-        z, y = jf(x, w)
-        ez, ey = f(x, w)
-    assert len(transforms) >= 1
-    assert type(z) is TwoTensor
-    assert_close(z.a, ez.a) and assert_close(z.b, ez.b) and assert_close(y, ey)
+    jf = thunder_subclass.jit(f)
+    (z, y), (ez, ey) = jf(x, w), f(x, ew)
+    assert len(transforms) >= 1 and len(thunder.last_backward_traces(jf)) > 0
+    assert type(z) is TwoTensor and z.requires_grad and not y.requires_grad
+    z.sum().backward()
+    ez.sum().backward()
+    for got, want in ((z.a, ez.a), (z.b, ez.b), (y, ey), (w.grad.a, ew.grad.a), (w.grad.b, ew.grad.b)):
+        assert_close(got, want)

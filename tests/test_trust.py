@@ -585,3 +585,26 @@ def test_a_setter_of_torch_global_state_is_a_typed_error_with_fullgraph():
             thunder_subclass.jit(_deterministic_on, fullgraph=True)(torch.randn(3))
     finally:
         torch.use_deterministic_algorithms(False)
+
+
+def _grad_off_for_good(x, w):
+    torch.set_grad_enabled(False)
+    return x * w
+
+
+def test_grad_mode_left_changed_by_the_compiled_function_is_left_changed_on_every_call():
+    # thunder 0.2.6 turned grad mode off after the call that traced only (cache hits left it on, unlike eager)
+    from thunder_subclass import GraphBreakWarning
+
+    w = TwoTensor(torch.randn(3), torch.randn(3)).requires_grad_()
+    jf = thunder_subclass.jit(_grad_off_for_good)
+    try:
+        with pytest.warns(GraphBreakWarning, match=r"UnsupportedGlobalStateError: the compiled function leaves grad "
+                                                   r"mode turned off when it returns"):
+            for _ in range(3):
+                torch.set_grad_enabled(True)
+                out = jf(torch.ones(3), w)
+                assert not torch.is_grad_enabled() and not out.requires_grad and type(out) is TwoTensor
+                torch.testing.assert_close(out.a, w.a.detach()) and torch.testing.assert_close(out.b, w.b.detach())
+    finally:
+        torch.set_grad_enabled(True)

@@ -7,6 +7,9 @@
   ``__enter__`` / ``__exit__`` turn grad mode off and back in the trace (``torch.set_grad_enabled``, thunder's
   symbol), as ``torch.no_grad()`` does: results do not require grad and no gradient flows through them. (Eager's are
   inference tensors as well, which autograd later refuses; the compiled program's are plain tensors.)
+* Grad mode left changed when the compiled function returns (``torch.set_grad_enabled(False)`` not undone): eager
+  leaves the caller in that mode after every call, thunder 0.2.6 only after the call that traced
+  (:func:`check_grad_mode_restored`, the same error and graph break).
 * Grad mode turned on inside the compiled function while it is called with grad mode off: thunder 0.2.6 runs the
   compiled program under the caller's grad mode (its forward is decorated ``torch.no_grad()``), so the results of an
   ``enable_grad`` block neither required grad nor connected to autograd, and plain tensors failed in thunder's epilogue
@@ -24,7 +27,7 @@ import torch
 from thunder_subclass._thunder_internals import inference_mode_class, source_location
 from thunder_subclass.errors import UnsupportedGlobalStateError, format_location
 
-__all__ = ["inference_mode_lookaside", "check_grad_mode_change"]
+__all__ = ["inference_mode_lookaside", "check_grad_mode_change", "check_grad_mode_restored"]
 
 
 class _TracedInferenceMode:
@@ -64,4 +67,20 @@ def check_grad_mode_change(enabled) -> None:
             f"compiled program under the caller's grad mode, so the operations eager differentiates there would not "
             f"be. Call the compiled function with grad mode on, or move the torch.no_grad() inside it (around what "
             f"needs no gradient)."
+        )
+
+
+def check_grad_mode_restored() -> None:
+    """Called when the traced code has run: grad mode left other than the caller's is an
+    :class:`UnsupportedGlobalStateError` (see the module docstring)."""
+    from thunder_subclass._thunder_internals import current_compile_data
+
+    cd = current_compile_data()[0]
+    if cd is not None and cd.is_grad_enabled != torch.is_grad_enabled():
+        state = "on" if cd.is_grad_enabled else "off"
+        raise UnsupportedGlobalStateError(
+            f"the compiled function leaves grad mode turned {state} when it returns (torch.set_grad_enabled(...) not "
+            f"undone): eager leaves the caller in that mode after every call, thunder_subclass would only after the "
+            f"call that traced. Restore grad mode before returning (a `with torch.no_grad():` or "
+            f"`with torch.set_grad_enabled(...):` block), or change it outside the compiled function."
         )

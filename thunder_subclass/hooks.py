@@ -129,6 +129,11 @@ def _lookaside(fn, wrapped_args: tuple):
     )
 
 
+def _end_of_trace() -> None:
+    grad_modes.check_grad_mode_restored()  # (first: a graph break then runs the function eagerly, nothing written)
+    guards.write_back_input_containers()
+
+
 HANDLERS = _thunder_internals.Handlers(
     executor=subclass_executor,
     proxify=_proxify,
@@ -147,7 +152,7 @@ HANDLERS = _thunder_internals.Handlers(
     input_object=guards.guard_input_object,
     native_call=guards.guard_native_call_arguments,
     compared=guards.guard_compared_objects,
-    end_of_trace=guards.write_back_input_containers,
+    end_of_trace=_end_of_trace,
     attribute_absent=guards.guard_attribute_absent,
     state_query=guards.guard_torch_state_query,
 )
