@@ -46,6 +46,18 @@ def int8_mlp():
     return model, (torch.randn(2, 32),)
 
 
+class _Scaler(torch.nn.Module):
+    def scale(self, x):
+        return x * (2 if torch.jit.is_tracing() else 3)  # a torch state query (torch._C._is_tracing)
+
+    def forward(self, x):
+        return self.scale(x).sin()  # a method guard
+
+
+def guarded_module():
+    return _Scaler(), (torch.randn(3),)
+
+
 def _flat(out):
     from torch.utils._pytree import tree_leaves
 

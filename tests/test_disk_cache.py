@@ -36,7 +36,8 @@ def _run(cache_dir, *cases) -> dict:
 
 
 def test_second_process_loads_the_first_ones_compilation(tmp_path):
-    cases = ("plain_function", "twotensor_mlp", "int8_mlp")
+    # (guarded_module: its prologue checks a method's function and a torch state query, both stored)
+    cases = ("plain_function", "twotensor_mlp", "int8_mlp", "guarded_module")
     first = _run(tmp_path, *cases)
     assert first["stats"]["stores"] == len(cases), first["stats"]
     assert first["stats"]["hits"] == 0

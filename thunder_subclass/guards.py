@@ -1281,6 +1281,19 @@ class TorchStateQuery:
         module = "torch" if self.fn.__module__ == "torch" else "torch._C"
         return f"{module}.{self.fn.__name__}({', '.join(map(repr, self.args))})"
 
+    def disk_state(self) -> tuple:  # thunder_subclass.disk_cache: the getter by its module and name
+        return self.fn.__module__, self.fn.__name__, self.args
+
+    @classmethod
+    def from_disk_state(cls, state: tuple) -> "TorchStateQuery":
+        import importlib
+
+        module, name, args = state
+        fn = getattr(importlib.import_module(module), name)
+        if not _thunder_internals.is_torch_state_query(fn, args):
+            raise LookupError(f"{module}.{name} is not a getter of torch's state here")
+        return cls(fn, args)
+
 
 def _check_torch_state_impl(query: TorchStateQuery, expected) -> None:
     value = query.fn(*query.args)
