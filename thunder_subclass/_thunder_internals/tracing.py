@@ -352,9 +352,7 @@ def _hook_general_jit_callbacks(original: dict) -> dict:
     # replaces thunder.core.jit_ext.general_jit_callbacks (the interpreter callbacks thunder_general_jit passes, looked
     # up at each jit): its WRAP_CALLBACK, which sees every value when the interpreter first wraps it, also hands a
     # value read from the inputs (its provenance one the prologue can unpack) to Handlers.input_object
-    from thunder.core.interpreter import INTERPRETER_CALLBACKS
-
-    from thunder.core.interpreter import PseudoInst
+    from thunder.core.interpreter import INTERPRETER_CALLBACKS, PseudoInst
 
     key = INTERPRETER_CALLBACKS.WRAP_CALLBACK
     wrap_callback = original[key]
