@@ -3,7 +3,6 @@ process, a file store): the subclass machinery they exercise (placements, view s
 returning ``AsyncCollectiveTensor``) is the same as on several ranks. Multi-process programs:
 ``tests/test_distributed.py``."""
 
-import tempfile
 
 import pytest
 import torch
@@ -11,21 +10,6 @@ import torch
 import thunder_subclass
 from subclasses import TwoTensor
 from test_training import assert_same
-
-
-@pytest.fixture(scope="module")
-def mesh():
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-
-    if not dist.is_available() or not dist.is_gloo_available():
-        pytest.skip("torch.distributed with gloo is not available")
-    with tempfile.NamedTemporaryFile() as f:
-        dist.init_process_group("gloo", init_method=f"file://{f.name}", rank=0, world_size=1)
-        try:
-            yield init_device_mesh("cpu", (1,))
-        finally:
-            dist.destroy_process_group()
 
 
 def _permuted_linear(x, y, z):

@@ -1,7 +1,6 @@
 """Real subclasses, unmodified: torchao (float8 training, quantize_ configs, NF4 + LoRA) and DTensor (issue 6)."""
 
 import copy
-import tempfile
 
 import pytest
 import thunder
@@ -149,21 +148,6 @@ def test_torchao_nf4_base_weight_with_lora_adapters():
     torch.testing.assert_close(model.lora_a.grad, eager.lora_a.grad)
     torch.testing.assert_close(model.lora_b.grad, eager.lora_b.grad)
     assert model.weight.grad is None
-
-
-@pytest.fixture(scope="module")
-def mesh():
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-
-    if not dist.is_available():
-        pytest.skip("torch.distributed is not available")
-    with tempfile.NamedTemporaryFile() as f:
-        dist.init_process_group("gloo", init_method=f"file://{f.name}", rank=0, world_size=1)
-        try:
-            yield init_device_mesh("cpu", (1,))
-        finally:
-            dist.destroy_process_group()
 
 
 def test_dtensor_parameters_forward_and_backward(mesh):

@@ -252,23 +252,6 @@ def test_a_quantized_weight_argument_of_new_sizes_traces_once():
     assert _counts(jf) == (1, 3)
 
 
-@pytest.fixture(scope="module")
-def mesh():
-    import tempfile
-
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-
-    if not dist.is_available() or not dist.is_gloo_available():
-        pytest.skip("torch.distributed with gloo is not available")
-    with tempfile.NamedTemporaryFile() as f:
-        dist.init_process_group("gloo", init_method=f"file://{f.name}", rank=0, world_size=1)
-        try:
-            yield init_device_mesh("cpu", (1,))
-        finally:
-            dist.destroy_process_group()
-
-
 def _dtensor(mesh, t, placement):
     from torch.distributed.tensor import DTensor
 

@@ -675,13 +675,7 @@ def context_template(ctx: Any, size: tuple, stride: tuple) -> tuple[Any, bool]:
                 found[0] = True
                 return _OuterSizeMarker("stride", type(x))
             return x
-        if isinstance(x, tuple) and hasattr(x, "_fields"):
-            return type(x)(*(walk(v) for v in x))
-        if type(x) in (tuple, list):
-            return type(x)(walk(v) for v in x)
-        if type(x) is dict:
-            return {k: walk(v) for k, v in x.items()}
-        return x
+        return _rebuilt(x, walk)
 
     template = walk(ctx)
     return template, found[0]
@@ -693,15 +687,21 @@ def context_with_sizes(template: Any, size: tuple, stride: tuple) -> Any:
     def walk(x):
         if isinstance(x, _OuterSizeMarker):
             return x.typ(size if x.kind == "size" else stride)
-        if isinstance(x, tuple) and hasattr(x, "_fields"):
-            return type(x)(*(walk(v) for v in x))
-        if type(x) in (tuple, list):
-            return type(x)(walk(v) for v in x)
-        if type(x) is dict:
-            return {k: walk(v) for k, v in x.items()}
-        return x
+        return _rebuilt(x, walk)
 
     return walk(template)
+
+
+def _rebuilt(x: Any, walk: Callable) -> Any:
+    """``x`` rebuilt with ``walk`` applied to its items, for the containers a flatten context is searched through
+    (named tuples, tuples, lists, dicts); any other value as it is."""
+    if isinstance(x, tuple) and hasattr(x, "_fields"):
+        return type(x)(*(walk(v) for v in x))
+    if type(x) in (tuple, list):
+        return type(x)(walk(v) for v in x)
+    if type(x) is dict:
+        return {k: walk(v) for k, v in x.items()}
+    return x
 
 
 def has_symints(x: Any) -> bool:
