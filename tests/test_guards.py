@@ -490,6 +490,19 @@ def test_the_guard_of_a_dict_key_object_says_what_changed():
     assert any("<dict key _Key>.n is 7, the trace was made for 2" in r for r in thunder_subclass.last_miss_reasons(jf))
 
 
+def test_an_attribute_gone_from_a_dict_key_object_is_a_miss_that_says_so():
+    # the check's explanation read the exception variable after its except clause had unbound it: NameError
+    d = {_Key(2): 1.0}
+    jf = thunder_subclass.jit(_loop_items)
+    x = torch.randn(3)
+    jf(x, d)
+    del next(iter(d)).cfg
+    with pytest.raises(AttributeError, match="cfg"):  # as eager, which reads k.cfg
+        jf(x, d)
+    assert thunder_subclass.last_miss_reasons(jf) == (
+        "<dict key _Key>.cfg could not be read (AttributeError: '_Key' object has no attribute 'cfg')",)
+
+
 def test_a_tensor_read_from_a_dict_key_object_is_a_typed_error():
     k = _Key(1)
     k.t = torch.ones(3)

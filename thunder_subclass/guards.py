@@ -1351,7 +1351,9 @@ def _check_constant_path_impl(where: ConstantPath, spec: ObjectSpec) -> None:
     try:
         obj = where.follow()
     except Exception as e:  # noqa: BLE001 - the attribute or item is gone: not the object the trace was made for
-        raise SubclassGuardFailure(explain=lambda: f"{spec.where} could not be read ({type(e).__name__}: {e})") from e
+        error = e  # (`e` itself is unbound when the except clause ends, before explain runs)
+        raise SubclassGuardFailure(
+            explain=lambda: f"{spec.where} could not be read ({type(error).__name__}: {error})") from e
     if not spec.matches(obj):
         raise SubclassGuardFailure(explain=lambda: spec.explain(obj))
 

@@ -234,8 +234,10 @@ def _check_speculation_impl(spec: SpeculationSpec, inputs) -> None:
     try:
         value = spec.evaluate(inputs)
     except Exception as e:  # noqa: BLE001 - whatever the slice raises on these inputs, the trace does not hold
+        error = e  # (`e` itself is unbound when the except clause ends, before explain runs)
         raise SubclassGuardFailure(
-            explain=lambda: f"the value speculated at {spec.site} could not be computed ({type(e).__name__}: {e})")
+            explain=lambda: f"the value speculated at {spec.site} could not be computed "
+                            f"({type(error).__name__}: {error})")
     if not _same_value(value, spec.expected):
         raise SubclassGuardFailure(
             explain=lambda: f"the value at {spec.site} ({spec.conversion} of data) was {spec.expected!r} when traced "
