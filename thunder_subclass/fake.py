@@ -54,6 +54,7 @@ from thunder_subclass.proxy import (
     is_marked_leaf,
     nested_int_of,
     remember_nested_int,
+    size_values,
 )
 
 _STRIDE_ATTR = STRIDE_ATTR
@@ -516,11 +517,11 @@ class FakeEnv:
             if self.symbols is not None:
                 if x.history is not None and not isinstance(ctx, SizedContext):
                     # an input: its sizes in its context become the symbols too (DTensor's TensorMeta)
-                    template, found = context_template(ctx, _values(size), _values(stride))
+                    template, found = context_template(ctx, size_values(size), size_values(stride))
                     ctx = SizedContext(template) if found else ctx
                 size, stride = self._symbolic_outer(x, size, stride)
             else:  # the values of size numbers (comparing number proxies would record comparisons in the trace)
-                size, stride = _values(size), _values(stride)
+                size, stride = size_values(size), size_values(stride)
             fake = unflatten_fake(x.subclass_type, inner, resolve_context(ctx, size, stride), size, stride)
             restore_python_attributes(fake, x.python_attrs)
             self.subclass_inputs.append(x)
@@ -605,8 +606,7 @@ class FakeEnv:
         sym_size = tuple(self._size(d) for d in size)
         if x.history is None:  # a computed value: its strides were mapped from a fake run's (ints are constants)
             return sym_size, tuple(self._size(d) for d in stride)
-        values = tuple(int(d.value) if isinstance(d, NumberProxy) else int(d) for d in size)
-        stride_values = tuple(int(d.value) if isinstance(d, NumberProxy) else int(d) for d in stride)
+        values, stride_values = size_values(size), size_values(stride)
         if stride_values == contiguous_strides(values):
             sym_stride, acc = [], 1
             for d in reversed(sym_size):
@@ -741,10 +741,6 @@ class SizedContext:
 def resolve_context(ctx: Any, size: tuple, stride: tuple) -> Any:
     """A flatten context as ``__tensor_unflatten__`` takes it, for a value of this outer size and strides."""
     return ctx.resolve(tuple(size), tuple(stride)) if isinstance(ctx, SizedContext) else ctx
-
-
-def _values(sizes) -> tuple:
-    return tuple(int(d.value) if isinstance(d, NumberProxy) else d for d in sizes)
 
 
 class _NonLeaf(torch.autograd.Function):

@@ -63,11 +63,13 @@ from thunder_subclass.proxy import (
     OpaqueObjectProxy,
     SubclassTensorProxy,
     is_subclass_value,
+    is_symbolic_size,
     mark_leaf,
     mark_protocol_error,
     nested_int_of,
     remember_nested_int,
     opaque_guard_values,
+    size_values,
     subclass_proxy_from_tensor,
 )
 
@@ -77,19 +79,15 @@ __all__ = ["SubclassSpec", "add_subclass_guards", "check_subclass", "proxify_inp
            "write_back_input_containers", "write_back_container", "check_attribute_absent", "guard_attribute_absent"]
 
 
-def _is_symbolic_size(d) -> bool:
-    return isinstance(d, NumberProxy) and not d.is_static_constrained()
-
-
 def _tensor_meta(p) -> tuple:
     if isinstance(p, SubclassTensorProxy) and p.nested_sizes:
         # a ragged dim is not checked: its nested int is another one for every NestedTensor with new offsets, and
         # the trace does not depend on it (inner shapes are checked; sharing between inputs: check_nested_sizes)
         shape = tuple(None if i in p.nested_sizes else int(d) for i, d in enumerate(p._shape))
-    elif any(_is_symbolic_size(d) for d in p._shape):
+    elif any(is_symbolic_size(d) for d in p._shape):
         # a symbolic size (cache="symbolic values") is not checked here: what the trace relied on about it is
         # checked by the size guards of its fake runs, and its value where it was pinned
-        shape = tuple(None if _is_symbolic_size(d) else int(d) for d in p._shape)
+        shape = tuple(None if is_symbolic_size(d) else int(d) for d in p._shape)
     else:
         shape = torch.Size([int(d) for d in p._shape])
     return (shape, torch_dtype(p), torch_device(p), bool(p.requires_grad))
@@ -149,7 +147,7 @@ class SubclassSpec:
         inner, opaque, strides, contiguous = {}, {}, {}, set()
         if _is_int_strides(p.outer_stride) and all(type(d) is int for d in p._shape):
             strides[None] = tuple(p.outer_stride)
-        elif any(_is_symbolic_size(d) for d in p._shape):
+        elif any(is_symbolic_size(d) for d in p._shape):
             contiguous.add(None)
         for a, q in p.inner.items():
             if isinstance(q, OpaqueObjectProxy):
@@ -159,15 +157,14 @@ class SubclassSpec:
             else:
                 inner[a] = _tensor_meta(q)
                 stride = recorded_stride(q)
-                if any(_is_symbolic_size(d) for d in q._shape):
+                if any(is_symbolic_size(d) for d in q._shape):
                     contiguous.add(a)
                 elif stride is not None:
                     strides[a] = stride
         spec = cls(p.subclass_type, p.attr_names, p.flatten_ctx, opaque, _tensor_meta(p), inner,
                    _not_restored_by_unflatten(p), strides, frozenset(contiguous))
         if None in contiguous:
-            values = tuple(int(d.value) if isinstance(d, NumberProxy) else d for d in p._shape)
-            template, found = context_template(p.flatten_ctx, values, p.outer_stride)
+            template, found = context_template(p.flatten_ctx, size_values(p._shape), p.outer_stride)
             spec.ctx_template = template if found else None
         p.__dict__[_SPEC_ATTR] = spec
         return spec
@@ -1007,7 +1004,7 @@ class _FunctionCheck(_StateCheck):
 
     def disk_state(self) -> tuple:
         fn, _code, defaults, kwdefaults, cells = self.spec.value
-        if self.spec.kind == "function" and self.spec.where == _describe_provenance_of_input_fn():
+        if self.spec.kind == "function" and self.spec.where == _INPUT_FN_WHERE:
             return self.spec.kind, self.spec.where, _COMPILED_FUNCTION
         return self.spec.kind, self.spec.where, fn, defaults, kwdefaults, cells
 
@@ -1025,8 +1022,7 @@ class _FunctionCheck(_StateCheck):
 _COMPILED_FUNCTION = "the compiled function"  # (a stored _FunctionCheck of it)
 
 
-def _describe_provenance_of_input_fn() -> str:
-    return "the compiled callable"  # what _describe_provenance says of thunder's INPUT_FN
+_INPUT_FN_WHERE = "the compiled callable"  # what _describe_provenance says of thunder's INPUT_FN
 
 
 class _Pending:
@@ -1159,13 +1155,13 @@ def _describe_provenance(record) -> str:
     if inst == "INPUT_KWARGS":
         return "kwargs"
     if inst == "INPUT_FN":
-        return _describe_provenance_of_input_fn()
+        return _INPUT_FN_WHERE
     if inst in ("LOAD_ATTR", "BINARY_SUBSCR") and len(record.inputs) == 2:
         base, key = record.inputs
         k = getattr(key, "value", "?")
         base_text = _describe_provenance(base)
         if inst == "LOAD_ATTR":
-            return f"{base_text}.{k}" if base_text != "the compiled callable" else f"module attribute {k}"
+            return f"{base_text}.{k}" if base_text != _INPUT_FN_WHERE else f"module attribute {k}"
         return f"{base_text}[{k!r}]"
     return "input"
 

@@ -78,7 +78,7 @@ def _symbol_call(sym, args: tuple, kwargs: dict):
         result = torch_function.dispatch(sym, args, kwargs, torch_callable_for, denormalize)
         if result is not _thunder_internals.NOT_HANDLED:
             return result
-    interpretation.check_no_nested_int(sym, args, kwargs, leaves)
+    interpretation.check_no_nested_int(sym, leaves)
     try:
         if not has_subclass_leaf(leaves):
             return _thunder_internals.NOT_HANDLED

@@ -242,11 +242,11 @@ def _outer_size(p: SubclassTensorProxy, dim: int | None = None):
     return size if dim is None else size[dim]
 
 
-def check_no_nested_int(sym: Symbol, args: tuple, kwargs: dict, leaves: list | None = None) -> None:
+def check_no_nested_int(sym: Symbol, leaves: list) -> None:
     """A nested int (the ragged size of a jagged NestedTensor, ``x.shape[1]``) passed to a torch operation as a
-    number: thunder's traces cannot hold one. Raises :class:`UnsupportedSubclassOperationError` naming it.
-    ``leaves``: the arguments' leaves, when the caller has flattened them."""
-    for a in tree_flatten((args, kwargs))[0] if leaves is None else leaves:
+    number (one of ``leaves``, the operation's flattened arguments): thunder's traces cannot hold one. Raises
+    :class:`UnsupportedSubclassOperationError` naming it."""
+    for a in leaves:
         if is_nested_int(a):
             raise UnsupportedSubclassOperationError(
                 f"{sym.name} at {format_location(*source_location())} received {a}, the ragged size of a jagged "

@@ -31,7 +31,7 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 import thunder.core.devices as devices
 import thunder.core.dtypes as dtypes
-from thunder.core.proxies import AnyProxy, ProxyTag, TensorProxy, tensorproxy
+from thunder.core.proxies import AnyProxy, NumberProxy, ProxyTag, TensorProxy, tensorproxy
 from thunder.core.pytree import tree_iter
 from thunder.core.symbol import Symbol
 from thunder.core.trace import get_tracectx
@@ -55,7 +55,7 @@ __all__ = [
     "SubclassTensorProxy", "OpaqueObjectProxy", "is_subclass_value", "has_subclass_proxy", "has_subclass_leaf",
     "subclass_proxy_from_tensor",
     "proxy_kind", "runtime_kind", "flatten_symbol", "record_flatten", "record_opaque_constant", "RAGGED_PLACEHOLDER",
-    "nested_int_of", "remember_nested_int",
+    "nested_int_of", "remember_nested_int", "is_symbolic_size", "has_symbolic_sizes", "size_values",
 ]
 
 # the size a ragged (nested-int) dim has in a subclass proxy's thunder shape: a valid length that no code reads as the
@@ -266,6 +266,24 @@ def mark_protocol_error(p: TensorProxy, error: Exception) -> TensorProxy:
     """Remember on ``p`` that its value is a subclass that cannot be compiled (see :func:`has_subclass_proxy`)."""
     p.__dict__[_PROTOCOL_ERROR] = error
     return p
+
+
+def is_symbolic_size(d: Any) -> bool:
+    """A size that is a number proxy the prologue does not pin (``cache="symbolic values"``)."""
+    return isinstance(d, NumberProxy) and not d.is_static_constrained()
+
+
+def has_symbolic_sizes(p: Any) -> bool:
+    """Whether tensor proxy ``p`` (or, for a subclass proxy, one of its inner proxies) has a symbolic size."""
+    if not isinstance(p, TensorProxy):
+        return False
+    return any(is_symbolic_size(d) for d in p._shape) or (
+        isinstance(p, SubclassTensorProxy) and any(has_symbolic_sizes(q) for q in p.inner.values()))
+
+
+def size_values(sizes) -> tuple:
+    """``sizes`` with each number proxy replaced by its value (as traced)."""
+    return tuple(int(d.value) if isinstance(d, NumberProxy) else d for d in sizes)
 
 
 def has_subclass_proxy(args, kwargs) -> bool:

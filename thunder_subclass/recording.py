@@ -69,6 +69,7 @@ from thunder_subclass.fake import (
 from thunder_subclass.proxy import (
     SubclassTensorProxy,
     flatten_tensor,
+    has_symbolic_sizes,
     is_opaque_object,
     proxy_kind,
     inner_references,
@@ -465,15 +466,6 @@ def record_call(fn: Callable, args: tuple, kwargs: dict, scope: list, what: str,
     return env, out, result
 
 
-def _has_symbolic_sizes(x: Any) -> bool:
-    if isinstance(x, SubclassTensorProxy):
-        return any(isinstance(d, NumberProxy) and not d.is_static_constrained() for d in x._shape) \
-            or any(_has_symbolic_sizes(q) for q in x.inner.values())
-    if isinstance(x, TensorProxy):
-        return any(isinstance(d, NumberProxy) and not d.is_static_constrained() for d in x._shape)
-    return False
-
-
 def _record_symbolic(fn: Callable, args: tuple, kwargs: dict, scope: list, what: str, subclasses: str,
                      run_kwargs: dict):
     """``(env, fake results, proxy results)`` of ``fn`` run on fakes whose sizes are the symbols of a ShapeEnv
@@ -483,7 +475,7 @@ def _record_symbolic(fn: Callable, args: tuple, kwargs: dict, scope: list, what:
     (recording again for autodiff) a failure is raised instead: sizes can no longer be pinned."""
     if "env" in run_kwargs or not symbolic_values_active():
         return None
-    if not any(_has_symbolic_sizes(a) for a in tree_flatten((args, kwargs))[0]):
+    if not any(has_symbolic_sizes(a) for a in tree_flatten((args, kwargs))[0]):
         return None
     mark = len(scope)
     env = FakeEnv(ShapeSymbols())

@@ -21,7 +21,7 @@ from thunder_subclass._thunder_internals import remember_symbol_origin
 from thunder_subclass.errors import SubclassGradientError
 from thunder_subclass.executor import register_symbol
 from thunder_subclass.fake import FakeEnv, resolve_context
-from thunder_subclass.proxy import SubclassTensorProxy, flatten_ids, subclass_proxy_from_tensor
+from thunder_subclass.proxy import SubclassTensorProxy, flatten_ids, size_values, subclass_proxy_from_tensor
 
 __all__ = [
     "unflatten_symbol", "cotangent_flatten_symbol", "is_flatten_bsym", "is_unflatten_bsym", "record_unflatten",
@@ -56,14 +56,12 @@ def _is_literal(x: Any) -> bool:
 def ctx_arg(ctx: Any) -> Any:
     """``ctx`` as a bound-symbol argument: itself when a plain literal or a size holding number proxies (symbolic
     sizes: the trace passes their values at run time), else wrapped in :class:`FlattenContext`."""
-    if _is_literal(ctx) or _is_symbolic_size(ctx):
+    if _is_literal(ctx) or _is_size_of_numbers(ctx):
         return ctx
     return FlattenContext(ctx)
 
 
-def _is_symbolic_size(x: Any) -> bool:
-    from thunder.core.proxies import NumberProxy
-
+def _is_size_of_numbers(x: Any) -> bool:
     return type(x) is tuple and any(isinstance(v, NumberProxy) for v in x) \
         and all(type(v) is int or isinstance(v, NumberProxy) for v in x)
 
@@ -82,8 +80,7 @@ def unflatten_symbol(cls: type) -> Symbol:
 
         def meta(inner: tuple, attrs: tuple[str, ...], ctx: Any, outer_size: tuple, outer_stride: tuple):
             env = FakeEnv()
-            size = tuple(int(d.value) if isinstance(d, NumberProxy) else d for d in ctx_value(outer_size))
-            stride = tuple(int(d.value) if isinstance(d, NumberProxy) else d for d in ctx_value(outer_stride))
+            size, stride = size_values(ctx_value(outer_size)), size_values(ctx_value(outer_stride))
             fake = cls.__tensor_unflatten__(
                 {a: env.to_fake(p) for a, p in zip(attrs, inner)}, resolve_context(ctx_value(ctx), size, stride),
                 size, stride,

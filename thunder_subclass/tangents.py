@@ -45,7 +45,9 @@ from thunder_subclass.executor import register_symbol, subclass_executor
 from thunder_subclass.fake import FakeEnv, fake_execution, resolve_context, torch_device, torch_dtype
 from thunder_subclass.flatten import Flattener, flatten_subclasses, is_subclass_level
 from thunder_subclass.subclass_symbols import is_flatten_bsym, is_unflatten_bsym
-from thunder_subclass.proxy import OpaqueObjectProxy, SubclassTensorProxy, proxy_kind, runtime_kind, subclass_proxy_from_tensor
+from thunder_subclass.proxy import (
+    OpaqueObjectProxy, SubclassTensorProxy, has_symbolic_sizes, proxy_kind, runtime_kind, subclass_proxy_from_tensor,
+)
 
 __all__ = [
     "BackwardVariants", "SavedTensorNames", "flatten_for_executors", "replace_grads", "run_backward",
@@ -298,18 +300,9 @@ def mutated_inputs(compiled_backward) -> tuple[int, ...]:
     return () if variants is None else variants.mutated_inputs
 
 
-def _has_symbolic_sizes(p) -> bool:
-    from thunder.core.proxies import NumberProxy
-
-    if isinstance(p, SubclassTensorProxy) and any(_has_symbolic_sizes(q) for q in p.inner.values()):
-        return True
-    return isinstance(p, TensorProxy) and any(isinstance(d, NumberProxy) and not d.is_static_constrained()
-                                               for d in p._shape)
-
-
 def _zeros_of(p):
     """A real zero tensor of the kind of proxy ``p`` (a subclass rebuilt from zero inner tensors)."""
-    if _has_symbolic_sizes(p):  # the sizes of this call are not known here
+    if has_symbolic_sizes(p):  # the sizes of this call are not known here
         raise UnsupportedTracingError(
             f"a zero gradient for a {proxy_kind(p)} output with symbolic sizes (cache=\"symbolic values\") cannot "
             "be made; pass dynamic=False to thunder_subclass.jit for one trace per size."
@@ -334,7 +327,7 @@ def coerced_tangent(gp: SubclassTensorProxy):
             tangent = tangent.__coerce_tangent_metadata__()
     if runtime_kind(tangent) == proxy_kind(gp):
         return None
-    if _has_symbolic_sizes(gp):  # the gradient kind would have this trace's sizes
+    if has_symbolic_sizes(gp):  # the gradient kind would have this trace's sizes
         raise UnsupportedTracingError(
             f"the gradient of a {proxy_kind(gp)} output is coerced to another kind, which thunder_subclass does not "
             "do with symbolic sizes (cache=\"symbolic values\"); pass dynamic=False to thunder_subclass.jit for "

@@ -14,7 +14,6 @@ Owner of state: :data:`handlers` and :data:`hooks_installed` are set by :func:`.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import weakref
 from collections.abc import Callable
 from typing import Any

@@ -263,16 +263,18 @@ _STATE_GETTER = re.compile(r"_?(get|is|are|has)_")
 _PLAIN = (type(None), bool, int, float, str, torch.dtype, torch.device)
 
 
+def _is_torch_builtin_named(fn: Any, pattern: re.Pattern) -> bool:
+    return (type(fn) is types.BuiltinFunctionType and getattr(fn, "__module__", None) in ("torch._C", "torch")
+            and bool(pattern.match(getattr(fn, "__name__", ""))))
+
+
 def is_torch_state_query(fn: Any, args: tuple) -> bool:
     """Whether calling ``fn(*args)`` natively reads a piece of torch's global state: a built-in function of
     ``torch._C`` (also as ``torch.<name>``) named like a getter (``_get_*``, ``is_*``, ``are_*``, ``has_*``, with or
     without the underscore: ``_get_deterministic_algorithms``, ``_is_tracing``, ``get_num_threads``), with plain
-    arguments only (no tensors: ``torch.is_floating_point(x)`` reads its argument)."""
-    if type(fn) is not types.BuiltinFunctionType or getattr(fn, "__module__", None) not in ("torch._C", "torch"):
-        return False
-    if not _STATE_GETTER.match(getattr(fn, "__name__", "")):
-        return False
-    return all(type(a) in _PLAIN for a in args)
+    arguments only (no tensors: ``torch.is_floating_point(x)`` reads its argument). ``args`` may be the
+    interpreter's wrapped values (their ``value`` is looked at)."""
+    return _is_torch_builtin_named(fn, _STATE_GETTER) and all(type(getattr(a, "value", a)) in _PLAIN for a in args)
 
 
 _STATE_SETTER = re.compile(r"_?set_")
@@ -282,8 +284,7 @@ def is_torch_state_setter(fn: Any) -> bool:
     """Whether ``fn`` is a built-in function of ``torch._C`` (also as ``torch.<name>``) named like a setter of torch's
     global state (``_set_default_dtype``, ``_set_deterministic_algorithms``, ``set_num_threads``): run natively while
     tracing, its effect would not be part of the compiled program."""
-    return (type(fn) is types.BuiltinFunctionType and getattr(fn, "__module__", None) in ("torch._C", "torch")
-            and bool(_STATE_SETTER.match(getattr(fn, "__name__", ""))))
+    return _is_torch_builtin_named(fn, _STATE_SETTER)
 
 
 def is_plain_state_value(value: Any) -> bool:

@@ -232,7 +232,7 @@ def _hook_general_jit_lookaside(original):
                 # argument 'fn'" (plain thunder.jit as well)
                 kwargs[_FN_KEYWORD] = kwargs.pop("fn")
             lookaside = original(fn, *args, **kwargs)
-            if lookaside is None and not kwargs and is_torch_state_query(fn, [getattr(a, "value", a) for a in args]):
+            if lookaside is None and not kwargs and is_torch_state_query(fn, args):
                 return _state_query(fn)
             if lookaside is None and is_torch_state_setter(fn):
                 return _state_setter(fn)
