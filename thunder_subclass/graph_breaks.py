@@ -49,6 +49,7 @@ from typing import Any
 
 import torch
 
+from thunder_subclass import eager_calls
 from thunder_subclass._thunder_internals import data_dependent_exception_types, exception_source_lines, with_call
 from thunder_subclass.errors import UnsupportedGlobalStateError
 
@@ -237,6 +238,36 @@ def _child_regions(module: torch.nn.Module, prefix: str):
             yield from _child_regions(child, qualified)
 
 
+@dataclasses.dataclass
+class _Taken:
+    """A cached fallback decision: the break, the program's observation count when it was taken, whether it was
+    traced again since, and whether its next eager run may still be observed."""
+
+    graph_break: GraphBreak
+    generation: int
+    retried: bool = False
+    observable: bool = True
+
+
+def _root_module(owner: Any) -> torch.nn.Module | None:
+    if isinstance(owner, torch.nn.Module):
+        return owner
+    module = getattr(owner, "__self__", None)
+    return module if isinstance(module, torch.nn.Module) else None
+
+
+def _rng_state() -> tuple:
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    return torch.get_rng_state(), cuda
+
+
+def _set_rng_state(state: tuple) -> None:
+    cpu, cuda = state
+    torch.set_rng_state(cpu)
+    if cuda is not None:
+        torch.cuda.set_rng_state_all(cuda)
+
+
 class _Program:
     """The graph-break state of one compiled object: the jitted functions of its submodules' classes (created on the
     first break that needs them), the cached fallback decisions, the report of the latest call and the break
@@ -246,12 +277,20 @@ class _Program:
         self.jit = jit  # thunder_subclass.jit with the user's options and fullgraph=True
         self.label = label
         self.shared: dict[Any, Callable] = {}  # (class, forward) -> jitted forward (module as first argument)
-        self.broken: dict[Any, GraphBreak] = {}  # (id of the callable, signature) -> the break it took
+        self.broken: dict[Any, _Taken] = {}  # (id of the callable, signature) -> the break it took
         self.broken_owners: set[int] = set()  # ids of the callables with an entry in ``broken``
         self.report = GraphBreakReport()
         self.warned: set[str] = set()
         self.depth = 0
         self.quiet = False
+        # eager calls inside compiled regions (eager_calls.py): observed pure eager runs of modules that broke, by
+        # call kind; the module classes among them; a count bumped at each new observation (a callable that broke
+        # before it is traced again once, now that a child can be an eager call); observation keys that mismatched
+        self.observed: dict[Any, eager_calls.Observation] = {}
+        self.observed_types: set[type] = set()
+        self.generation = 0
+        self.dropped: set[Any] = set()
+        self.regions_with_eager_calls: set[int] = set()  # ids of jitted functions whose traces hold eager calls
 
     def run(self, key_owner: Any, name: str, compiled: Callable, eager: Callable, args: tuple, kwargs: dict,
             region: Callable | None = None):
@@ -260,25 +299,83 @@ class _Program:
         function to list in the report (default ``compiled``). The signature is computed only for callables that
         broke before or break now (nothing added to a call of a program that traces whole)."""
         taken = None
+        region = compiled if region is None else region
         if id(key_owner) in self.broken_owners:
             taken = self.broken.get((id(key_owner), _call_signature(args, kwargs)))
+            if taken is not None and taken.generation < self.generation and not taken.retried \
+                    and type(key_owner) not in self.observed_types:
+                taken.retried = True  # a child can now be an eager call in its trace: trace it once more
+                taken = None
         if taken is None:
+            module = _root_module(key_owner)
+            rng = _rng_state() if id(region) in self.regions_with_eager_calls else None
             try:
-                result = compiled(*args, **kwargs)
+                if module is None:
+                    result = compiled(*args, **kwargs)
+                else:
+                    with eager_calls.root_scope(eager_calls.Root(self, module, name, region)):
+                        result = compiled(*args, **kwargs)
+            except eager_calls.EagerCallMismatch as e:
+                # an eager call returned what the trace did not assume: nothing after it ran, nothing was written
+                # back; run this callable eagerly, and no longer record that kind of call as one operation
+                if rng is not None:
+                    _set_rng_state(rng)
+                self.dropped.add(eager_calls.spec_key(e.spec_id))
+                self.observed.pop(eager_calls.spec_key(e.spec_id), None)
+                taken = _Taken(GraphBreak(name, eager_calls.spec_location(e.spec_id),
+                                          f"EagerCallMismatch: {e}"), self.generation)
+                self.broken[(id(key_owner), _call_signature(args, kwargs))] = taken
+                self.broken_owners.add(id(key_owner))
             except Exception as e:
                 reason = graph_break_reason(e)
                 if reason is None:
                     raise
-                taken = GraphBreak(name, _user_location(e), reason)
+                taken = _Taken(GraphBreak(name, _user_location(e), reason), self.generation)
                 self.broken[(id(key_owner), _call_signature(args, kwargs))] = taken
                 self.broken_owners.add(id(key_owner))
             else:
-                self.report.regions[name] = compiled if region is None else region
+                if id(key_owner) in self.broken_owners:  # it traced again (a child is an eager call now)
+                    self.broken.pop((id(key_owner), _call_signature(args, kwargs)), None)
+                self.report.regions[name] = region
                 self.report.region_calls += 1
                 return result
-        self.report.breaks.append(taken)
-        with self._children_compiled(eager if isinstance(eager, _ModuleCode) else None, name):
-            return eager(*args, **kwargs)
+        self.report.breaks.append(taken.graph_break)
+        code = eager if isinstance(eager, _ModuleCode) else None
+        observe = code is not None and taken.observable
+        before = eager_calls.snapshot(code.module, args, kwargs) if observe else None
+        first = len(self.report.breaks)
+        with self._children_compiled(code, name):
+            result = eager(*args, **kwargs)
+        if observe:
+            taken.observable = False
+            # only a module whose own code holds the break (no child broke at its location) can be an eager call
+            if not any(b.location == taken.graph_break.location for b in self.report.breaks[first:]):
+                self._observe(code.module, before, args, kwargs, result)
+        return result
+
+    def _observe(self, module: torch.nn.Module, before, args: tuple, kwargs: dict, result) -> None:
+        """Record the eager run of ``module`` (it broke) for eager calls in its parents' traces (once per kind)."""
+        key = eager_calls.observe_key(module, args, kwargs, torch.is_grad_enabled(), proxy=False)
+        if key is None or key in self.observed or key in self.dropped:
+            return
+        observation = eager_calls.record_observation(before, args, kwargs, result)
+        if observation is not None:
+            self.observed[key] = observation
+            self.observed_types.add(type(module))
+            self.generation += 1
+
+    def call_eagerly(self, module: torch.nn.Module, qualified: str, args: tuple, kwargs: dict):
+        """``module(*args, **kwargs)`` from an eager call inside a compiled region: ``Module.__call__`` and its hooks,
+        its own code eagerly (it broke), its children compiled."""
+        previous = module.__dict__.get("forward")
+        module.__dict__["forward"] = self._compiled_child(module, qualified)
+        try:
+            return module(*args, **kwargs)
+        finally:
+            if previous is None:
+                module.__dict__.pop("forward", None)
+            else:
+                module.__dict__["forward"] = previous
 
     @contextlib.contextmanager
     def _children_compiled(self, code: _ModuleCode | None, name: str):

@@ -40,6 +40,7 @@ from thunder_subclass import (
     _thunder_internals,
     autograd,
     distributed,
+    eager_calls,
     grad_modes,
     guards,
     hf,
@@ -118,6 +119,7 @@ def _update_aliases(args: tuple, kwargs: dict):
 def _lookaside(fn, wrapped_args: tuple):
     return (
         speculation.lookaside(fn, wrapped_args)
+        or eager_calls.lookaside(fn, wrapped_args)
         or module_calls.call_impl_lookaside(fn, wrapped_args)
         or autograd.function_apply_lookaside(fn, wrapped_args)
         or distributed.lookaside(fn, wrapped_args)

@@ -249,7 +249,7 @@ check_speculation = subclass_executor.register_operator(
 )
 
 
-def _is_unsafe(bsym, *, random: bool = True) -> bool:
+def is_unsafe(bsym, *, random: bool = True) -> bool:
     """An in-place (or, with ``random``, a random or side-effecting) operation, in the bound symbol or any of its
     subsymbols."""
     todo = [bsym]
@@ -335,7 +335,7 @@ def _slice(target, trace, real_inputs: dict) -> tuple | None:
     had before the change (thunder makes operations functional only after tracing), so the operations a value depends
     on are not those of its producers alone (an input, or a view of it, changed before the branch would give the
     prologue's value of the unchanged one)."""
-    if _thunder_internals.trace_recorded(functools.partial(_is_unsafe, random=False), "in_place_scan"):
+    if _thunder_internals.trace_recorded(functools.partial(is_unsafe, random=False), "in_place_scan"):
         return None
     producers = {}
     for i, bsym in enumerate(trace.bound_symbols):
@@ -377,7 +377,7 @@ def _slice(target, trace, real_inputs: dict) -> tuple | None:
             todo.append(source[0])
             continue
         bsym = trace.bound_symbols[i]
-        if bsym.sym.id in (prims.PrimIDs.UNPACK_TRIVIAL, prims.PrimIDs.RETURN) or _is_unsafe(bsym):
+        if bsym.sym.id in (prims.PrimIDs.UNPACK_TRIVIAL, prims.PrimIDs.RETURN) or is_unsafe(bsym):
             return None
         needed.add(i)
         todo.extend(p.name for p in bsym.flat_proxy_args)

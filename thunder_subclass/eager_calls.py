@@ -1,0 +1,634 @@
+"""Graph breaks inside a compiled region: a submodule whose own code breaks runs as ONE eager operation of its
+parent's trace.
+
+In: a module call ``child(*args)`` that thunder's interpreter meets while tracing a region of a graph-break program
+(``graph_breaks._Program``), where ``child`` broke before with arguments of this kind and its eager run was observed.
+Out: one bound symbol, ``eager_module_call(spec, *tensors)`` (``eager_module_call_grad_forward`` /
+``..._backward`` when gradients flow), whose outputs are proxies with the metadata the observed run gave; at run time
+the symbol calls ``child`` eagerly (``Module.__call__``, its hooks, its own Python, its children compiled as
+regions) and checks that what it returned matches what the trace assumed.
+
+Why: without this, a break anywhere in a block (the per-expert loop of a mixture-of-experts layer) makes every module
+above it run its Python eagerly, each of their children a separate region. With it, the block's parent (up to the
+whole model) traces as one program around the eager call, as torch.compile's graphs surround the code it breaks on.
+
+When a call is recorded so (all must hold, else the call traces as before, i.e. the parent breaks too):
+
+* the child broke before (its own code holds the break) and one eager run of it, with arguments of the same kind
+  (tensor types, ranks, dtypes, devices; Python values; the grad mode), was observed to be *pure*: no tensor it could
+  reach (its parameters, buffers, tensor arguments) changed version, no attribute of it or its submodules changed,
+  and it returned plain tensors (or None / Python scalars) in a tuple, list or alone, none an argument;
+* its arguments are plain tensors and Python constants (no subclass tensor, no symbolic number);
+* the trace so far holds no in-place operation and no pending write to the child, its submodules or its arguments
+  (thunder applies Python side effects after the computation; the eager call must see the state eager would);
+* no autocast is in effect at the call.
+
+Output sizes: an output whose observed shape equalled a tensor argument's is taken as "that argument's shape" for
+any sizes; other shapes are taken as observed and need the arguments' observed shapes.
+
+At run time a mismatch (another output type, shape, dtype, device, a constant output that differs, the child no longer
+at its path) raises :class:`EagerCallMismatch` before anything after the call runs; the graph-break program catches
+it, restores the random-number state and runs the parent eagerly instead (the observation is dropped), so a wrong
+assumption costs time, never a wrong result. The computation before the call is free of in-place operations and the
+epilogue's Python writes have not happened, so running the parent again is what eager does.
+
+Gradients: with grad enabled at the call and a tensor argument or a trainable parameter of the child requiring grad,
+the forward runs the child under ``torch.enable_grad`` on detached arguments and keeps its autograd graph behind an
+integer handle tensor; the backward symbol calls ``torch.autograd.grad`` through that graph for the arguments and the
+child's trainable parameters (which are inputs of the symbol, so thunder accumulates their gradients as any other).
+
+Owner of state: the specs are process-wide (one per distinct call site kind, appended, small); the autograd graphs
+live until their handle tensor is freed (with the forward's saved tensors). Traces holding these symbols are not
+stored by the disk cache (the spec is a process-local number).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+__all__ = [
+    "EagerCallMismatch",
+    "active_root",
+    "lookaside",
+    "observe_key",
+    "record_observation",
+    "root_scope",
+    "snapshot",
+]
+
+
+class EagerCallMismatch(Exception):
+    """An eager submodule call inside a compiled region returned something the trace did not assume (internal: the
+    graph-break program catches it and runs the region's module eagerly)."""
+
+    def __init__(self, spec_id: int, detail: str):
+        super().__init__(detail)
+        self.spec_id = spec_id
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The root of the region being traced or run (a stack per thread)
+# ---------------------------------------------------------------------------------------------------------------
+
+_local = threading.local()
+
+
+@dataclasses.dataclass
+class Root:
+    program: Any  # graph_breaks._Program
+    module: torch.nn.Module
+    name: str
+    region: Any  # the jitted function the region runs (its traces may hold eager calls)
+
+
+def _roots() -> list:
+    roots = getattr(_local, "roots", None)
+    if roots is None:
+        roots = _local.roots = []
+    return roots
+
+
+class root_scope:
+    """``with root_scope(root):`` a region of ``root.module`` is traced or run."""
+
+    __slots__ = ("root",)
+
+    def __init__(self, root: Root):
+        self.root = root
+
+    def __enter__(self):
+        _roots().append(self.root)
+
+    def __exit__(self, *exc):
+        _roots().pop()
+
+
+def active_root() -> Root | None:
+    roots = _roots()
+    return roots[-1] if roots else None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Observing an eager run
+# ---------------------------------------------------------------------------------------------------------------
+
+_CONSTANTS = (type(None), bool, int, float, str, torch.dtype, torch.device)
+
+
+def _leaf_kind(x: Any, *, proxy: bool) -> Any:
+    """The kind of one argument leaf, the same for a real tensor and for its proxy (no sizes), or None when the leaf
+    rules the call out."""
+    if proxy:
+        from thunder.core.proxies import NumberProxy, TensorProxy
+
+        from thunder_subclass.proxy import SubclassTensorProxy
+
+        if isinstance(x, SubclassTensorProxy):
+            return None
+        if isinstance(x, TensorProxy):
+            from thunder.core import devices, dtypes
+
+            return ("tensor", x.ndim, dtypes.to_torch_dtype(x.dtype), devices.to_torch_device(x.device))
+        if isinstance(x, NumberProxy):
+            return None
+    elif isinstance(x, torch.Tensor):
+        if type(x) is not torch.Tensor and type(x) is not torch.nn.Parameter:
+            return None
+        return ("tensor", x.dim(), x.dtype, x.device)
+    if isinstance(x, _CONSTANTS) and (not isinstance(x, float) or x == x):
+        return ("const", type(x), x)
+    return None
+
+
+def observe_key(module: torch.nn.Module, args: tuple, kwargs: dict, grad_enabled: bool, *, proxy: bool) -> Any:
+    """The key an observation of ``module(*args, **kwargs)`` is stored under, or None when such a call cannot be an
+    eager call in a trace."""
+    leaves, spec = pytree.tree_flatten((args, kwargs))
+    kinds = tuple(_leaf_kind(x, proxy=proxy) for x in leaves)
+    if any(k is None for k in kinds):
+        return None
+    forward = module.__dict__.get("_thunder_subclass_forward", type(module).forward)
+    return (type(module), forward, grad_enabled, str(spec), kinds)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Snapshot:
+    versions: tuple
+    dicts: tuple
+
+
+def snapshot(module: torch.nn.Module, args: tuple, kwargs: dict) -> _Snapshot:
+    """What an eager run of ``module`` could change that a trace around it would not see: tensor versions and the
+    attributes of the module and its submodules (compared by identity)."""
+    tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+    tensors += list(module.parameters()) + list(module.buffers())
+    dicts = []
+    for m in module.modules():
+        d = {k: v for k, v in m.__dict__.items() if k != "forward"}
+        dicts.append((m, d, dict(m._parameters), dict(m._buffers), dict(m._modules)))
+    return _Snapshot(tuple((t, t._version) for t in tensors), tuple(dicts))
+
+
+def _unchanged(before: _Snapshot) -> bool:
+    if any(t._version != v for t, v in before.versions):
+        return False
+    for m, d, params, buffers, modules in before.dicts:
+        now = {k: v for k, v in m.__dict__.items() if k != "forward"}
+        for old, new in ((d, now), (params, m._parameters), (buffers, m._buffers), (modules, m._modules)):
+            if old.keys() != new.keys() or any(old[k] is not new[k] for k in old):
+                return False
+    return True
+
+
+@dataclasses.dataclass(frozen=True)
+class Observation:
+    """An eager run's result, described for a trace: per output leaf ``("tensor", shape, dtype, device,
+    requires_grad)`` where shape is ``("like", i)`` (the i-th tensor argument's) or ``("fixed", sizes)``, or
+    ``("const", value)``; and the argument shapes it needs (None when every output is "like")."""
+
+    out_spec: Any
+    out_leaves: tuple
+    arg_shapes: tuple | None
+
+
+def record_observation(before: _Snapshot, args: tuple, kwargs: dict, result: Any) -> Observation | None:
+    """The :class:`Observation` of an eager run that returned ``result``, or None when it cannot be an eager call in
+    a trace (it changed state, or returned something else than plain tensors and constants)."""
+    if not _unchanged(before):
+        return None
+    arg_tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+    leaves, out_spec = pytree.tree_flatten(result)
+    if not isinstance(result, (torch.Tensor, tuple, list)) or type(result) not in (torch.Tensor, tuple, list):
+        return None
+    described, fixed = [], False
+    for o in leaves:
+        if isinstance(o, torch.Tensor):
+            if type(o) is not torch.Tensor or any(o is t for t in arg_tensors):
+                return None
+            like = next((i for i, t in enumerate(arg_tensors) if t.shape == o.shape), None)
+            shape = ("like", like) if like is not None else ("fixed", tuple(o.shape))
+            fixed = fixed or like is None
+            described.append(("tensor", shape, o.dtype, o.device, o.requires_grad))
+        elif isinstance(o, (type(None), bool, int, float)):
+            described.append(("const", o))
+        else:
+            return None
+    arg_shapes = tuple(tuple(t.shape) for t in arg_tensors) if fixed else None
+    return Observation(out_spec, tuple(described), arg_shapes)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The call in a trace
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _Spec:
+    key: Any  # the observation's key (dropped on a mismatch)
+    path: str  # the child's path from the region's module
+    module_type: type
+    arg_spec: Any  # pytree spec of (args, kwargs)
+    arg_leaves: tuple  # per leaf: ("tensor", i) or ("const", value)
+    observation: Observation
+    grad: bool  # recorded with gradients
+    grad_inputs: tuple  # indices of the symbol's tensor inputs that require grad (grad path)
+    n_params: int  # trainable parameters appended to the symbol's inputs (grad path)
+
+
+_specs: list[_Spec] = []
+_specs_lock = threading.Lock()
+
+
+def _new_spec(spec: _Spec) -> int:
+    with _specs_lock:
+        _specs.append(spec)
+        return len(_specs) - 1
+
+
+def _relative_path(root: torch.nn.Module, module: torch.nn.Module) -> str | None:
+    for name, m in root.named_modules(remove_duplicate=False):
+        if m is module:
+            return name
+    return None
+
+
+def _no_unsafe_operations_so_far() -> bool:
+    """No operation recorded so far changed a tensor that existed before the trace's computation began (an input, a
+    view of one, or a view of anything: in place on a tensor the trace made itself, ``weights /= weights.sum()``, is
+    fine, since running the parent again makes it again)."""
+    from thunder.core import prims
+    from thunder.core.proxies import TensorProxy
+    from thunder.core.pytree import tree_flatten
+    from thunder.core.trace import get_tracectx
+
+    from thunder_subclass.speculation import is_unsafe
+
+    trace = get_tracectx()
+    if trace is None or len(trace.scopes) > 1:
+        return False
+    import thunder.torch as ltorch
+
+    views = ltorch._syms_returning_views | ltorch._syms_that_may_return_views
+    fresh: set[str] = set()
+    for bsym in trace.bound_symbols:
+        if is_unsafe(bsym, random=False):
+            targets = tree_flatten((bsym.args, bsym.kwargs))[0] if bsym.sym.id == prims.PrimIDs.UPDATE_ALIASES \
+                else [next((a for a in tree_flatten(bsym.args)[0] if isinstance(a, TensorProxy)), None)]
+            if any(not isinstance(t, TensorProxy) or t.name not in fresh for t in targets):
+                return False
+        if bsym.sym in views:
+            continue
+        fresh.update(o.name for o in tree_flatten(bsym.output)[0] if isinstance(o, TensorProxy))
+    return True
+
+
+def _untouched_by_pending_writes(module: torch.nn.Module) -> bool:
+    """No Python write recorded so far in the trace (applied by the epilogue after the computation) is to ``module``,
+    its submodules or an object they hold directly."""
+    from thunder_subclass._thunder_internals import jit_context
+
+    ctx = jit_context()
+    pending = getattr(ctx, "_additional_outputs", None) if ctx is not None else None
+    if not pending:
+        return True
+    reachable = set()
+    for m in module.modules():
+        reachable.add(id(m))
+        reachable.add(id(m.__dict__))
+        reachable.update(id(v) for v in m.__dict__.values())
+    from thunder.core.interpreter import unwrap
+
+    return not any(id(unwrap(w)) in reachable for w in pending)
+
+
+def lookaside(fn, wrapped_args: tuple) -> Callable | None:
+    """The interpreter lookaside for ``Module._call_impl(child, ...)`` of a child that may be recorded as one eager
+    call (module docstring), else None. Whether it is recorded is decided with the call's keyword arguments, in the
+    callable returned; a call that is not is interpreted as before."""
+    from thunder_subclass._thunder_internals import module_call_impl
+
+    if fn is not module_call_impl() or not wrapped_args:
+        return None
+    root = active_root()
+    if root is None or not root.program.observed:
+        return None
+    from thunder.core.interpreter import interpreter_needs_wrap, unwrap, wrap_const
+
+    from thunder_subclass._thunder_internals import interpret_call
+
+    module = unwrap(wrapped_args[0])
+    if not isinstance(module, torch.nn.Module) or type(module) not in root.program.observed_types:
+        return None
+    if getattr(_local, "skip", None) is module:  # interpreted as before (below)
+        _local.skip = None
+        return None
+
+    def call(wmodule, *wargs, **wkwargs):
+        args = tuple(unwrap(a) for a in wargs)
+        kwargs = {k: unwrap(v) for k, v in wkwargs.items()}
+        result = _record(root, module, args, kwargs)
+        if result is _NOT_RECORDED:
+            _local.skip = module
+            return interpret_call(wrap_const(fn), wmodule, *wargs, **wkwargs)
+        return interpreter_needs_wrap(lambda *a, **k: result)(wmodule, *wargs, **wkwargs)
+
+    return call
+
+
+_NOT_RECORDED = object()
+
+
+def _record(root: Root, module: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
+    from thunder_subclass.fake import autocast_in_effect
+    from thunder_subclass.recording import is_traced_grad_enabled
+
+    grad = is_traced_grad_enabled()
+    key = observe_key(module, args, kwargs, grad, proxy=True)
+    observation = root.program.observed.get(key) if key is not None else None
+    if observation is None or autocast_in_effect():
+        return _NOT_RECORDED
+    leaves, arg_spec = pytree.tree_flatten((args, kwargs))
+    tensors = [x for x in leaves if _leaf_kind(x, proxy=True)[0] == "tensor"]
+    if observation.arg_shapes is not None and tuple(tuple(t.shape) for t in tensors) != observation.arg_shapes:
+        return _NOT_RECORDED
+    path = _relative_path(root.module, module)
+    if path is None or not _no_unsafe_operations_so_far() or not _untouched_by_pending_writes(module):
+        return _NOT_RECORDED
+    arg_leaves, i = [], 0
+    for x in leaves:
+        if _leaf_kind(x, proxy=True)[0] == "tensor":
+            arg_leaves.append(("tensor", i))
+            i += 1
+        else:
+            arg_leaves.append(("const", x))
+    params: list = []
+    differentiable = grad and (any(t.requires_grad for t in tensors)
+                               or any(p.requires_grad for p in module.parameters()))
+    if differentiable:
+        params = _parameter_proxies(module)
+        if params is None:
+            return _NOT_RECORDED
+    spec = _Spec(key, path, type(module), arg_spec, tuple(arg_leaves), observation, differentiable,
+                 tuple(j for j, t in enumerate(tensors) if t.requires_grad), len(params))
+    spec_id = _new_spec(spec)
+    root.program.regions_with_eager_calls.add(id(root.region))
+    if differentiable:
+        outputs = _grad_symbol()(spec_id, *tensors, *params)
+    else:
+        outputs = _symbol()(spec_id, *tensors)
+    return _rebuild(observation, iter(outputs))
+
+
+def _parameter_proxies(module: torch.nn.Module) -> list | None:
+    """The proxies of ``module``'s trainable parameters in the trace being built (read through the interpreter, so
+    the prologue unpacks them), or None when one is not a plain tensor."""
+    from thunder.core.interpreter import unwrap, wrap_const
+    from thunder.core.proxies import TensorProxy
+
+    from thunder_subclass._thunder_internals import interpret_call
+    from thunder_subclass.proxy import SubclassTensorProxy
+
+    wrapped = interpret_call(_trainable_parameters, wrap_const(module))
+    values = unwrap(wrapped)
+    if not isinstance(values, tuple):
+        return None
+    if any(not isinstance(p, TensorProxy) or isinstance(p, SubclassTensorProxy) for p in values):
+        return None
+    return list(values)
+
+
+def _trainable_parameters(module):
+    return tuple(p for p in module.parameters() if p.requires_grad)
+
+
+def _rebuild(observation: Observation, outputs) -> Any:
+    leaves = [next(outputs) if d[0] == "tensor" else d[1] for d in observation.out_leaves]
+    return pytree.tree_unflatten(leaves, observation.out_spec)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Symbols
+# ---------------------------------------------------------------------------------------------------------------
+
+_symbols: dict[str, Any] = {}
+
+
+def _output_proxies(spec_id: int, tensors: tuple) -> tuple:
+    from thunder.core import devices, dtypes
+    from thunder.core.proxies import TensorProxy
+
+    spec = _specs[spec_id]
+    out = []
+    for d in spec.observation.out_leaves:
+        if d[0] != "tensor":
+            continue
+        _, (rule, value), dtype, device, requires_grad = d
+        shape = tuple(tensors[value].shape) if rule == "like" else value
+        out.append(TensorProxy(shape=shape, dtype=dtypes.to_dtype(dtype), device=devices.to_device(device),
+                               requires_grad=requires_grad))
+    return tuple(out)
+
+
+def _meta(spec_id, *tensors):
+    return _output_proxies(spec_id, tensors)
+
+
+def _grad_forward_meta(spec_id, *tensors):
+    from thunder.core import dtypes
+    from thunder.core.proxies import TensorProxy
+
+    spec = _specs[spec_id]
+    outs = _output_proxies(spec_id, tensors[: len(tensors) - spec.n_params])
+    handle = TensorProxy(shape=(), dtype=dtypes.int64, device=tensors[0].device if tensors else None,
+                         requires_grad=False)
+    return (*outs, handle)
+
+
+def _backward_meta(spec_id, handle, n_grads, *grads_and_targets):
+    from thunder.core.proxies import TensorProxy
+
+    return tuple(TensorProxy(like=t, requires_grad=False) for t in grads_and_targets[n_grads:])
+
+
+def _symbol():
+    sym = _symbols.get("call")
+    if sym is None:
+        from thunder_subclass.executor import register_symbol
+
+        sym = _symbols["call"] = register_symbol("eager_module_call", meta=_meta, fn=_run)
+    return sym
+
+
+def _grad_symbol():
+    sym = _symbols.get("grad_call")
+    if sym is None:
+        from thunder.core.transforms import register_grad
+
+        from thunder_subclass.executor import subclass_executor, unique_operator_name
+
+        sym = subclass_executor.register_operator(unique_operator_name("eager_module_call_with_grad"),
+                                                  meta=_meta, fn=_run)
+        forward = subclass_executor.register_operator(unique_operator_name("eager_module_call_forward"),
+                                                      meta=_grad_forward_meta, fn=_run_with_graph)
+        backward = subclass_executor.register_operator(unique_operator_name("eager_module_call_backward"),
+                                                       meta=_backward_meta, fn=_run_backward)
+
+        def grad_transform(spec_id, *inputs):
+            from thunder.core import prims
+
+            spec = _specs[spec_id]
+            *outs, handle = forward(spec_id, *inputs)
+            wanted = [o for o, d in zip(outs, _tensor_leaves(spec)) if d[4]]
+            grads = [prims.get_grad(o) for o in wanted]
+            targets = _grad_targets(spec, inputs)
+            input_grads = backward(spec_id, handle, len(grads), *grads, *targets) if targets else ()
+            for x, g in zip(targets, input_grads):
+                prims.put_grad(x, g)
+            return tuple(outs)
+
+        register_grad(sym, grad_transform)
+        _symbols["grad_call"] = sym
+    return sym
+
+
+def _tensor_leaves(spec: _Spec) -> list:
+    return [d for d in spec.observation.out_leaves if d[0] == "tensor"]
+
+
+def _grad_targets(spec: _Spec, inputs: tuple) -> list:
+    n_tensors = len(inputs) - spec.n_params
+    return [inputs[i] for i in spec.grad_inputs] + list(inputs[n_tensors:])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Run time
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _resolve(spec_id: int) -> tuple[Root, torch.nn.Module]:
+    spec = _specs[spec_id]
+    root = active_root()
+    if root is None:
+        raise EagerCallMismatch(spec_id, "the region ran outside its graph-break program")
+    module = root.module.get_submodule(spec.path) if spec.path else root.module
+    if type(module) is not spec.module_type:
+        raise EagerCallMismatch(spec_id, f"{spec.path!r} is now a {type(module).__name__}, "
+                                         f"not a {spec.module_type.__name__}")
+    return root, module
+
+
+def _call_arguments(spec: _Spec, tensors) -> tuple[tuple, dict]:
+    leaves = [tensors[d[1]] if d[0] == "tensor" else d[1] for d in spec.arg_leaves]
+    return pytree.tree_unflatten(leaves, spec.arg_spec)
+
+
+def _check(spec_id: int, result: Any, tensors) -> list:
+    """The tensors of ``result`` when it matches the trace's assumptions, else :class:`EagerCallMismatch`."""
+    spec = _specs[spec_id]
+    obs = spec.observation
+    leaves, out_spec = pytree.tree_flatten(result)
+    if out_spec != obs.out_spec:
+        raise EagerCallMismatch(spec_id, f"returned {out_spec}, traced with {obs.out_spec}")
+    out = []
+    for o, d in zip(leaves, obs.out_leaves):
+        if d[0] == "const":
+            if type(o) is not type(d[1]) or o != d[1]:
+                raise EagerCallMismatch(spec_id, f"returned {o!r} where the trace has {d[1]!r}")
+            continue
+        _, (rule, value), dtype, device, _ = d
+        shape = tuple(tensors[value].shape) if rule == "like" else value
+        if type(o) is not torch.Tensor or tuple(o.shape) != shape or o.dtype != dtype or o.device != device:
+            raise EagerCallMismatch(
+                spec_id, f"returned a {type(o).__name__} of shape {tuple(getattr(o, 'shape', ()))} "
+                         f"({getattr(o, 'dtype', None)}) where the trace has {shape} ({dtype})")
+        if any(o is t for t in tensors):
+            raise EagerCallMismatch(spec_id, "returned one of its arguments")
+        out.append(o)
+    return out
+
+
+def _run(spec_id: int, *tensors):
+    spec = _specs[spec_id]
+    root, module = _resolve(spec_id)
+    tensors = tensors[: len(tensors) - spec.n_params]
+    args, kwargs = _call_arguments(spec, tensors)
+    result = root.program.call_eagerly(module, _qualified(root, spec.path), args, kwargs)
+    return tuple(_check(spec_id, result, tensors))
+
+
+def spec_key(spec_id: int) -> Any:
+    """The observation key of eager call ``spec_id`` (to drop it after a mismatch)."""
+    return _specs[spec_id].key
+
+
+def spec_location(spec_id: int) -> str:
+    spec = _specs[spec_id]
+    return f"the eager call of {spec.path or 'the region itself'} ({spec.module_type.__qualname__})"
+
+
+def _qualified(root: Root, path: str) -> str:
+    return f"{root.name}.{path}" if root.name and path else (path or root.name)
+
+
+_graphs: dict[int, tuple] = {}
+_graph_counter = iter(range(1, 1 << 62))
+_graph_lock = threading.Lock()
+
+
+def _run_with_graph(spec_id: int, *inputs):
+    spec = _specs[spec_id]
+    root, module = _resolve(spec_id)
+    n_tensors = len(inputs) - spec.n_params
+    tensors, passed_params = inputs[:n_tensors], inputs[n_tensors:]
+    params = _matching_parameters(module, passed_params)
+    if params is None:
+        raise EagerCallMismatch(spec_id, "its trainable parameters are not those traced")
+    detached = tuple(t.detach().requires_grad_(i in spec.grad_inputs and (t.is_floating_point() or t.is_complex()))
+                     for i, t in enumerate(tensors))
+    args, kwargs = _call_arguments(spec, detached)
+    with torch.enable_grad():
+        result = root.program.call_eagerly(module, _qualified(root, spec.path), args, kwargs)
+    outs = _check(spec_id, result, detached)
+    targets = [detached[i] for i in spec.grad_inputs] + params
+    with _graph_lock:
+        key = next(_graph_counter)
+        _graphs[key] = (outs, targets)
+    handle = torch.tensor(key, dtype=torch.int64, device=tensors[0].device if tensors else None)
+    weakref.finalize(handle, _graphs.pop, key, None)
+    return (*(o.detach() for o in outs), handle)
+
+
+def _matching_parameters(module: torch.nn.Module, passed: tuple) -> list | None:
+    """``module``'s trainable parameters in the order of ``passed`` (the symbol's parameter inputs: thunder may pass a
+    parameter as another tensor object over the same memory, and in another order), or None when they differ."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    if len(params) != len(passed):
+        return None
+    by_memory = {(p.data_ptr(), tuple(p.shape), p.dtype): p for p in params}
+    found = [by_memory.get((q.data_ptr(), tuple(q.shape), q.dtype)) for q in passed]
+    return None if any(p is None for p in found) or len({id(p) for p in found}) != len(found) else found
+
+
+def _run_backward(spec_id: int, handle: torch.Tensor, n_grads: int, *grads_and_targets):
+    grads = grads_and_targets[:n_grads]
+    entry = _graphs.get(int(handle))
+    if entry is None:
+        raise RuntimeError("thunder_subclass: the autograd graph of an eager module call inside a compiled region "
+                           "was freed before its backward ran")
+    outs, targets = entry
+    spec = _specs[spec_id]
+    wanted = [o for o, d in zip(outs, _tensor_leaves(spec)) if d[4]]
+    pairs = [(o, g) for o, g in zip(wanted, grads) if o.requires_grad]
+    if pairs:
+        found = torch.autograd.grad([o for o, _ in pairs], targets, [g for _, g in pairs], allow_unused=True,
+                                    retain_graph=True)
+    else:
+        found = (None,) * len(targets)
+    return tuple(torch.zeros_like(t) if g is None else g for t, g in zip(targets, found))
