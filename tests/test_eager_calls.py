@@ -1,0 +1,219 @@
+"""Graph breaks inside a compiled region (thunder_subclass/eager_calls.py): a submodule whose own code breaks runs as
+one eager operation of its parent's trace, so the parents that broke only because of it compile (issue 26)."""
+
+import warnings
+
+import pytest
+import thunder
+import torch
+
+import thunder_subclass
+from thunder_subclass import GraphBreakWarning
+
+
+class _Router(torch.nn.Module):
+    """A data-dependent child (nonzero): its own code holds the break."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(8, 8))
+        self.act = torch.nn.SiLU()
+
+    def forward(self, x, *, scale=1.0):
+        out = torch.zeros_like(x)
+        idx = (x[:, 0] > 0).nonzero().squeeze(-1)
+        out[idx] = self.act(x[idx] @ self.w) * scale
+        return out
+
+
+class _Block(torch.nn.Module):
+    def __init__(self, call_with_keyword=False):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.router = _Router()
+        self.norm = torch.nn.LayerNorm(8)
+        self.call_with_keyword = call_with_keyword
+
+    def forward(self, x):
+        h = self.norm(self.lin(x))
+        h = h / h.abs().amax()  # an in-place-free prefix of the call
+        routed = self.router(h, scale=2.0) if self.call_with_keyword else self.router(h)
+        return x + routed
+
+
+class _Model(torch.nn.Module):
+    def __init__(self, call_with_keyword=False):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([_Block(call_with_keyword), _Block(call_with_keyword)])
+        self.head = torch.nn.Linear(8, 3)
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)
+        return self.head(x)
+
+
+def _pair(cls=_Model, **kwargs):
+    torch.manual_seed(0)
+    eager = cls(**kwargs)
+    model = cls(**kwargs)
+    model.load_state_dict(eager.state_dict())
+    return eager, model
+
+
+def _quiet(jm):
+    return thunder_subclass.graph_breaks.suppressed_warnings(jm)
+
+
+@pytest.mark.parametrize("call_with_keyword", [False, True])
+def test_the_breaking_child_is_one_eager_call_in_the_whole_models_trace(call_with_keyword):
+    eager, model = _pair(call_with_keyword=call_with_keyword)
+    jm = thunder_subclass.jit(model)
+    with torch.no_grad(), _quiet(jm):
+        for i in range(3):
+            x = torch.randn(6 + i, 8)  # another size each call: the output is "like" its argument
+            torch.testing.assert_close(jm(x), eager(x))
+            report = jm.graph_breaks
+            if i == 0:  # the first call runs the broken modules eagerly, each child a region
+                assert [b.name for b in report.breaks] == ["", "blocks.0", "blocks.0.router", "blocks.1.router"]
+                assert "blocks.1" in report.regions  # traced with an eager call of the router already
+            else:
+                assert [b.name for b in report.breaks] == ["blocks.0.router", "blocks.1.router"]
+                assert list(report.regions) == ["blocks.0.router.act", "blocks.1.router.act", ""]
+    trace = str(thunder.last_traces(jm.graph_breaks.regions[""])[-1])
+    assert trace.count("eager_module_call(") == 2
+    assert "nonzero" not in trace
+
+
+def test_training_through_the_eager_call_equals_eager():
+    eager, model = _pair()
+    jm = thunder_subclass.jit(model)
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (eager, model)]
+    with _quiet(jm):
+        for _ in range(3):
+            x = torch.randn(6, 8, requires_grad=True)
+            ex = x.detach().clone().requires_grad_()
+            for opt in optimizers:
+                opt.zero_grad()
+            out, expected = jm(x), eager(ex)
+            torch.testing.assert_close(out, expected)
+            out.square().sum().backward()
+            expected.square().sum().backward()
+            # (compiled and eager sum in another order; the square and the steps grow the difference)
+            torch.testing.assert_close(x.grad, ex.grad, rtol=1e-4, atol=1e-4)
+            for (name, p), q in zip(model.named_parameters(), eager.parameters()):
+                torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-4, msg=name)
+            for opt in optimizers:
+                opt.step()
+    region = jm.graph_breaks.regions[""]
+    assert "eager_module_call_forward(" in str(thunder.last_traces(region)[-1])
+    assert "eager_module_call_backward(" in str(thunder.last_backward_traces(region)[-1])
+    # the router's own parameter got its gradient through the eager call's autograd graph (compared above)
+    assert model.blocks[0].router.w.grad is not None
+
+
+class _Positive(torch.nn.Module):
+    def forward(self, x):
+        return x[x > 0]  # an output whose shape depends on the data, not on the argument's shape
+
+
+class _UsesPositive(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.pick = _Positive()
+
+    def forward(self, x):
+        y = self.lin(x)
+        return self.pick(y).sum() * y
+
+
+def test_an_output_that_differs_from_the_assumed_one_runs_the_parent_eagerly():
+    eager, model = _pair(_UsesPositive)
+    jm = thunder_subclass.jit(model)
+    torch.manual_seed(1)
+    inputs = [torch.randn(5, 4) for _ in range(4)]
+    counts = [int((eager.lin(x) > 0).sum()) for x in inputs]
+    assert len(set(counts[:2])) == 2  # the second call's output has another size than the observed one
+    with torch.no_grad(), _quiet(jm):
+        for i, x in enumerate(inputs):
+            torch.testing.assert_close(jm(x), eager(x))
+            if i == 1:  # traced with the first call's output size: the check caught it, the parent ran eagerly
+                reasons = [b.reason for b in jm.graph_breaks.breaks]
+                assert any(r.startswith("EagerCallMismatch: returned a Tensor of shape") for r in reasons)
+    assert [b.name for b in jm.graph_breaks.breaks] == ["", "pick"]  # no longer recorded as one call
+
+
+class _Counting(torch.nn.Module):
+    """A breaking child with a side effect: it must run exactly once per call, so it is never an eager call."""
+
+    def __init__(self, in_place):
+        super().__init__()
+        self.in_place = in_place
+        self.register_buffer("seen", torch.zeros(()))
+        self.calls = 0
+
+    def forward(self, x):
+        if self.in_place:
+            self.seen.add_(1)
+        else:
+            self.calls += 1
+        return torch.zeros_like(x).index_fill_(0, (x[:, 0] > 0).nonzero().squeeze(-1), 1.0)
+
+
+class _UsesCounting(torch.nn.Module):
+    def __init__(self, in_place):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.count = _Counting(in_place)
+
+    def forward(self, x):
+        return self.count(self.lin(x)) + 1
+
+
+@pytest.mark.parametrize("in_place", [False, True], ids=["attribute", "buffer"])
+def test_a_child_with_side_effects_is_not_an_eager_call(in_place):
+    eager, model = _pair(_UsesCounting, in_place=in_place)
+    jm = thunder_subclass.jit(model)
+    with torch.no_grad(), _quiet(jm):
+        for _ in range(3):
+            x = torch.randn(5, 4)
+            torch.testing.assert_close(jm(x), eager(x))
+    assert model.count.calls == eager.count.calls and torch.equal(model.count.seen, eager.count.seen)
+    assert [b.name for b in jm.graph_breaks.breaks] == ["", "count"]
+    assert list(jm.graph_breaks.regions) == ["lin"]
+
+
+class _ChangesItsInput(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.pick = _Positive()
+
+    def forward(self, x):
+        x.mul_(2)  # in place on an input before the call: running the parent again would double it
+        return self.pick(x).sum() + x
+
+
+def test_an_in_place_change_of_an_input_before_the_call_keeps_the_parent_eager():
+    eager, model = _pair(_ChangesItsInput)
+    jm = thunder_subclass.jit(model)
+    with torch.no_grad(), _quiet(jm):
+        for _ in range(3):
+            x = torch.randn(5)
+            ex = x.clone()
+            torch.testing.assert_close(jm(x), eager(ex))
+            torch.testing.assert_close(x, ex)  # changed once, as eager
+    assert [b.name for b in jm.graph_breaks.breaks] == ["", "pick"]
+
+
+def test_a_compiled_region_with_an_eager_call_warns_about_the_break_once():
+    eager, model = _pair()
+    jm = thunder_subclass.jit(model)
+    x = torch.randn(6, 8)
+    with torch.no_grad():
+        with pytest.warns(GraphBreakWarning, match=r"nonzero"):
+            jm(x)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", GraphBreakWarning)
+            torch.testing.assert_close(jm(x), eager(x))  # now one region and eager calls: no new break location
+    assert "" in jm.graph_breaks.regions
