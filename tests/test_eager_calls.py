@@ -217,3 +217,27 @@ def test_a_compiled_region_with_an_eager_call_warns_about_the_break_once():
             warnings.simplefilter("error", GraphBreakWarning)
             torch.testing.assert_close(jm(x), eager(x))  # now one region and eager calls: no new break location
     assert "" in jm.graph_breaks.regions
+
+
+def test_a_trace_with_an_eager_call_is_not_stored_on_disk(tmp_path):
+    from thunder_subclass import disk_cache
+
+    config = thunder_subclass.config
+    saved = (config.disk_cache, config.disk_cache_dir)
+    config.disk_cache, config.disk_cache_dir = True, str(tmp_path)
+    disk_cache.reset_disk_cache_stats()
+    try:
+        eager, model = _pair()
+        for _ in range(2):  # the second jit loads what the first stored, as a restarted process would
+            jm = thunder_subclass.jit(model)
+            with torch.no_grad(), _quiet(jm):
+                for _ in range(2):
+                    x = torch.randn(6, 8)
+                    torch.testing.assert_close(jm(x), eager(x))
+            assert "" in jm.graph_breaks.regions
+        stats = disk_cache.disk_cache_stats()
+        assert stats["hits"] > 0  # the regions without eager calls (the first call's) were stored and loaded
+        assert "the computation calls a submodule eagerly" in stats["why_not_storable"][-1]
+    finally:
+        config.disk_cache, config.disk_cache_dir = saved
+        disk_cache.reset_disk_cache_stats()

@@ -72,7 +72,7 @@ from typing import Any
 
 import torch
 
-from thunder_subclass import _thunder_internals, aten_symbols, rules
+from thunder_subclass import _thunder_internals, aten_symbols, eager_calls, rules
 from thunder_subclass.errors import DiskCacheWarning
 from thunder_subclass.prologue import FusedChecks
 from thunder_subclass.subclass_symbols import FlattenContext
@@ -561,7 +561,7 @@ class DiskCache:
             _count("stale")
             _remove(path)
             return None
-        except Exception as e:  # noqa: BLE001 - a name that resolves to something else, a module that moved
+        except Exception:  # noqa: BLE001 - a name that resolves to something else, a module that moved
             _count("stale")
             _remove(path)
             return None
@@ -631,6 +631,9 @@ class DiskCache:
     def _describe(self, cd, entry, codes) -> dict:
         if entry.backward_fn is not None:
             raise NotStorable("the entry has a backward (calls that need gradients are not stored)")
+        if eager_calls.holds_eager_call(entry.computation_traces[-1]):
+            raise NotStorable("the computation calls a submodule eagerly (eager_calls.py: its description is known "
+                              "to this process only)")
         files: dict[str, str] = {}
         unreadable = []
         for code in codes:

@@ -56,6 +56,7 @@ from torch.utils import _pytree as pytree
 __all__ = [
     "EagerCallMismatch",
     "active_root",
+    "holds_eager_call",
     "lookaside",
     "observe_key",
     "record_observation",
@@ -154,8 +155,7 @@ def observe_key(module: torch.nn.Module, args: tuple, kwargs: dict, grad_enabled
     kinds = tuple(_leaf_kind(x, proxy=proxy) for x in leaves)
     if any(k is None for k in kinds):
         return None
-    forward = module.__dict__.get("_thunder_subclass_forward", type(module).forward)
-    return (type(module), forward, grad_enabled, str(spec), kinds)
+    return (type(module), type(module).forward, grad_enabled, str(spec), kinds)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -260,22 +260,21 @@ def _relative_path(root: torch.nn.Module, module: torch.nn.Module) -> str | None
 
 
 def _no_unsafe_operations_so_far() -> bool:
-    """No operation recorded so far changed a tensor that existed before the trace's computation began (an input, a
-    view of one, or a view of anything: in place on a tensor the trace made itself, ``weights /= weights.sum()``, is
-    fine, since running the parent again makes it again)."""
+    """No operation recorded so far changed a tensor that existed before the trace's computation began: only tensors
+    the trace made itself with a torch-level symbol that is not a view may have changed in place (``weights /=
+    weights.sum()``: running the parent again makes them again)."""
     from thunder.core import prims
     from thunder.core.proxies import TensorProxy
     from thunder.core.pytree import tree_flatten
     from thunder.core.trace import get_tracectx
 
+    from thunder_subclass._thunder_internals import view_symbols
     from thunder_subclass.speculation import is_unsafe
 
     trace = get_tracectx()
     if trace is None or len(trace.scopes) > 1:
         return False
-    import thunder.torch as ltorch
-
-    views = ltorch._syms_returning_views | ltorch._syms_that_may_return_views
+    views = view_symbols()
     fresh: set[str] = set()
     for bsym in trace.bound_symbols:
         if is_unsafe(bsym, random=False):
@@ -283,8 +282,8 @@ def _no_unsafe_operations_so_far() -> bool:
                 else [next((a for a in tree_flatten(bsym.args)[0] if isinstance(a, TensorProxy)), None)]
             if any(not isinstance(t, TensorProxy) or t.name not in fresh for t in targets):
                 return False
-        if bsym.sym in views:
-            continue
+        if bsym.sym in views or bsym.sym.executor is not None:  # a view, or an executor's operator (the plugin's
+            continue                                               # aten-level symbols: some are views)
         fresh.update(o.name for o in tree_flatten(bsym.output)[0] if isinstance(o, TensorProxy))
     return True
 
@@ -292,20 +291,17 @@ def _no_unsafe_operations_so_far() -> bool:
 def _untouched_by_pending_writes(module: torch.nn.Module) -> bool:
     """No Python write recorded so far in the trace (applied by the epilogue after the computation) is to ``module``,
     its submodules or an object they hold directly."""
-    from thunder_subclass._thunder_internals import jit_context
+    from thunder_subclass._thunder_internals import pending_python_writes
 
-    ctx = jit_context()
-    pending = getattr(ctx, "_additional_outputs", None) if ctx is not None else None
-    if not pending:
+    written = pending_python_writes()
+    if not written:
         return True
     reachable = set()
     for m in module.modules():
         reachable.add(id(m))
         reachable.add(id(m.__dict__))
         reachable.update(id(v) for v in m.__dict__.values())
-    from thunder.core.interpreter import unwrap
-
-    return not any(id(unwrap(w)) in reachable for w in pending)
+    return not any(id(w) in reachable for w in written)
 
 
 def lookaside(fn, wrapped_args: tuple) -> Callable | None:
@@ -333,7 +329,7 @@ def lookaside(fn, wrapped_args: tuple) -> Callable | None:
     def call(wmodule, *wargs, **wkwargs):
         args = tuple(unwrap(a) for a in wargs)
         kwargs = {k: unwrap(v) for k, v in wkwargs.items()}
-        result = _record(root, module, args, kwargs)
+        result = _record(root, module, wmodule, args, kwargs)
         if result is _NOT_RECORDED:
             _local.skip = module
             return interpret_call(wrap_const(fn), wmodule, *wargs, **wkwargs)
@@ -345,14 +341,15 @@ def lookaside(fn, wrapped_args: tuple) -> Callable | None:
 _NOT_RECORDED = object()
 
 
-def _record(root: Root, module: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
+def _record(root: Root, module: torch.nn.Module, wmodule, args: tuple, kwargs: dict) -> Any:
     from thunder_subclass.fake import autocast_in_effect
     from thunder_subclass.recording import is_traced_grad_enabled
 
     grad = is_traced_grad_enabled()
     key = observe_key(module, args, kwargs, grad, proxy=True)
     observation = root.program.observed.get(key) if key is not None else None
-    if observation is None or autocast_in_effect():
+    # (a forward set on the instance is not the class's whose run was observed)
+    if observation is None or autocast_in_effect() or "forward" in module.__dict__:
         return _NOT_RECORDED
     leaves, arg_spec = pytree.tree_flatten((args, kwargs))
     tensors = [x for x in leaves if _leaf_kind(x, proxy=True)[0] == "tensor"]
@@ -372,7 +369,7 @@ def _record(root: Root, module: torch.nn.Module, args: tuple, kwargs: dict) -> A
     differentiable = grad and (any(t.requires_grad for t in tensors)
                                or any(p.requires_grad for p in module.parameters()))
     if differentiable:
-        params = _parameter_proxies(module)
+        params = _parameter_proxies(wmodule)
         if params is None:
             return _NOT_RECORDED
     spec = _Spec(key, path, type(module), arg_spec, tuple(arg_leaves), observation, differentiable,
@@ -386,16 +383,17 @@ def _record(root: Root, module: torch.nn.Module, args: tuple, kwargs: dict) -> A
     return _rebuild(observation, iter(outputs))
 
 
-def _parameter_proxies(module: torch.nn.Module) -> list | None:
-    """The proxies of ``module``'s trainable parameters in the trace being built (read through the interpreter, so
-    the prologue unpacks them), or None when one is not a plain tensor."""
+def _parameter_proxies(wmodule) -> list | None:
+    """The proxies of the trainable parameters of the module ``wmodule`` (the interpreter's wrapped value) in the trace
+    being built (read through the interpreter, so the prologue unpacks them), or None when one is not a plain
+    tensor."""
     from thunder.core.interpreter import unwrap, wrap_const
     from thunder.core.proxies import TensorProxy
 
     from thunder_subclass._thunder_internals import interpret_call
     from thunder_subclass.proxy import SubclassTensorProxy
 
-    wrapped = interpret_call(_trainable_parameters, wrap_const(module))
+    wrapped = interpret_call(wrap_const(_trainable_parameters), wmodule)
     values = unwrap(wrapped)
     if not isinstance(values, tuple):
         return None
@@ -441,13 +439,12 @@ def _meta(spec_id, *tensors):
 
 
 def _grad_forward_meta(spec_id, *tensors):
-    from thunder.core import dtypes
+    from thunder.core import devices, dtypes
     from thunder.core.proxies import TensorProxy
 
     spec = _specs[spec_id]
     outs = _output_proxies(spec_id, tensors[: len(tensors) - spec.n_params])
-    handle = TensorProxy(shape=(), dtype=dtypes.int64, device=tensors[0].device if tensors else None,
-                         requires_grad=False)
+    handle = TensorProxy(shape=(), dtype=dtypes.int64, device=devices.cpu, requires_grad=False)
     return (*outs, handle)
 
 
@@ -455,6 +452,12 @@ def _backward_meta(spec_id, handle, n_grads, *grads_and_targets):
     from thunder.core.proxies import TensorProxy
 
     return tuple(TensorProxy(like=t, requires_grad=False) for t in grads_and_targets[n_grads:])
+
+
+def holds_eager_call(trace) -> bool:
+    """Whether ``trace`` (a computation trace) calls a submodule eagerly (its spec lives in this process only)."""
+    ids = {sym.id for sym in _symbols.values()}
+    return bool(ids) and any(b.sym.id in ids for b in trace.bound_symbols)
 
 
 def _symbol():
@@ -559,7 +562,8 @@ def _run(spec_id: int, *tensors):
     root, module = _resolve(spec_id)
     tensors = tensors[: len(tensors) - spec.n_params]
     args, kwargs = _call_arguments(spec, tensors)
-    result = root.program.call_eagerly(module, _qualified(root, spec.path), args, kwargs)
+    with torch.set_grad_enabled(spec.grad):  # as traced: off under the parent's no_grad, or nothing needs gradients
+        result = root.program.call_eagerly(module, _qualified(root, spec.path), args, kwargs)
     return tuple(_check(spec_id, result, tensors))
 
 
@@ -600,7 +604,7 @@ def _run_with_graph(spec_id: int, *inputs):
     with _graph_lock:
         key = next(_graph_counter)
         _graphs[key] = (outs, targets)
-    handle = torch.tensor(key, dtype=torch.int64, device=tensors[0].device if tensors else None)
+    handle = torch.tensor(key, dtype=torch.int64)  # on the CPU: read back in the backward without a device sync
     weakref.finalize(handle, _graphs.pop, key, None)
     return (*(o.detach() for o in outs), handle)
 

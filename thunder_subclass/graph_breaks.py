@@ -1,4 +1,4 @@
-"""Stage 1 for programs thunder cannot trace whole: graph breaks at module boundaries.
+"""Stage 1 for programs thunder cannot trace whole: graph breaks at module boundaries, and eager calls inside regions.
 
 In: a function or module given to ``thunder_subclass.jit`` (without ``fullgraph=True``) and the arguments of a call.
 Out: the call's result, equal to eager: from the whole program compiled as one trace when it traces, else from the
@@ -15,6 +15,13 @@ output's shape — ``if tensor:``, ``.item()`` / ``.tolist()`` feeding a branch,
   ``Module.__call__`` and the child's hooks stay eager around the compiled ``forward``, as in ``fsdp``. A child that
   fails in turn runs its own code eagerly the same way, so every submodule that traces is one compiled region;
 * a plain function runs eagerly: one break, no region.
+
+A module whose *own* code holds the break (no child of it broke at that location) and whose eager run was observed
+pure becomes an *eager call* from then on (``eager_calls.py``): one operation of its parent's trace, which runs it
+eagerly and checks what it returned. The callables that broke before such an observation are traced once more on
+their next call (``_Taken.generation``), so a parent that broke only because of the child compiles around it; a
+mismatch at run time (:class:`~thunder_subclass.eager_calls.EagerCallMismatch`) runs the parent eagerly instead and
+drops the observation.
 
 Children of one class share one jitted function (the module is its first argument), so N identical blocks trace
 once; ``thunder.last_traces(report.regions["model.layers.0"])`` shows a region's traces. Everything crossing a break

@@ -117,6 +117,7 @@ from thunder_subclass._thunder_internals.thunder_state import (  # noqa: F401
     jit_state,
     new_trace,
     operator_implementation,
+    pending_python_writes,
     raise_in_interpreter,
     rebind_wrapped_value,
     register_input_proxy,
@@ -130,6 +131,7 @@ from thunder_subclass._thunder_internals.thunder_state import (  # noqa: F401
     traced_autocast_states,
     undo_if_trace_fails,
     undoing_on_trace_failure,
+    view_symbols,
 )
 from thunder_subclass._thunder_internals.torch_state import (  # noqa: F401
     active_dispatch_modes,

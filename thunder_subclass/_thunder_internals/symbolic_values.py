@@ -348,7 +348,6 @@ def symbolic_values_lookaside(fn, wrapped_args):
 
 
 def hook_targets() -> list[tuple[Any, str, Callable]]:
-    import thunder.core.jit_ext as jit_ext
     import thunder.core.proxies as proxies
 
     return [

@@ -395,6 +395,24 @@ def input_attribute(wrapped_obj, name: str):
     return wrap(getattr(real, name), provenance=attribute_provenance(wrapped_obj.provenance)(name))
 
 
+def pending_python_writes() -> list:
+    """The objects the trace being interpreted has written to so far (attributes, items), which thunder applies in
+    the epilogue after the computation (``jit_ext``'s ``_additional_outputs``, unwrapped); empty outside a jit."""
+    from thunder.core.interpreter import unwrap
+
+    ctx = jit_context()
+    pending = getattr(ctx, "_additional_outputs", None) if ctx is not None else None
+    return [unwrap(w) for w in pending] if pending else []
+
+
+def view_symbols() -> frozenset:
+    """thunder's torch-level symbols whose output is (or may be) a view of an input (``thunder.torch``'s
+    ``_syms_returning_views`` and ``_syms_that_may_return_views``)."""
+    import thunder.torch as ltorch
+
+    return frozenset(ltorch._syms_returning_views | ltorch._syms_that_may_return_views)
+
+
 def jit_context():
     """thunder's jit context of the trace being interpreted (``jit_ext.get_jit_ctx``), or None."""
     from thunder.core.jit_ext import get_jit_ctx
