@@ -241,3 +241,37 @@ def test_a_trace_with_an_eager_call_is_not_stored_on_disk(tmp_path):
     finally:
         config.disk_cache, config.disk_cache_dir = saved
         disk_cache.reset_disk_cache_stats()
+
+
+class _Thresholded(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.threshold = 0.0
+
+    def forward(self, x):
+        out = torch.zeros_like(x)
+        idx = (x[:, 0] > self.threshold).nonzero().squeeze(-1)
+        out[idx] = 1.0
+        return out
+
+
+class _SetsThreshold(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.gate = _Thresholded()
+
+    def forward(self, x, threshold):
+        self.gate.threshold = threshold  # written by the trace's epilogue, after its computation
+        return self.gate(self.lin(x)) * x
+
+
+def test_a_child_the_traced_code_wrote_to_before_the_call_is_not_an_eager_call():
+    eager, model = _pair(_SetsThreshold)
+    jm = thunder_subclass.jit(model)
+    x = torch.randn(64, 4)
+    with torch.no_grad(), _quiet(jm):
+        for threshold in (0.0, 0.5, -0.5, 0.25):  # an eager call would see the previous call's threshold
+            torch.testing.assert_close(jm(x, threshold), eager(x, threshold))
+            assert model.gate.threshold == threshold
+    assert [b.name for b in jm.graph_breaks.breaks] == ["", "gate"]

@@ -288,6 +288,19 @@ def _no_unsafe_operations_so_far() -> bool:
     return True
 
 
+_IMMUTABLE = (type(None), bool, int, float, complex, str, bytes)
+
+
+def _same_dict(written: Any, d: dict) -> bool:
+    """Whether ``written`` (an object the trace wrote to) is the attribute dict ``d``: itself, or the interpreter's
+    shadow copy of it, which holds the same objects (a module's ``_parameters`` dict, ...)."""
+    if written is d:
+        return True
+    if type(written) is not dict:
+        return False
+    return any(not isinstance(v, _IMMUTABLE) and written.get(k) is v for k, v in d.items())
+
+
 def _untouched_by_pending_writes(module: torch.nn.Module) -> bool:
     """No Python write recorded so far in the trace (applied by the epilogue after the computation) is to ``module``,
     its submodules or an object they hold directly."""
@@ -296,12 +309,15 @@ def _untouched_by_pending_writes(module: torch.nn.Module) -> bool:
     written = pending_python_writes()
     if not written:
         return True
-    reachable = set()
+    held = []
     for m in module.modules():
-        reachable.add(id(m))
-        reachable.add(id(m.__dict__))
-        reachable.update(id(v) for v in m.__dict__.values())
-    return not any(id(w) in reachable for w in written)
+        held.append(m)
+        held.extend(v for v in m.__dict__.values() if not isinstance(v, _IMMUTABLE))
+    for w in written:
+        for obj in held:
+            if w is obj or _same_dict(w, getattr(obj, "__dict__", None) or {}):
+                return False
+    return True
 
 
 def lookaside(fn, wrapped_args: tuple) -> Callable | None:
