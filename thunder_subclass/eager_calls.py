@@ -646,9 +646,12 @@ def _run_backward(spec_id: int, handle: torch.Tensor, n_grads: int, *grads_and_t
     spec = _specs[spec_id]
     wanted = [o for o, d in zip(outs, _tensor_leaves(spec)) if d[4]]
     pairs = [(o, g) for o, g in zip(wanted, grads) if o.requires_grad]
-    if pairs:
-        found = torch.autograd.grad([o for o, _ in pairs], targets, [g for _, g in pairs], allow_unused=True,
-                                    retain_graph=True)
-    else:
-        found = (None,) * len(targets)
-    return tuple(torch.zeros_like(t) if g is None else g for t, g in zip(targets, found))
+    live = [t for t in targets if t.requires_grad]  # (an output of the child that needs no gradient reaches none)
+    found = {}
+    if pairs and live:
+        # retain_graph: a backward run again (retain_graph=True outside) differentiates the same graph; it is freed
+        # with the handle, when the forward's saved tensors are
+        grads_found = torch.autograd.grad([o for o, _ in pairs], live, [g for _, g in pairs], allow_unused=True,
+                                          retain_graph=True)
+        found = {id(t): g for t, g in zip(live, grads_found)}
+    return tuple(torch.zeros_like(t) if found.get(id(t)) is None else found[id(t)] for t in targets)

@@ -314,8 +314,10 @@ class _Program:
                 taken.retried = True  # a child can now be an eager call in its trace: trace it once more
                 taken = None
         if taken is None:
-            module = _root_module(key_owner)
-            rng = _rng_state() if id(region) in self.regions_with_eager_calls else None
+            with_calls = id(region) in self.regions_with_eager_calls
+            rng = _rng_state() if with_calls else None
+            # the region's module, for eager calls its trace may record (once a run was observed) or holds
+            module = _root_module(key_owner) if with_calls or self.observed else None
             try:
                 if module is None:
                     result = compiled(*args, **kwargs)
