@@ -74,9 +74,8 @@ def test_the_breaking_child_is_one_eager_call_in_the_whole_models_trace(call_wit
             x = torch.randn(6 + i, 8)  # another size each call: the output is "like" its argument
             torch.testing.assert_close(jm(x), eager(x))
             report = jm.graph_breaks
-            if i == 0:  # the first call runs the broken modules eagerly, each child a region
-                assert [b.name for b in report.breaks] == ["", "blocks.0", "blocks.0.router", "blocks.1.router"]
-                assert "blocks.1" in report.regions  # traced with an eager call of the router already
+            if i == 0:  # the first call runs the model's code eagerly, observing the router
+                assert [b.name for b in report.breaks] == [""] and report.regions == {}
             else:
                 assert [b.name for b in report.breaks] == ["blocks.0.router", "blocks.1.router"]
                 assert list(report.regions) == ["blocks.0.router.act", "blocks.1.router.act", ""]
@@ -275,3 +274,21 @@ def test_a_child_the_traced_code_wrote_to_before_the_call_is_not_an_eager_call()
             torch.testing.assert_close(jm(x, threshold), eager(x, threshold))
             assert model.gate.threshold == threshold
     assert [b.name for b in jm.graph_breaks.breaks] == ["", "gate"]
+
+
+def test_after_a_first_call_in_regions_the_parents_are_traced_again_around_the_eager_call():
+    eager, model = _pair()
+    jm = thunder_subclass.jit(model)
+    x = torch.randn(6, 8)
+    with torch.no_grad():
+        with thunder_subclass.graph_breaks.explaining(jm):  # the first call compiles the children as regions
+            torch.testing.assert_close(jm(x), eager(x))
+        report = jm.graph_breaks
+        # blocks.0 and its router broke; the router's eager run was observed, so blocks.1 (same class as blocks.0)
+        # traced in the same call, with its router as an eager call
+        assert [b.name for b in report.breaks] == ["", "blocks.0", "blocks.0.router", "blocks.1.router"]
+        assert list(report.regions) == ["blocks.0.lin", "blocks.0.norm", "blocks.0.router.act",
+                                        "blocks.1.router.act", "blocks.1", "head"]
+        with _quiet(jm):
+            torch.testing.assert_close(jm(x), eager(x))
+    assert list(jm.graph_breaks.regions) == ["blocks.0.router.act", "blocks.1.router.act", ""]

@@ -154,10 +154,13 @@ def test_module_runs_as_regions_around_the_data_dependent_child_with_training_eq
     jmodel = thunder_subclass.jit(model)
     optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (eager, model)]
     x = torch.randn(6, 4)
-    with pytest.warns(GraphBreakWarning, match=r"ran as 3 compiled region\(s\) with the code at 1 graph break\(s\) "
+    # the first call runs the model's code eagerly, observing the router (whose own code holds the break); its
+    # argument is a TwoTensor, so it cannot be an eager call: from the second call the model's children are regions
+    with pytest.warns(GraphBreakWarning, match=r"ran as 0 compiled region\(s\) with the code at 1 graph break\(s\) "
                                                r"run eagerly:\n.*test_graph_breaks\.py:\d+: UnsupportedSubclass"
                                                r"OperationError: torch\.Tensor\.__getitem__ on TwoTensor .*"
-                                               r"\(ran eagerly: <top>, 'router'\)"):
+                                               r"\(ran eagerly: <top>\)\nThis call ran the code around the break\(s\) "
+                                               r"eagerly and observed the calls of _Router"):
         jmodel(x)
     for _ in range(2):
         for opt in optimizers:
@@ -426,11 +429,10 @@ def test_mixtral_with_data_dependent_routing_forward_and_generate():
                                                                rf".*DynamicOutputShapeException"):
         torch.testing.assert_close(jforward(ids).logits, expected_logits)
     report = jforward.graph_breaks
-    assert [b.name for b in report.breaks] == ["", "model", "model.layers.0", "model.layers.0.mlp",
-                                               "model.layers.0.mlp.experts"]
+    # the first call ran the model's code eagerly, observing the experts (whose own code holds the break)
+    assert [b.name for b in report.breaks] == [""] and report.regions == {}
     assert {b.location for b in report.breaks} == {line}
     assert all("DynamicOutputShapeException" in b.reason for b in report.breaks)
-    assert {"model.layers.0.self_attn", "model.layers.0.mlp.gate", "lm_head"} <= set(report.regions)
     _assert_one_region_around_the_eager_experts(jforward, ids, expected_logits)
     with torch.no_grad():
         tokens = model.generate(ids, do_sample=False, pad_token_id=0, max_new_tokens=2)
@@ -541,7 +543,9 @@ def test_qwen2_moe_with_data_dependent_routing_forward_and_generate():
         expected_tokens = model.generate(ids, do_sample=False, pad_token_id=0, max_new_tokens=2)
     model.forward = jforward = thunder_subclass.jit(model.forward)
     line = _routing_line(type(model.model.layers[0].mlp.experts))
-    with torch.no_grad(), pytest.warns(GraphBreakWarning, match=rf"{re.escape(line)}: NotImplementedError: .*nonzero"):
+    # the first call as explain() makes it: each module above the experts runs its own code eagerly, its children
+    # compiled as regions (a plain call first runs the code eagerly: test_mixtral_...)
+    with torch.no_grad(), thunder_subclass.graph_breaks.explaining(jforward):
         torch.testing.assert_close(jforward(ids).logits, expected_logits)
     report = jforward.graph_breaks
     assert [b.name for b in report.breaks] == ["", "model", "model.layers.0", "model.layers.0.mlp",

@@ -66,6 +66,7 @@ __all__ = [
     "GraphBreakWarning",
     "graph_break_reason",
     "with_graph_breaks",
+    "explaining",
     "suppressed_warnings",
 ]
 
@@ -254,6 +255,7 @@ class _Taken:
     generation: int
     retried: bool = False
     observable: bool = True
+    holder: type | None = None  # the submodule class whose own code raised the break, to observe in a plain run
 
 
 def _root_module(owner: Any) -> torch.nn.Module | None:
@@ -275,6 +277,37 @@ def _set_rng_state(state: tuple) -> None:
         torch.cuda.set_rng_state_all(cuda)
 
 
+def _forward_codes(cls: type) -> list:
+    """The code objects of ``cls.forward`` and of the functions it wraps (``functools.wraps`` decorators)."""
+    codes, fn, seen = [], getattr(cls, "forward", None), set()
+    while fn is not None and id(fn) not in seen:
+        seen.add(id(fn))
+        code = getattr(fn, "__code__", None)
+        if code is not None:
+            codes.append(code)
+        fn = getattr(fn, "__wrapped__", None)
+    return codes
+
+
+def _holder_class(module: torch.nn.Module, exc: BaseException) -> type | None:
+    """The class among ``module``'s submodules (itself included) whose own ``forward`` the break ``exc`` was raised in:
+    the innermost interpreted frame that is in such a forward's lines, or None."""
+    lines = exception_source_lines(_break_exception(exc) or exc)
+    if not lines:
+        return None
+    spans = []
+    for cls in {type(m) for m in module.modules()}:
+        for code in _forward_codes(cls):
+            numbers = [n for _, _, n in code.co_lines() if n is not None]
+            if numbers:
+                spans.append((cls, code.co_filename, min(numbers), max(numbers)))
+    for filename, lineno in lines:
+        for cls, file, first, last in spans:
+            if filename == file and first <= lineno <= last:
+                return cls
+    return None
+
+
 class _Program:
     """The graph-break state of one compiled object: the jitted functions of its submodules' classes (created on the
     first break that needs them), the cached fallback decisions, the report of the latest call and the break
@@ -290,6 +323,8 @@ class _Program:
         self.warned: set[str] = set()
         self.depth = 0
         self.quiet = False
+        self.plain_first_runs = True  # off for explain(): its one call compiles the children as regions
+        self.observing: list[type] = []  # holder classes observed in plain runs during the current call
         # eager calls inside compiled regions (eager_calls.py): observed pure eager runs of modules that broke, by
         # call kind; the module classes among them; a count bumped at each new observation (a callable that broke
         # before it is traced again once, now that a child can be an eager call); observation keys that mismatched
@@ -340,6 +375,8 @@ class _Program:
                 if reason is None:
                     raise
                 taken = _Taken(GraphBreak(name, _user_location(e), reason), self.generation)
+                if isinstance(eager, _ModuleCode) and self.plain_first_runs:
+                    taken.holder = self._unobserved_holder(eager.module, e)
                 self.broken[(id(key_owner), _call_signature(args, kwargs))] = taken
                 self.broken_owners.add(id(key_owner))
             else:
@@ -350,6 +387,14 @@ class _Program:
                 return result
         self.report.breaks.append(taken.graph_break)
         code = eager if isinstance(eager, _ModuleCode) else None
+        if code is not None and taken.holder is not None:
+            # the first eager run of a module whose break a submodule class holds: its code runs as in eager, the
+            # holder's calls observed (eager calls from the next call on: this module traces again then, around
+            # them); should that not work out, later eager runs compile its children as regions
+            holder, taken.holder = taken.holder, None
+            self.observing.append(holder)
+            with self._observing(code.module, holder):
+                return eager(*args, **kwargs)
         observe = code is not None and taken.observable
         before = eager_calls.snapshot(code.module, args, kwargs) if observe else None
         first = len(self.report.breaks)
@@ -361,6 +406,34 @@ class _Program:
             if not any(b.location == taken.graph_break.location for b in self.report.breaks[first:]):
                 self._observe(code.module, before, args, kwargs, result)
         return result
+
+    def _unobserved_holder(self, module: torch.nn.Module, exc: BaseException) -> type | None:
+        """The class of ``module``'s strict submodules whose own ``forward`` the break ``exc`` was raised in (the
+        innermost such frame), when no call of that class was observed yet, else None."""
+        holder = _holder_class(module, exc)
+        return None if holder is None or holder in self.observed_types or holder is type(module) else holder
+
+    @contextlib.contextmanager
+    def _observing(self, module: torch.nn.Module, holder: type):
+        """Observe (``_observe``) each call of a submodule of class ``holder`` of ``module`` while the block runs."""
+        pending: list = []
+
+        def before(m, args, kwargs):
+            pending.append(eager_calls.snapshot(m, args, kwargs))
+
+        def after(m, args, kwargs, result):
+            self._observe(m, pending.pop(), args, kwargs, result)
+
+        handles = []
+        try:
+            for m in module.modules():
+                if type(m) is holder:
+                    handles.append(m.register_forward_pre_hook(before, with_kwargs=True))
+                    handles.append(m.register_forward_hook(after, with_kwargs=True))
+            yield
+        finally:
+            for h in handles:
+                h.remove()
 
     def _observe(self, module: torch.nn.Module, before, args: tuple, kwargs: dict, result) -> None:
         """Record the eager run of ``module`` (it broke) for eager calls in its parents' traces (once per kind)."""
@@ -438,6 +511,7 @@ class _Program:
             self.report.breaks.clear()
             self.report.regions.clear()
             self.report.region_calls = 0
+            self.observing = []
         self.depth += 1
         try:
             return self.run(owner, "", compiled, code, args, kwargs, region)
@@ -459,6 +533,11 @@ class _Program:
         for location, breaks in new.items():
             names = ", ".join(repr(b.name) if b.name else "<top>" for b in breaks)
             lines.append(f"  {location}: {breaks[0].reason} (ran eagerly: {names})")
+        if self.observing:
+            held = ", ".join(sorted({cls.__qualname__ for cls in self.observing}))
+            lines.append(f"This call ran the code around the break(s) eagerly and observed the calls of {held}, "
+                         f"which hold them; the next call traces the program again with those calls run eagerly "
+                         f"inside it.")
         lines.append("`compiled.graph_breaks` or thunder_subclass.explain(fn, *args) lists breaks and regions; "
                      "pass fullgraph=True to raise at the first break instead.")
         warnings.warn("\n".join(lines), GraphBreakWarning, stacklevel=_caller_stacklevel())
@@ -522,10 +601,28 @@ def with_graph_breaks(jfn: Callable, fn: Callable, jit: Callable[[Callable], Cal
     return target
 
 
-def suppressed_warnings(compiled: Any):
-    """A context in which calls of ``compiled`` (a :func:`with_graph_breaks` result) warn about no break."""
+@contextlib.contextmanager
+def explaining(compiled: Any):
+    """A context in which calls of ``compiled`` warn about no break and a new break compiles the children of the
+    module that took it as regions at once (the report then lists them), instead of first running that module's
+    code plainly while observing the submodule that holds the break."""
+    program = _program_of(compiled)
+    plain, program.plain_first_runs = program.plain_first_runs, False
+    try:
+        with program.quiet_calls():
+            yield
+    finally:
+        program.plain_first_runs = plain
+
+
+def _program_of(compiled: Any) -> _Program:
     program = getattr(compiled, "_thunder_subclass_graph_breaks", None)
     if program is None:
         raise TypeError(f"{compiled!r} is not a thunder_subclass.jit result with graph breaks enabled (it was "
                         f"compiled with fullgraph=True, or not by thunder_subclass.jit)")
-    return program.quiet_calls()
+    return program
+
+
+def suppressed_warnings(compiled: Any):
+    """A context in which calls of ``compiled`` (a :func:`with_graph_breaks` result) warn about no break."""
+    return _program_of(compiled).quiet_calls()

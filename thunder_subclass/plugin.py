@@ -197,20 +197,21 @@ def explain(fn: Callable, /, *args, **kwargs) -> graph_breaks.GraphBreakReport:
     """Compile ``fn`` with :func:`jit` (or take a :func:`jit` result), call it once with ``args`` / ``kwargs``
     without the graph-break warning, and return its :class:`~thunder_subclass.graph_breaks.GraphBreakReport`: the
     breaks (the user's file:line, the reason, what ran eagerly) and the compiled regions (qualified name -> jitted
-    function, for ``thunder.last_traces``).
+    function, for ``thunder.last_traces``). A new break compiles the children of the module that took it as regions
+    in this call (a plain :func:`jit` call first runs that module's code eagerly, observing the submodule that holds
+    the break); from the next call on, that submodule is an eager call inside its parents' compiled trace where it
+    can be (docs/graph-breaks.md).
 
     Example::
 
         >>> import torch, thunder_subclass
         >>> def f(x):
-        ...     if x.sum() > 0:
-        ...         return x * 2
-        ...     return x
+        ...     return x[x > 0] * 2     # a shape that depends on the data
         >>> report = thunder_subclass.explain(f, torch.ones(3))
         >>> len(report.breaks), len(report.regions)
         (1, 0)
     """
     compiled = fn if hasattr(fn, "_thunder_subclass_graph_breaks") else jit(fn)
-    with graph_breaks.suppressed_warnings(compiled):
+    with graph_breaks.explaining(compiled):
         compiled(*args, **kwargs)
     return compiled.graph_breaks
