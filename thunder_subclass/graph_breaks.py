@@ -16,12 +16,16 @@ output's shape — ``if tensor:``, ``.item()`` / ``.tolist()`` feeding a branch,
   fails in turn runs its own code eagerly the same way, so every submodule that traces is one compiled region;
 * a plain function runs eagerly: one break, no region.
 
-A module whose *own* code holds the break (no child of it broke at that location) and whose eager run was observed
-pure becomes an *eager call* from then on (``eager_calls.py``): one operation of its parent's trace, which runs it
-eagerly and checks what it returned. The callables that broke before such an observation are traced once more on
-their next call (``_Taken.generation``), so a parent that broke only because of the child compiles around it; a
-mismatch at run time (:class:`~thunder_subclass.eager_calls.EagerCallMismatch`) runs the parent eagerly instead and
-drops the observation.
+A module whose *own* code holds the break and whose eager run was observed pure becomes an *eager call* from then on
+(``eager_calls.py``): one operation of its parent's trace, which runs it eagerly and checks what it returned. The
+first eager run of a module that broke is *plain* when the break was raised in the ``forward`` of a submodule class
+not observed yet (``_holder_class``, from the interpreted frames): its code runs as in eager, nothing compiled, and
+that class's calls are observed (forward hooks, removed after). Otherwise (and in :func:`explaining`, and when a
+module's own code holds the break) its children are compiled as above, and a module none of whose children broke at
+its break's location is observed. The callables that broke before an observation are traced once more on their next
+call (``_Taken.generation``), so a parent that broke only because of the child compiles around it; a mismatch at run
+time (:class:`~thunder_subclass.eager_calls.EagerCallMismatch`) runs the parent eagerly instead and drops the
+observation.
 
 Children of one class share one jitted function (the module is its first argument), so N identical blocks trace
 once; ``thunder.last_traces(report.regions["model.layers.0"])`` shows a region's traces. Everything crossing a break
