@@ -53,6 +53,7 @@ import dataclasses
 import functools
 import os
 import sys
+import threading
 import traceback
 import warnings
 from collections.abc import Callable
@@ -420,13 +421,13 @@ class _Program:
     @contextlib.contextmanager
     def _observing(self, module: torch.nn.Module, holder: type):
         """Observe (``_observe``) each call of a submodule of class ``holder`` of ``module`` while the block runs."""
-        pending: list = []
+        pending: dict[int, list] = {}  # per thread (another thread may run the module meanwhile)
 
         def before(m, args, kwargs):
-            pending.append(eager_calls.snapshot(m, args, kwargs))
+            pending.setdefault(threading.get_ident(), []).append(eager_calls.snapshot(m, args, kwargs))
 
         def after(m, args, kwargs, result):
-            self._observe(m, pending.pop(), args, kwargs, result)
+            self._observe(m, pending[threading.get_ident()].pop(), args, kwargs, result)
 
         handles = []
         try:
