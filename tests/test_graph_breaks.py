@@ -447,7 +447,7 @@ def _assert_one_region_around_the_eager_experts(jforward, ids, expected_logits):
         torch.testing.assert_close(jforward(ids).logits, expected_logits)
     report = jforward.graph_breaks
     assert [b.name for b in report.breaks] == ["model.layers.0.mlp.experts"]
-    assert list(report.regions) == ["model.layers.0.mlp.experts.act_fn", ""]
+    assert list(report.regions) == [""] and report.region_calls == 1  # (the experts' activation runs as it is)
     assert "eager_module_call(" in str(thunder.last_traces(report.regions[""])[-1])
 
 
