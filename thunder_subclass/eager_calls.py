@@ -3,10 +3,11 @@ parent's trace.
 
 In: a module call ``child(*args)`` that thunder's interpreter meets while tracing a region of a graph-break program
 (``graph_breaks._Program``), where ``child`` broke before with arguments of this kind and its eager run was observed.
-Out: one bound symbol, ``eager_module_call(spec, *tensors)`` (``eager_module_call_grad_forward`` /
-``..._backward`` when gradients flow), whose outputs are proxies with the metadata the observed run gave; at run time
-the symbol calls ``child`` eagerly (``Module.__call__``, its hooks, its own Python, its children compiled as
-regions) and checks that what it returned matches what the trace assumed.
+Out: one bound symbol, ``eager_module_call(spec, *tensors)`` (``eager_module_call_with_grad``, differentiated as
+``eager_module_call_forward`` / ``eager_module_call_backward``, when gradients flow), whose outputs are proxies with
+the metadata the observed run gave; at run time the symbol calls ``child`` eagerly (``Module.__call__``, its hooks,
+its own Python, its children compiled as regions but for stateless leaves) and checks that what it returned matches
+what the trace assumed.
 
 Why: without this, a break anywhere in a block (the per-expert loop of a mixture-of-experts layer) makes every module
 above it run its Python eagerly, each of their children a separate region. With it, the block's parent (up to the
