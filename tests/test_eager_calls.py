@@ -291,3 +291,41 @@ def test_after_a_first_call_in_regions_the_parents_are_traced_again_around_the_e
         with _quiet(jm):
             torch.testing.assert_close(jm(x), eager(x))
     assert list(jm.graph_breaks.regions) == [""]
+
+
+class _MaybeTransposed(torch.nn.Module):
+    def forward(self, x):
+        n = int((x > 0).sum())  # a break (the value picks the layout: not speculated, it changes every call)
+        return x.t().contiguous().t() if n % 2 else x * 1.0
+
+
+class _ViewsTheOutput(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.layout = _MaybeTransposed()
+
+    def forward(self, x):
+        return self.layout(self.lin(x)).view(-1) * 2
+
+
+def test_an_output_of_another_layout_than_traced_runs_the_parent_eagerly():
+    eager, model = _pair(_ViewsTheOutput)
+    jm = thunder_subclass.jit(model)
+    torch.manual_seed(3)
+    inputs = [torch.randn(4, 4) for _ in range(8)]
+    odd = [int((eager.lin(x) > 0).sum()) % 2 for x in inputs]
+    assert 0 in odd[1:] and 1 in odd[1:]
+    reasons = set()
+    with torch.no_grad(), _quiet(jm):
+        for x, o in zip(inputs, odd):
+            if o:  # eager's view of the non-contiguous output raises; so does the program, run eagerly
+                with pytest.raises(RuntimeError, match="view size is not compatible"):
+                    eager(x)
+                with pytest.raises(RuntimeError, match="view size is not compatible"):
+                    jm(x)
+            else:
+                torch.testing.assert_close(jm(x), eager(x))
+            reasons.update(b.reason for b in jm.graph_breaks.breaks)
+    # the first odd call after the trace around the eager call (made for a contiguous output) fell back
+    assert any("contiguous tensor where the traced run returned a contiguous one" in r for r in reasons)

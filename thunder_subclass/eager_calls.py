@@ -191,7 +191,7 @@ def _unchanged(before: _Snapshot) -> bool:
 @dataclasses.dataclass(frozen=True)
 class Observation:
     """An eager run's result, described for a trace: per output leaf ``("tensor", shape, dtype, device,
-    requires_grad)`` where shape is ``("like", i)`` (the i-th tensor argument's) or ``("fixed", sizes)``, or
+    requires_grad, contiguous)`` where shape is ``("like", i)`` (the i-th tensor argument's) or ``("fixed", sizes)``, or
     ``("const", value)``; and the argument shapes it needs (None when every output is "like")."""
 
     out_spec: Any
@@ -216,7 +216,7 @@ def record_observation(before: _Snapshot, args: tuple, kwargs: dict, result: Any
             like = next((i for i, t in enumerate(arg_tensors) if t.shape == o.shape), None)
             shape = ("like", like) if like is not None else ("fixed", tuple(o.shape))
             fixed = fixed or like is None
-            described.append(("tensor", shape, o.dtype, o.device, o.requires_grad))
+            described.append(("tensor", shape, o.dtype, o.device, o.requires_grad, o.is_contiguous()))
         elif isinstance(o, (type(None), bool, int, float)):
             described.append(("const", o))
         else:
@@ -444,7 +444,7 @@ def _output_proxies(spec_id: int, tensors: tuple) -> tuple:
     for d in spec.observation.out_leaves:
         if d[0] != "tensor":
             continue
-        _, (rule, value), dtype, device, requires_grad = d
+        _, (rule, value), dtype, device, requires_grad, _ = d
         shape = tuple(tensors[value].shape) if rule == "like" else value
         out.append(TensorProxy(shape=shape, dtype=dtypes.to_dtype(dtype), device=devices.to_device(device),
                                requires_grad=requires_grad))
@@ -562,12 +562,16 @@ def _check(spec_id: int, result: Any, tensors) -> list:
             if type(o) is not type(d[1]) or o != d[1]:
                 raise EagerCallMismatch(spec_id, f"returned {o!r} where the trace has {d[1]!r}")
             continue
-        _, (rule, value), dtype, device, _ = d
+        _, (rule, value), dtype, device, _, contiguous = d
         shape = tuple(tensors[value].shape) if rule == "like" else value
         if type(o) is not torch.Tensor or tuple(o.shape) != shape or o.dtype != dtype or o.device != device:
             raise EagerCallMismatch(
                 spec_id, f"returned a {type(o).__name__} of shape {tuple(getattr(o, 'shape', ()))} "
                          f"({getattr(o, 'dtype', None)}) where the trace has {shape} ({dtype})")
+        if o.is_contiguous() != contiguous:  # (the traced code after the call may depend on the layout: a view)
+            raise EagerCallMismatch(spec_id, f"returned a {'' if o.is_contiguous() else 'non-'}contiguous tensor "
+                                             f"where the traced run returned a {'' if contiguous else 'non-'}"
+                                             f"contiguous one")
         if any(o is t for t in tensors):
             raise EagerCallMismatch(spec_id, "returned one of its arguments")
         out.append(o)
