@@ -20,15 +20,17 @@ When a call is recorded so (all must hold, else the call traces as before, i.e. 
   reach (its parameters, buffers, tensor arguments) changed version, no attribute of it or its submodules changed,
   and it returned plain tensors (or None / Python scalars) in a tuple, list or alone, none an argument;
 * its arguments are plain tensors and Python constants (no subclass tensor, no symbolic number);
-* the trace so far holds no in-place operation and no pending write to the child, its submodules or its arguments
-  (thunder applies Python side effects after the computation; the eager call must see the state eager would);
+* the trace so far changed in place no tensor it did not make itself (a non-view result of a torch-level symbol), and
+  holds no pending write to the child, its submodules or an object they hold (thunder applies Python side effects
+  after the computation; the eager call must see the state eager would); the child has no ``forward`` set on the
+  instance;
 * no autocast is in effect at the call.
 
 Output sizes: an output whose observed shape equalled a tensor argument's is taken as "that argument's shape" for
 any sizes; other shapes are taken as observed and need the arguments' observed shapes.
 
-At run time a mismatch (another output type, shape, dtype, device, a constant output that differs, the child no longer
-at its path) raises :class:`EagerCallMismatch` before anything after the call runs; the graph-break program catches
+At run time a mismatch (another output type, shape, dtype, device or layout, a constant output that differs, the
+child no longer at its path) raises :class:`EagerCallMismatch` before anything after the call runs; the graph-break program catches
 it, restores the random-number state and runs the parent eagerly instead (the observation is dropped), so a wrong
 assumption costs time, never a wrong result. The computation before the call is free of in-place operations and the
 epilogue's Python writes have not happened, so running the parent again is what eager does.
@@ -38,8 +40,9 @@ the forward runs the child under ``torch.enable_grad`` on detached arguments and
 integer handle tensor; the backward symbol calls ``torch.autograd.grad`` through that graph for the arguments and the
 child's trainable parameters (which are inputs of the symbol, so thunder accumulates their gradients as any other).
 
-Owner of state: the specs are process-wide (one per distinct call site kind, appended, small); the autograd graphs
-live until their handle tensor is freed (with the forward's saved tensors). Traces holding these symbols are not
+Owner of state: the specs are process-wide (one per recorded call, appended, small); the autograd graphs of the
+forwards with gradients (``_graphs``) live until their handle tensor is freed (with the forward's saved tensors); the
+observations, the decisions and the roots belong to the graph-break program (``graph_breaks._Program``). Traces holding these symbols are not
 stored by the disk cache (the spec is a process-local number).
 """
 
