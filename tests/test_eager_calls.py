@@ -329,3 +329,17 @@ def test_an_output_of_another_layout_than_traced_runs_the_parent_eagerly():
             reasons.update(b.reason for b in jm.graph_breaks.breaks)
     # the first odd call after the trace around the eager call (made for a contiguous output) fell back
     assert any("contiguous tensor where the traced run returned a contiguous one" in r for r in reasons)
+
+
+def test_under_autocast_the_child_is_not_an_eager_call_and_the_program_equals_eager():
+    eager, model = _pair()
+    jm = thunder_subclass.jit(model)
+    with torch.no_grad(), _quiet(jm), torch.autocast("cpu", dtype=torch.bfloat16):
+        for _ in range(3):
+            x = torch.randn(6, 8)
+            out, expected = jm(x), eager(x)
+            assert out.dtype == expected.dtype == torch.bfloat16
+            torch.testing.assert_close(out, expected, rtol=2e-2, atol=2e-2)
+    report = jm.graph_breaks
+    assert "" not in report.regions and "blocks.1" not in report.regions  # (the casts are not the eager call's)
+    assert [b.name for b in report.breaks][:2] == ["", "blocks.0"]
