@@ -343,3 +343,28 @@ def test_under_autocast_the_child_is_not_an_eager_call_and_the_program_equals_ea
     report = jm.graph_breaks
     assert "" not in report.regions and "blocks.1" not in report.regions  # (the casts are not the eager call's)
     assert [b.name for b in report.breaks][:2] == ["", "blocks.0"]
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["inference", "training"])
+def test_a_compiled_model_with_eager_calls_is_freed(grad):
+    import gc
+    import weakref
+
+    from thunder_subclass import eager_calls
+
+    def run():
+        eager, model = _pair()
+        jm = thunder_subclass.jit(model)
+        with torch.set_grad_enabled(grad), _quiet(jm):
+            for _ in range(3):
+                x = torch.randn(6, 8, requires_grad=grad)
+                out = jm(x)
+                if grad:
+                    out.sum().backward()
+        assert "" in jm.graph_breaks.regions
+        return weakref.ref(model), weakref.ref(jm)
+
+    model, jm = run()
+    gc.collect()
+    assert model() is None and jm() is None
+    assert not eager_calls._graphs  # the autograd graphs of the eager calls went with their backward
