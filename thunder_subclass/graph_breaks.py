@@ -291,6 +291,21 @@ def _set_rng_state(state: tuple) -> None:
         torch.cuda.set_rng_state_all(cuda)
 
 
+@contextlib.contextmanager
+def _forward_replaced(module: torch.nn.Module, forward: Callable):
+    """``module.forward`` is ``forward`` (set on the instance) while the block runs; what was there before comes
+    back after it."""
+    previous = module.__dict__.get("forward")
+    module.__dict__["forward"] = forward
+    try:
+        yield
+    finally:
+        if previous is None:
+            module.__dict__.pop("forward", None)
+        else:
+            module.__dict__["forward"] = previous
+
+
 def _forward_codes(cls: type) -> list:
     """The code objects of ``cls.forward`` and of the functions it wraps (``functools.wraps`` decorators)."""
     codes, fn, seen = [], getattr(cls, "forward", None), set()
@@ -358,8 +373,10 @@ class _Program:
         broke before or break now (nothing added to a call of a program that traces whole)."""
         taken = None
         region = compiled if region is None else region
+        broken_key = None  # (id of the callable, signature), computed once where needed
         if id(key_owner) in self.broken_owners:
-            taken = self.broken.get((id(key_owner), _call_signature(args, kwargs)))
+            broken_key = (id(key_owner), _call_signature(args, kwargs))
+            taken = self.broken.get(broken_key)
             if taken is not None and taken.generation < self.generation and not taken.retried \
                     and type(key_owner) not in self.observed_types:
                 taken.retried = True  # a child can now be an eager call in its trace: trace it once more
@@ -384,7 +401,7 @@ class _Program:
                 self.observed.pop(eager_calls.spec_key(e.spec_id), None)
                 taken = _Taken(GraphBreak(name, eager_calls.spec_location(e.spec_id),
                                           f"EagerCallMismatch: {e}"), self.generation)
-                self.broken[(id(key_owner), _call_signature(args, kwargs))] = taken
+                self.broken[broken_key or (id(key_owner), _call_signature(args, kwargs))] = taken
                 self.broken_owners.add(id(key_owner))
             except Exception as e:
                 reason = graph_break_reason(e)
@@ -393,11 +410,11 @@ class _Program:
                 taken = _Taken(GraphBreak(name, _user_location(e), reason), self.generation)
                 if isinstance(eager, _ModuleCode) and self.plain_first_runs:
                     taken.holder = self._unobserved_holder(eager.module, e)
-                self.broken[(id(key_owner), _call_signature(args, kwargs))] = taken
+                self.broken[broken_key or (id(key_owner), _call_signature(args, kwargs))] = taken
                 self.broken_owners.add(id(key_owner))
             else:
-                if id(key_owner) in self.broken_owners:  # it traced again (a child is an eager call now)
-                    self.broken.pop((id(key_owner), _call_signature(args, kwargs)), None)
+                if broken_key is not None:  # it traced again (a child is an eager call now)
+                    self.broken.pop(broken_key, None)
                 self.report.regions[name] = region
                 self.report.region_calls += 1
                 return result
@@ -465,34 +482,20 @@ class _Program:
     def call_eagerly(self, module: torch.nn.Module, qualified: str, args: tuple, kwargs: dict):
         """``module(*args, **kwargs)`` from an eager call inside a compiled region: ``Module.__call__`` and its hooks,
         its own code eagerly (it broke), its children compiled but for stateless leaves (``_is_stateless_leaf``)."""
-        previous = module.__dict__.get("forward")
-        module.__dict__["forward"] = self._compiled_child(module, qualified)
-        self.eager_called.add(id(module))
-        try:
-            return module(*args, **kwargs)
-        finally:
-            self.eager_called.discard(id(module))
-            if previous is None:
-                module.__dict__.pop("forward", None)
-            else:
-                module.__dict__["forward"] = previous
+        with _forward_replaced(module, self._compiled_child(module, qualified)):
+            self.eager_called.add(id(module))
+            try:
+                return module(*args, **kwargs)
+            finally:
+                self.eager_called.discard(id(module))
 
     @contextlib.contextmanager
     def _children_compiled(self, code: _ModuleCode | None, name: str):
-        installed = []
-        try:
+        with contextlib.ExitStack() as installed:
             skip = code is not None and id(code.module) in self.eager_called
             for qualified, child in _child_regions(code.module, name, skip) if code is not None else ():
-                previous = child.__dict__.get("forward")
-                child.__dict__["forward"] = self._compiled_child(child, qualified)
-                installed.append((child, previous))
+                installed.enter_context(_forward_replaced(child, self._compiled_child(child, qualified)))
             yield
-        finally:
-            for child, previous in reversed(installed):
-                if previous is None:
-                    child.__dict__.pop("forward", None)
-                else:
-                    child.__dict__["forward"] = previous
 
     def _compiled_child(self, child: torch.nn.Module, qualified: str) -> Callable:
         own = child.__dict__.get("forward")  # a forward set on the instance (another wrapper): compiled alone
