@@ -152,14 +152,21 @@ def _leaf_kind(x: Any, *, proxy: bool) -> Any:
     return None
 
 
-def observe_key(module: torch.nn.Module, args: tuple, kwargs: dict, grad_enabled: bool, *, proxy: bool) -> Any:
-    """The key an observation of ``module(*args, **kwargs)`` is stored under, or None when such a call cannot be an
-    eager call in a trace."""
+def _described_call(module: torch.nn.Module, args: tuple, kwargs: dict, grad_enabled: bool, *, proxy: bool):
+    """(observation key, argument leaves, their pytree spec, their kinds) of ``module(*args, **kwargs)``, or None when
+    such a call cannot be an eager call in a trace."""
     leaves, spec = pytree.tree_flatten((args, kwargs))
     kinds = tuple(_leaf_kind(x, proxy=proxy) for x in leaves)
     if any(k is None for k in kinds):
         return None
-    return (type(module), type(module).forward, grad_enabled, str(spec), kinds)
+    return (type(module), type(module).forward, grad_enabled, str(spec), kinds), leaves, spec, kinds
+
+
+def observe_key(module: torch.nn.Module, args: tuple, kwargs: dict, grad_enabled: bool, *, proxy: bool) -> Any:
+    """The key an observation of ``module(*args, **kwargs)`` is stored under, or None when such a call cannot be an
+    eager call in a trace."""
+    described = _described_call(module, args, kwargs, grad_enabled, proxy=proxy)
+    return None if described is None else described[0]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -366,21 +373,23 @@ def _record(root: Root, module: torch.nn.Module, wmodule, args: tuple, kwargs: d
     from thunder_subclass.recording import is_traced_grad_enabled
 
     grad = is_traced_grad_enabled()
-    key = observe_key(module, args, kwargs, grad, proxy=True)
-    observation = root.program.observed.get(key) if key is not None else None
+    described = _described_call(module, args, kwargs, grad, proxy=True)
+    if described is None:
+        return _NOT_RECORDED
+    key, leaves, arg_spec, kinds = described
+    observation = root.program.observed.get(key)
     # (a forward set on the instance is not the class's whose run was observed)
     if observation is None or autocast_in_effect() or "forward" in module.__dict__:
         return _NOT_RECORDED
-    leaves, arg_spec = pytree.tree_flatten((args, kwargs))
-    tensors = [x for x in leaves if _leaf_kind(x, proxy=True)[0] == "tensor"]
+    tensors = [x for x, k in zip(leaves, kinds) if k[0] == "tensor"]
     if observation.arg_shapes is not None and tuple(tuple(t.shape) for t in tensors) != observation.arg_shapes:
         return _NOT_RECORDED
     path = _relative_path(root.module, module)
     if path is None or not _no_unsafe_operations_so_far() or not _untouched_by_pending_writes(module):
         return _NOT_RECORDED
     arg_leaves, i = [], 0
-    for x in leaves:
-        if _leaf_kind(x, proxy=True)[0] == "tensor":
+    for x, k in zip(leaves, kinds):
+        if k[0] == "tensor":
             arg_leaves.append(("tensor", i))
             i += 1
         else:
