@@ -29,23 +29,25 @@ def _counts(jf) -> tuple[int, int]:
     return thunder.cache_misses(jf), thunder.cache_hits(jf)
 
 
+def _counts_over_sizes(f, sizes, make=_two) -> tuple[int, int]:
+    """``f`` jitted with symbolic values, called on ``make(n)`` for each size ``n`` and compared with eager; its
+    (cache misses, cache hits)."""
+    jf = thunder_subclass.jit(f, cache="symbolic values")
+    for n in sizes:
+        x = make(n)
+        _same(jf(x), f(x))
+    return _counts(jf)
+
+
 def test_elementwise_ops_on_new_batch_sizes_trace_once():
     f = lambda x: (x * 2 + 1).sin()  # noqa: E731
-    jf = thunder_subclass.jit(f, cache="symbolic values")
-    for n in (3, 5, 7, 9):
-        x = _two(n)
-        _same(jf(x), f(x))
-    assert _counts(jf) == (1, 3)
+    assert _counts_over_sizes(f, (3, 5, 7, 9)) == (1, 3)
 
 
 def test_matmul_with_a_plain_weight_traces_once():
     w = torch.randn(4, 6)
     f = lambda x: x @ w  # noqa: E731
-    jf = thunder_subclass.jit(f, cache="symbolic values")
-    for n in (3, 5, 7):
-        x = _two(n)
-        _same(jf(x), f(x))
-    assert _counts(jf) == (1, 2)
+    assert _counts_over_sizes(f, (3, 5, 7)) == (1, 2)
 
 
 def test_the_plain_weight_may_change_size_too():
@@ -59,30 +61,18 @@ def test_the_plain_weight_may_change_size_too():
 
 def test_sum_and_mean_over_dims_trace_once():
     f = lambda x: x.sum(0) + x.mean(1).sum() + x.sum(dim=1, keepdim=True).mean(0)  # noqa: E731
-    jf = thunder_subclass.jit(f, cache="symbolic values")
-    for n in (3, 5, 7):
-        x = _two(n)
-        _same(jf(x), f(x))
-    assert _counts(jf) == (1, 2)
+    assert _counts_over_sizes(f, (3, 5, 7)) == (1, 2)
 
 
 def test_views_whose_sizes_are_sums_and_products_of_sizes_trace_once():
     f = lambda x: torch.cat([x.flatten(), x[:, :2].flatten()]) * 2  # noqa: E731  (n*4 + n*2)
-    jf = thunder_subclass.jit(f, cache="symbolic values")
-    for n in (3, 5, 7):
-        x = _two(n)
-        _same(jf(x), f(x))
-    assert _counts(jf) == (1, 2)
+    assert _counts_over_sizes(f, (3, 5, 7)) == (1, 2)
 
 
 def test_a_transposed_value_keeps_its_layout_in_later_operations():
     # x.t() * 2 is a transposed TwoTensor: the reshape after it copies (a view would fail when the trace runs)
     f = lambda x: (x.t() * 2).reshape(-1) + x[:, 1:3].sum()  # noqa: E731
-    jf = thunder_subclass.jit(f, cache="symbolic values")
-    for n in (3, 5, 7):
-        x = _two(n)
-        _same(jf(x), f(x))
-    assert _counts(jf) == (1, 2)
+    assert _counts_over_sizes(f, (3, 5, 7)) == (1, 2)
 
 
 def test_training_with_backward_traces_once():
@@ -131,11 +121,7 @@ def test_a_non_contiguous_input_is_a_new_trace():
 def test_a_scaled_tensor_input_of_new_sizes_traces_once():
     # ScaledTensor computes on data * factor and returns plain tensors; its factor is in the flatten context
     f = lambda x: (x * 1.0).sum(0)  # noqa: E731
-    jf = thunder_subclass.jit(f, cache="symbolic values")
-    for n in (3, 5, 7):
-        x = ScaledTensor(torch.randn(n, 4), 2.0)
-        _same(jf(x), f(x))
-    assert _counts(jf) == (1, 2)
+    assert _counts_over_sizes(f, (3, 5, 7), make=lambda n: ScaledTensor(torch.randn(n, 4), 2.0)) == (1, 2)
 
 
 class _SizeBranchTensor(ElemTensor):
@@ -187,11 +173,7 @@ def test_a_size_that_is_not_a_sum_or_product_falls_back_to_pinned_sizes():
     # view(-1, 2) of an (n, 4) value has n * 4 // 2 rows: no number proxy stands for a floor division, so the
     # operation runs on fakes of the current sizes, which are pinned (one trace per size), with eager's values
     f = lambda x: x.view(-1, 2) + 1  # noqa: E731
-    jf = thunder_subclass.jit(f, cache="symbolic values")
-    for n in (3, 5, 3, 5, 7):
-        x = _two(n)
-        _same(jf(x), f(x))
-    assert _counts(jf) == (3, 2)
+    assert _counts_over_sizes(f, (3, 5, 3, 5, 7)) == (3, 2)
 
 
 @pytest.mark.parametrize("dynamic_kwargs", [{}, {"dynamic": True}])
