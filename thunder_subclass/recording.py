@@ -48,6 +48,7 @@ from thunder_subclass._thunder_internals import (
     is_interpreting,
     jagged_numel,
     jit_state,
+    meta_signature,
     real_script_object,
     source_location,
     symbolic_values_active,
@@ -205,7 +206,7 @@ def torch_callable_for(sym: Symbol, args: tuple, kwargs: dict | None = None) -> 
 
 def _binds_inplace(sym: Symbol, args: tuple, kwargs: dict) -> bool:
     try:
-        bound = inspect.signature(sym.meta).bind_partial(*args, **kwargs).arguments
+        bound = meta_signature(sym.meta).bind_partial(*args, **kwargs).arguments  # (made once per function)
     except (TypeError, ValueError):
         return False
     value = bound.get("inplace", False)
@@ -235,7 +236,7 @@ def denormalize(sym: Symbol, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     defaults filled in (``ltorch.relu(x, False)``), which ``Tensor.relu`` does not accept: drop arguments equal to
     their defaults, and pass the ones after a dropped one by keyword."""
     try:
-        sig = inspect.signature(sym.meta)
+        sig = meta_signature(sym.meta)
         bound = sig.bind(*args, **kwargs)
     except (TypeError, ValueError):
         return args, kwargs

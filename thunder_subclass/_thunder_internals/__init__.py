@@ -91,7 +91,7 @@ from thunder_subclass._thunder_internals.symbolic_values import (  # noqa: F401
     symbolic_values_active,
     symbolic_values_lookaside,
 )
-from thunder_subclass._thunder_internals.transform_speed import printed_trace  # noqa: F401
+from thunder_subclass._thunder_internals.transform_speed import meta_signature, printed_trace  # noqa: F401
 from thunder_subclass._thunder_internals.thunder_state import (  # noqa: F401
     trace_recorded,
     trace_wrote_integer_tensors,
