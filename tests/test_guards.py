@@ -897,6 +897,152 @@ def test_an_attribute_found_missing_is_guarded_as_missing(case):
             del _fn_attribute.bonus
 
 
+# attribute reads as transformers 4.x's PretrainedConfig makes them: a class-level __getattribute__ (its attribute_map),
+# properties, descriptors and a __getattr__ fallback, read by plain access, getattr with and without a default (also a
+# default that is the attribute's own value: getattr(cfg, "output_attentions", getattr(cfg, "output_attentions", d))),
+# computed names and hasattr. Each is recorded as eager sees it (present with its value, or missing) and guarded so.
+
+class _Doubled:
+    """A data descriptor: ``obj.doubled`` is ``obj._d * 2``."""
+
+    def __get__(self, obj, owner=None):
+        return self if obj is None else obj._d * 2
+
+    def __set__(self, obj, value):
+        obj._d = value / 2
+
+
+class _Halved:
+    """A non-data descriptor (no ``__set__``): ``obj.halved`` is ``obj._d / 2``."""
+
+    def __get__(self, obj, owner=None):
+        return self if obj is None else obj._d / 2
+
+
+class _ConfigWithGetattribute:
+    attribute_map = {"n_layer": "num_hidden_layers"}
+    doubled, halved = _Doubled(), _Halved()
+
+    def __init__(self):
+        self._output_attentions, self.num_hidden_layers, self._d = 3.0, 2, 4.0
+
+    def __getattribute__(self, key):
+        if key != "attribute_map" and key in super().__getattribute__("attribute_map"):
+            key = super().__getattribute__("attribute_map")[key]
+        return super().__getattribute__(key)
+
+    def __getattr__(self, key):
+        if key == "fallback":
+            return self._d + 1
+        raise AttributeError(key)
+
+    @property
+    def output_attentions(self):
+        return self._output_attentions
+
+    @property
+    def unset(self):  # a property that raises AttributeError: missing, as for hasattr
+        if self._d > 10:
+            return self._d
+        raise AttributeError("unset")
+
+
+class _PlainConfig:
+    doubled, halved = _Doubled(), _Halved()
+
+    def __init__(self):
+        self._output_attentions, self.num_hidden_layers, self._d = 3.0, 2, 4.0
+
+    @property
+    def output_attentions(self):
+        return self._output_attentions
+
+    @property
+    def unset(self):
+        if self._d > 10:
+            return self._d
+        raise AttributeError("unset")
+
+
+_READS = {
+    "plain": lambda c, n: getattr(c, n),
+    "default": lambda c, n: getattr(c, n, -1.0),
+    "own value as default": lambda c, n: getattr(c, n, getattr(c, n, -1.0)),
+    "computed name": lambda c, n: getattr(c, "".join(n), -1.0),
+    "hasattr": lambda c, n: 7.0 if hasattr(c, n) else -7.0,
+}
+# (attribute, how the test changes what eager reads: a function of the config)
+_ATTRIBUTES = {
+    "output_attentions": lambda c: setattr(c, "_output_attentions", 5.0),  # a property
+    "n_layer": lambda c: setattr(c, "num_hidden_layers", 6),  # an attribute_map alias (class with __getattribute__)
+    "doubled": lambda c: setattr(c, "_d", 1.0),  # a data descriptor
+    "halved": lambda c: setattr(c, "_d", 1.0),  # a non-data descriptor
+    "fallback": lambda c: setattr(c, "_d", 1.0),  # __getattr__ (class with __getattribute__)
+    "unset": lambda c: setattr(c, "_d", 12.0),  # a property raising AttributeError, then returning
+    "later": lambda c: setattr(c, "later", 9.0),  # missing, then an instance attribute
+}
+
+
+@pytest.mark.parametrize("read", list(_READS))
+@pytest.mark.parametrize("attribute", list(_ATTRIBUTES))
+@pytest.mark.parametrize("config_cls", [_ConfigWithGetattribute, _PlainConfig])
+def test_attribute_reads_are_recorded_and_guarded_as_eager_sees_them(config_cls, attribute, read):
+    config = config_cls()
+    if attribute in ("n_layer", "fallback") and config_cls is _PlainConfig:
+        pytest.skip("attribute_map and __getattr__ belong to the class with __getattribute__")
+    if read == "plain" and not hasattr(config, attribute):
+        pytest.skip("a plain read of a missing attribute raises (eager and compiled alike)")
+    name = tuple(attribute) if read == "computed name" else attribute
+
+    def f(x, c):
+        return x * _READS[read](c, name)
+
+    x = torch.ones(2)
+    jf = thunder_subclass.jit(f)
+    torch.testing.assert_close(jf(x, config), f(x, config))  # the call a trace was made from runs
+    torch.testing.assert_close(jf(x, config), f(x, config))
+    assert (thunder.cache_misses(jf), thunder.cache_hits(jf)) == (1, 1)
+    before = f(x, config)
+    _ATTRIBUTES[attribute](config)
+    expected = f(x, config)
+    torch.testing.assert_close(jf(x, config), expected)
+    if not torch.equal(expected, before):
+        assert thunder.cache_misses(jf) == 2  # what eager reads changed: a new trace, never the stale one
+
+
+def test_a_trace_that_rejects_the_call_it_was_made_from_raises_a_typed_internal_error(monkeypatch):
+    # a plugin bug of this class (the trace records an attribute as missing that eager found) is simulated by making
+    # the plugin record the attribute it looked for as missing under another name, one that the object does have
+    import dataclasses
+
+    from thunder_subclass import hooks
+    from thunder_subclass._thunder_internals import plugin_state
+    from thunder_subclass.errors import TraceSelfCheckError
+
+    recorded = hooks.HANDLERS.attribute_absent
+    broken = dataclasses.replace(hooks.HANDLERS,
+                                 attribute_absent=lambda obj, provenance, name: recorded(obj, provenance, "present"))
+    hooks.install()
+    monkeypatch.setattr(plugin_state, "handlers", broken)
+    monkeypatch.setattr(hooks, "HANDLERS", broken)
+
+    class Holder:
+        present = None
+
+        def __init__(self):
+            self.present = 1.0
+
+    f = lambda x, o: x + getattr(o, "missing", 2.0)  # noqa: E731
+    jf = thunder_subclass.jit(f)
+    with pytest.raises(TraceSelfCheckError, match=r"(?s)own prologue rejects the call: .*'present'.*a bug in "
+                                                  r"thunder_subclass.*report it"):
+        jf(torch.zeros(2), Holder())
+    assert thunder.cache_misses(jf) == 1
+    assert len(thunder.compile_stats(jf).interpreter_cache) == 0  # the rejecting entry was dropped
+    monkeypatch.undo()
+    torch.testing.assert_close(jf(torch.zeros(2), Holder()), f(torch.zeros(2), Holder()))
+
+
 def test_a_missing_attribute_check_names_the_attribute_when_it_fails():
     from thunder_subclass.guards import SubclassGuardFailure, _check_attribute_absent_impl
 

@@ -20,6 +20,7 @@ __all__ = [
     "UnsupportedTracingError",
     "UnsupportedModuleHookError",
     "UnsupportedGlobalStateError",
+    "TraceSelfCheckError",
     "CacheLimitWarning",
 ]
 
@@ -97,6 +98,13 @@ class UnsupportedGlobalStateError(UnsupportedTracingError):
     be), or it calls a setter of torch's global state (``torch.set_default_dtype``,
     ``torch.use_deterministic_algorithms``: run once while tracing, never by the compiled program). A graph break by
     default (the function runs eagerly); raised with ``fullgraph=True``."""
+
+
+class TraceSelfCheckError(TensorSubclassError, RuntimeError):
+    """A bug in thunder_subclass, caught before it could give a wrong answer: a trace was just made from a call, and its
+    own prologue (the checks that decide whether a cached trace may run a call) rejects that very call. The message
+    names the failing check; the rejected entry is dropped. Please report it with the message and a small program
+    that reproduces it; meanwhile, call that function (or the module holding the code the check names) uncompiled."""
 
 
 def format_location(filename: str | None, lineno: int | None) -> str:

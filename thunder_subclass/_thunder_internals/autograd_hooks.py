@@ -94,7 +94,19 @@ def _needs_no_gradient(trace) -> bool:
     bsyms = trace.bound_symbols
     if not bsyms or bsyms[-1].sym.id is not PrimIDs.RETURN:
         return False
-    return all(is_constant_for_vjp(b) and b.sym.name != "synchronize" for b in bsyms[:-1])
+    return all((is_constant_for_vjp(b) or _computes_numbers_only(b)) and b.sym.name != "synchronize"
+               for b in bsyms[:-1])
+
+
+def _computes_numbers_only(bsym) -> bool:
+    """Whether ``bsym`` has outputs and all are numbers (``prims.shape`` of a tensor, arithmetic on sizes under
+    symbolic values): no gradient flows through a Python number. thunder's ``is_constant_for_vjp`` does not count
+    them as constant (their outputs carry no detached tag), so a no_grad trace with symbolic sizes got a joint
+    forward+backward trace and a backward (transformers' Gemma2 and Gemma3 under automatic dynamic shapes)."""
+    from thunder.core.proxies import NumberProxy
+
+    outs = bsym.flat_proxy_outs
+    return bool(outs) and all(isinstance(o, NumberProxy) for o in outs)
 
 
 # key of a joint trace's return dict: (how many outputs were added after the user's, ((position in flat_args of an

@@ -62,6 +62,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -118,11 +119,15 @@ def _hook_with_cache_info_ctx(original):
         _use_fast_populate_cache_info(fn, jit_locals)
         _use_disk_cache(fn)  # before the bound: a miss past the bound neither loads nor traces
         _use_bounded_tracing(fn)
+        _use_entry_self_check(fn)
+        cs = jit_locals.get("cs")
+        weak_cs = weakref.ref(cs) if cs is not None else (lambda: None)  # (no cycle through the compiled function)
 
         def cache_info_wrapper(*args, **kwargs):
             # thunder's cache lookup and, on a miss, tracing: one thread at a time (module docstring, "Threads")
             with TRACING_LOCK:
                 token = thunder._cache_info_ctx.set(_ViewAwareCacheInfo(args, kwargs))
+                _just_built.entry = None
                 try:
                     return fn(*args, **kwargs)
                 except _interpreter_error() as e:
@@ -130,7 +135,14 @@ def _hook_with_cache_info_ctx(original):
                     if interrupt is None:
                         raise
                     raise interrupt.with_traceback(interrupt.__traceback__) from None
+                except Exception as e:
+                    entry, _just_built.entry = _just_built.entry, None
+                    if entry is None or _is_plugin_error(e):
+                        raise
+                    _drop_entry(weak_cs(), entry)
+                    raise _self_check_error(e) from e
                 finally:
+                    _just_built.entry = None
                     thunder._cache_info_ctx.reset(token)
 
         return cache_info_wrapper
@@ -388,6 +400,59 @@ def _use_disk_cache(get_computation_and_inputs) -> None:
     apply_transforms_and_build_cache_entry.__wrapped__ = build
     acquire_cell.cell_contents = acquire_initial_trace
     build_cell.cell_contents = apply_transforms_and_build_cache_entry
+
+
+_just_built = threading.local()  # .entry: the cache entry this thread's call just built, until its first prologue ran
+
+
+def _use_entry_self_check(get_computation_and_inputs) -> None:
+    """thunder's ``apply_transforms_and_build_cache_entry`` (the closure cell of that name, called at a miss right
+    before ``get_computation_and_inputs`` runs the new entry's prologue on the call it was traced from) is replaced
+    by one that remembers the entry for this thread: an exception that then leaves ``get_computation_and_inputs``
+    came from that first prologue run, a trace that rejects its own inputs (a plugin bug that would otherwise reach the
+    user as a guard failure, e.g. an attribute recorded as missing that eager found). The per-call wrapper raises
+    ``TraceSelfCheckError`` for it, naming the failing check. Left as is when the closure is not as expected."""
+    code = get_computation_and_inputs.__code__
+    name = "apply_transforms_and_build_cache_entry"
+    if get_computation_and_inputs.__closure__ is None or name not in code.co_freevars:
+        return
+    cell = get_computation_and_inputs.__closure__[code.co_freevars.index(name)]
+    build = cell.cell_contents
+    if not callable(build):
+        return
+
+    def apply_transforms_and_build_cache_entry(*args, **kwargs):
+        entry = build(*args, **kwargs)
+        _just_built.entry = entry
+        return entry
+
+    apply_transforms_and_build_cache_entry.__wrapped__ = build
+    cell.cell_contents = apply_transforms_and_build_cache_entry
+
+
+def _is_plugin_error(e: BaseException) -> bool:
+    from thunder_subclass.errors import TensorSubclassError
+
+    return isinstance(e, TensorSubclassError)  # a typed error a check raises on purpose (not a rejection)
+
+
+def _drop_entry(cs, entry) -> None:
+    cache = getattr(cs, "interpreter_cache", None) or []
+    for i in range(len(cache) - 1, -1, -1):
+        if cache[i] is entry:
+            del cache[i]
+            return
+
+
+def _self_check_error(e: BaseException):
+    from thunder_subclass.errors import TraceSelfCheckError
+
+    return TraceSelfCheckError(
+        f"thunder_subclass made a trace from this call whose own prologue rejects the call: {type(e).__name__}: {e}. "
+        "This is a bug in thunder_subclass (the trace recorded something about the inputs that does not hold for "
+        "them); the entry was dropped. Please report it with this message and a small program that reproduces it. "
+        "Meanwhile, call this function, or the module holding the code the check names, without compiling it."
+    )
 
 
 def _rejections(cd, cs, args, kwargs) -> list[str]:
@@ -695,7 +760,9 @@ def with_fast_cache_hits(jfn, policy=None, *, automatic_dynamic: bool = False):
         cs.last_interpreter_log = None
         cs.last_prologue_traces = hit.prologue_traces
         cs.last_prologue = hit.prologue_fn
-        if grad:  # thunder's fn_: the computation (under its no_grad), connected to autograd, epilogue
+        if grad or hit.backward_fn is not None:
+            # thunder's fn_: the computation (under its no_grad), connected to autograd, epilogue. (An entry with a
+            # backward can accept a call under no_grad: its computation returns what autograd is connected with.)
             result = hit.computation_fn(*inps)
             if hit.backward_fn is not None:  # thunder's maybe_connect_to_autograd
                 data_for_autograd, (saved_tensors, saved_other) = result

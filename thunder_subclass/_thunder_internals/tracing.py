@@ -43,6 +43,11 @@ Hooks (thunder 0.2.6 paths, relative to the installed ``thunder/``):
   (``_run_frame``); ``dis.get_instructions(code)`` is answered from a cache per code object
   (:class:`_CachedInstructionsDis`), the rest of ``dis`` is the module itself. The same call records the code
   objects run within :func:`recording_interpreted_code` (for the on-disk cache).
+* ``transforms/prune_prologue_checks.py`` ``PrunePrologueChecks.transform_traces_pre_prologue`` (in
+  ``thunder.compile``'s ``BaseRecipe`` and thunder's ``HFTransformers`` recipe) — it asserts ("unexpected symbol
+  check_torch_state without inputs") on a prologue symbol with no proxy input; the plugin's checks of global state
+  (torch settings, constant paths) have none. They read no module member, so thunder's transform would keep them:
+  they are set aside while it runs and put back before the prologue's return.
 """
 
 from __future__ import annotations
@@ -284,20 +289,33 @@ def _state_setter(fn):
     return setter
 
 
+_NOT_FOUND = object()  # the default _absence_guarded reads with: nothing traced code can hold
+
+
 def _absence_guarded(lookaside):
     """``lookaside`` (of ``getattr(obj, name[, default])`` on an object read from the inputs) that reports an attribute
-    it did not find (``Handlers.attribute_absent``): the default came back (it is the caller's wrapped default
-    itself), or the read raised ``AttributeError`` (which traced code may catch, as ``hasattr`` does). thunder 0.2.6
-    recorded nothing for a missing attribute: after ``obj.name`` was set, calls reused the trace made without it."""
-    from thunder.core.interpreter import INTERPRETER_SIGNALS, get_interpreterruntimectx
+    it did not find (``Handlers.attribute_absent``): with a default, the read is made with a default of its own that no
+    traced value can be, and the caller's default is returned only when that one came back; without one, the read
+    raised ``AttributeError`` (which traced code may catch, as ``hasattr`` does). thunder 0.2.6 recorded nothing for a
+    missing attribute: after ``obj.name`` was set, calls reused the trace made without it. (Telling a missing attribute
+    by the caller's default coming back is wrong where the default is the attribute's own value:
+    ``getattr(config, "output_attentions", getattr(config, "output_attentions", False))``, as transformers 4.x's
+    ``check_model_inputs`` reads a property, recorded the attribute as missing and the prologue rejected the call it
+    was traced from.)"""
+    from thunder.core.interpreter import INTERPRETER_SIGNALS, get_interpreterruntimectx, wrap_const
 
     raised = INTERPRETER_SIGNALS.EXCEPTION_RAISED
 
     def lookaside_with_absence(wobj, wname, *default):
-        result = lookaside(wobj, wname, *default)
-        if (default and result is default[0]) or (
-                result is raised and isinstance(get_interpreterruntimectx().curexc, AttributeError)):
+        if not default:
+            result = lookaside(wobj, wname)
+            if result is raised and isinstance(get_interpreterruntimectx().curexc, AttributeError):
+                plugin_state.handlers.attribute_absent(wobj.value, wobj.provenance, getattr(wname, "value", wname))
+            return result
+        result = lookaside(wobj, wname, wrap_const(_NOT_FOUND))
+        if result is not raised and getattr(result, "value", result) is _NOT_FOUND:
             plugin_state.handlers.attribute_absent(wobj.value, wobj.provenance, getattr(wname, "value", wname))
+            return default[0]
         return result
 
     return lookaside_with_absence
@@ -561,8 +579,40 @@ def _hook_interpreter_dis(original):
     return _CachedInstructionsDis(original)
 
 
+def _hook_prune_prologue_checks(original):
+    # wraps thunder.transforms.prune_prologue_checks.PrunePrologueChecks.transform_traces_pre_prologue (in
+    # thunder.compile's BaseRecipe): it classifies every prologue symbol by whether its inputs are all module members,
+    # and asserts ("unexpected symbol ... without inputs") on a symbol with no proxy input other than thunder's own
+    # unpacking roots. The plugin's checks of global state (torch settings, constant paths, speculated slices without
+    # inputs) have none; they read no module member, so they are never pruned: they are set aside while thunder's
+    # transform runs and put back before the prologue's return.
+    from thunder.core import prims
+
+    roots = {prims.unpack_trivial, prims.unpack_cache_info, prims.python_return, prims.unpack_function_obj}
+
+    @functools.wraps(original)
+    def transform_traces_pre_prologue(self, prologue_trace, computation_trace, epilogue_trace, **kwargs):
+        from thunder.core.trace import from_trace
+
+        aside = [b for b in prologue_trace.bound_symbols if not b.flat_proxy_args and b.sym not in roots]
+        if not aside:
+            return original(self, prologue_trace, computation_trace, epilogue_trace, **kwargs)
+        kept = from_trace(prologue_trace)
+        ids = {id(b) for b in aside}
+        kept.bound_symbols = [b for b in prologue_trace.bound_symbols if id(b) not in ids]
+        prologue_trace, computation_trace, epilogue_trace = original(self, kept, computation_trace, epilogue_trace,
+                                                                     **kwargs)
+        bsyms = list(prologue_trace.bound_symbols)
+        at = next((i for i in range(len(bsyms) - 1, -1, -1) if bsyms[i].sym is prims.python_return), len(bsyms))
+        prologue_trace.bound_symbols = bsyms[:at] + [b.from_bsym() for b in aside] + bsyms[at:]
+        return prologue_trace, computation_trace, epilogue_trace
+
+    return transform_traces_pre_prologue
+
+
 def hook_targets() -> list[tuple[Any, str, Callable]]:
     import thunder.core.interpreter as interpreter
+    from thunder.transforms.prune_prologue_checks import PrunePrologueChecks
     import thunder.core.jit_ext as jit_ext
     import thunder.core.symbol as symbol
     import thunder.core.update_aliases as update_aliases
@@ -577,4 +627,5 @@ def hook_targets() -> list[tuple[Any, str, Callable]]:
         (interpreter, "wrap", _hook_wrap),
         (interpreter.InterpreterFrame, "get_or_make_python_frame", _hook_python_frame),
         (interpreter, "dis", _hook_interpreter_dis),
+        (PrunePrologueChecks, "transform_traces_pre_prologue", _hook_prune_prologue_checks),
     ]
