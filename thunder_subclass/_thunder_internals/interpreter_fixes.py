@@ -415,6 +415,21 @@ def _object_getattribute_lookaside(obj, name):
     return wrap_attribute(result, obj, name)
 
 
+def _isinstance_raising_as_python(obj, cls):
+    """thunder's ``isinstance`` lookaside (``core/jit_ext.py`` ``_general_jit_isinstance_lookaside``), with what the
+    class's ``__instancecheck__`` raises raised in the traced program, where its ``except`` can catch it as in
+    CPython: a ``TypedDict`` raises ``TypeError`` (huggingface_hub's strict dataclass validators catch it to try the
+    next type of a union: transformers 5.x's ``config.rope_parameters = ...`` in dynamic RoPE), which left thunder's
+    lookaside as an ``InterpreterError``."""
+    from thunder.core.interpreter import do_raise
+    from thunder.core.jit_ext import _general_jit_lookaside_map
+
+    try:
+        return _general_jit_lookaside_map[isinstance](obj, cls)
+    except Exception as e:  # noqa: BLE001 - whatever __instancecheck__ raised, raised where CPython raises it
+        return do_raise(e)
+
+
 def _sorted(iterable, /, *, key=None, reverse=False):
     result = list(iterable)
     result.sort(key=key, reverse=reverse)
@@ -954,6 +969,8 @@ def interpreter_fix_lookaside(fn, wrapped_args: tuple = (), wrapped_kwargs: dict
         return None
     if fn is object.__getattribute__:
         return _object_getattribute_lookaside
+    if fn is isinstance and len(wrapped_args) == 2 and not wrapped_kwargs:
+        return _isinstance_raising_as_python
     if (fn is bool or fn is int or fn is float or fn is operator.index) and len(wrapped_args) == 1:
         from thunder.core.interpreter import interpreter_needs_wrap, unwrap
         from thunder.core.proxies import NumberProxy
@@ -1155,11 +1172,7 @@ def _hook_basic_indexing(original):
 
 class _ConstantAttributeValueMeta(type):
     def __instancecheck__(cls, obj):
-        import thunder
-
-        return obj is None or isinstance(
-            obj, (thunder.dtypes.dtype, thunder.devices.Device, torch.dtype, torch.device, str)
-        )
+        return _epilogue_attribute_value(obj)
 
 
 class _ConstantAttributeValue(metaclass=_ConstantAttributeValueMeta):
@@ -1171,8 +1184,9 @@ def _hook_process_recorded_modifications(original):
     # an attribute of an input object (the epilogue's pack_attr) is a Proxy, int, float, tuple, None or thunder Device
     # (the tuple is built from jit_ext's module globals when it runs). transformers' DynamicLayer writes
     # `self.dtype = key_states.dtype` on a cache layer generate() passes in: "trying to set .dtype ... to object of
-    # type dtype". For a plugin jit, jit_ext.NoneType admits dtypes, devices and strings (printable constants) while
-    # it runs.
+    # type dtype"; transformers 5.x's dynamic RoPE sets `config.rope_parameters = {...}`. For a plugin jit,
+    # jit_ext.NoneType admits what the epilogue can hold (_epilogue_attribute_value: printable constants, and tuples,
+    # lists and dicts of them and of proxies) while it runs.
     @functools.wraps(original)
     def process_recorded_modifications(ctx, epilogue_trace):
         import thunder.core.jit_ext as jit_ext
@@ -1180,6 +1194,7 @@ def _hook_process_recorded_modifications(original):
         if not is_plugin_active():
             return original(ctx, epilogue_trace)
         unwritten = _attribute_writes_thunder_drops(ctx)
+        buffers = _take_buffer_writes(ctx)
         saved = jit_ext.NoneType
         jit_ext.NoneType = _ConstantAttributeValue
         try:
@@ -1188,9 +1203,78 @@ def _hook_process_recorded_modifications(original):
             jit_ext.NoneType = saved
         plugin_state.handlers.end_of_trace()
         _write_attributes_in_epilogue(unwritten)
+        _write_buffers_in_epilogue(buffers)
         _add_epilogue_calls(ctx, epilogue_trace)
 
     return process_recorded_modifications
+
+
+def _take_buffer_writes(ctx) -> list[tuple[Any, dict[str, Any]]]:
+    """The buffer writes of the traced code (``self.register_buffer(name, t)``, ``self._buffers[name] = t``:
+    transformers' dynamic RoPE in ``generate``), taken out of thunder's recorded modifications, each as (provenance of
+    the module, {name: last value written, wrapped}); written back by :func:`_write_buffers_in_epilogue`. thunder
+    writes them with ``prims.pack_buffer`` on the module path from the root, printed as ``root.set_buffer(name, t)``,
+    a method of ``ThunderModule`` only: with a jitted bound method (``model.forward = jit(model.forward)``) it failed,
+    either finding no module path from the root ("assert provenance.inputs[0].inst is PseudoInst.LOAD_ATTR") or in
+    the epilogue ("'LlamaForCausalLM' object has no attribute 'set_buffer'"); with a jitted module the buffer went
+    to thunder's override table only, and the user's module kept the old buffer, which eager replaces."""
+    from thunder.core.compile_data import get_compile_data
+    from thunder.core.interpreter import PseudoInst
+
+    from thunder_subclass._thunder_internals.thunder_state import hooked_module_provenance
+
+    taken = []
+    for modified in list(ctx._additional_outputs):
+        provenance = modified.provenance
+        if provenance.inst is not PseudoInst.LOAD_ATTR or provenance.inputs[1].inst is not PseudoInst.CONSTANT \
+                or provenance.inputs[1].value != "_buffers" or not isinstance(modified.value, dict):
+            continue
+        owner = provenance.inputs[0]
+        if owner.inst is PseudoInst.INPUT_FN:
+            fn = getattr(get_compile_data(), "fn", None)
+            if fn is not None:
+                owner = hooked_module_provenance(fn, owner)
+        if not is_unpackable_provenance(owner):
+            continue  # (thunder's own path)
+        last: dict[str, Any] = {}
+        for inst, *args in ctx._additional_outputs[modified]:
+            if inst != PseudoInst.STORE_SUBSCR:
+                break
+            _, key, value = args
+            last[key.value] = value
+        else:
+            del ctx._additional_outputs[modified]
+            taken.append((owner, last))
+    return taken
+
+
+def _write_buffers_in_epilogue(writes: list) -> None:
+    from thunder.core.interpreter import unwrap
+
+    for owner, last in writes:
+        for name, wrapped in last.items():
+            call_in_epilogue(_set_module_buffer_symbol(), owner, name, unwrap(wrapped))
+
+
+def _set_module_buffer(module, name: str, value) -> None:
+    """``module._buffers[name] = value``, as the traced code did (on the user's module under a ``ThunderModule``)."""
+    from thunder.core.module import ThunderModule
+
+    if isinstance(module, ThunderModule):
+        module._overrides_buffers[name] = value  # what thunder's get_buffer reads
+        module = module._model
+    module._buffers[name] = value
+
+
+@functools.cache
+def _set_module_buffer_symbol():
+    import thunder.core.prims as prims
+
+    sym = plugin_state.handlers.executor.register_operator(
+        "set_module_buffer", meta=lambda module, name, value: None, fn=_set_module_buffer,
+        tags=[prims.OpTags.DONT_DCE])
+    plugin_state.remember_symbol_origin(sym, _set_module_buffer, _set_module_buffer_symbol)
+    return sym
 
 
 def _attribute_writes_thunder_drops(ctx) -> list[tuple[Any, str, dict[str, Any]]]:
@@ -1737,10 +1821,32 @@ def _hook_unpack_inputs(original):
         if not is_plugin_active():
             return original(ctx, prologue_trace, pro_to_comp_inps, pro_to_epi_inps, *args, **kwargs)
         _name_constant_keys(ctx, prologue_trace, [*pro_to_comp_inps, *pro_to_epi_inps])
+        pro_to_comp_inps, pro_to_epi_inps = _parents_first(pro_to_comp_inps), _parents_first(pro_to_epi_inps)
         with unpacked_parameters_tagged():
             return original(ctx, prologue_trace, pro_to_comp_inps, pro_to_epi_inps, *args, **kwargs)
 
     return unpack_inputs
+
+
+def _parents_first(proxies) -> list:
+    """``proxies`` (values the prologue unpacks) ordered by the depth of their provenance, shallowest first (stable).
+    thunder's ``object.__setattr__`` lookaside sets the provenance's ``proxy`` of each object the traced code writes
+    an attribute of; unpacking a written object below another written one (``self.config.rope_parameters = ...``
+    after ``self.max_seq_len_cached = ...``: transformers' dynamic RoPE) then found the parent's proxy not unpacked
+    yet ("KeyError" in ``from_load_attr``), when the child came first in thunder's order."""
+    def depth(v) -> int:
+        history = getattr(getattr(v, "proxy", v), "history", None)  # (thunder passes Variables of proxies)
+        n, todo, seen = 0, [history], set()
+        while todo:
+            h = todo.pop()
+            if h is None or id(h) in seen:
+                continue
+            seen.add(id(h))
+            n += 1
+            todo.extend(getattr(h, "inputs", ()))
+        return n
+
+    return sorted(proxies, key=depth)
 
 
 _RAISED_AT = "_thunder_subclass_raised_at"  # exception attribute: {id(interpreted frame): (file, line)}, innermost first
