@@ -356,9 +356,15 @@ class SubclassGuardFailure(Exception):
     misses every cache entry but one (or all) raises one of these per rejecting entry, and nothing reads them unless
     the user asks why it missed (``thunder_subclass.explain_recompiles``), so a hit costs no message building."""
 
-    def __init__(self, message: str | None = None, *, explain=None):
+    def __init__(self, message: str | None = None, *, explain=None, int_changed=None):
         super().__init__(message)
         self._explain = explain
+        self._int_changed = int_changed
+
+    def is_int_value_change(self) -> bool:
+        """Whether the failing check compares an int read while tracing with the value it had then (automatic dynamic
+        shapes treats such a miss as it treats a change of sizes)."""
+        return self._int_changed is not None and bool(self._int_changed())
 
     def __str__(self) -> str:
         if self._explain is not None:

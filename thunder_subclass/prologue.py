@@ -126,6 +126,23 @@ class FusedChecks:
                 return f"prologue check `{cond}`{self._readable(cond)} failed{self._explained(cond, namespace)}"
         return "prologue check failed"
 
+    def first_failure_is_int_value(self, values: tuple) -> bool:
+        """Whether the first check that ``values`` fail is an int compared by value (thunder's
+        ``check_number_type_and_value`` of an int read while tracing: an attribute such as a cache layer's
+        ``cumulative_length``), still an int: what automatic dynamic shapes takes as a size-like change."""
+        if self._compiled is None:
+            self._compiled = [compile(c, "<thunder_subclass prologue check>", "eval") for c in self.conditions]
+        namespace = {f"v{i}": v for i, v in enumerate(values)}
+        for cond, code in zip(self.conditions, self._compiled):
+            try:
+                ok = eval(code, self.fn.__globals__, namespace)
+            except Exception:  # noqa: BLE001 - a check that raises is not an int's
+                return False
+            if not ok:
+                value = _int_value_condition(cond, self.fn.__globals__)
+                return value is not None and type(namespace.get(value)) is int
+        return False
+
     def _explained(self, cond: str, namespace: dict) -> str:
         """What a failing check of a constant that can say it (``c3(v1)`` with an ``explain`` method) says."""
         import re
@@ -209,13 +226,22 @@ def _no_guard(*tensors) -> bool:
 
 def _check_prologue_impl(values: tuple, checks: FusedChecks) -> None:
     if not checks.fn(*values):  # the message (which check failed) is found only when it is read
-        raise SubclassGuardFailure(explain=lambda: checks.failure(values))
+        raise SubclassGuardFailure(explain=lambda: checks.failure(values),
+                                   int_changed=lambda: checks.first_failure_is_int_value(values))
 
 
 # DONT_DCE: no output, and dead-code elimination must keep it in the prologue
 check_prologue = subclass_executor.register_operator(
     "check_prologue", meta=lambda values, checks: None, fn=_check_prologue_impl, tags=[prims.OpTags.DONT_DCE]
 )
+
+
+def _int_value_condition(cond: str, constants: dict) -> str | None:
+    """The checked value's name (``vN``) when ``cond`` is :func:`_same_value_expr`'s check of an int, else None."""
+    import re
+
+    m = re.fullmatch(r"\(type\((v\d+)\) is (c\d+) and \1 == c\d+\)", cond)
+    return m.group(1) if m is not None and constants.get(m.group(2)) is int else None
 
 
 def _same_value_expr(v: str, c: str, typ: str, value: Any) -> str:

@@ -415,6 +415,12 @@ def _object_getattribute_lookaside(obj, name):
     return wrap_attribute(result, obj, name)
 
 
+def _has_own_instancecheck(cls) -> bool:
+    if type(cls) is tuple:
+        return any(_has_own_instancecheck(c) for c in cls)
+    return isinstance(cls, type) and type(cls).__instancecheck__ is not type.__instancecheck__
+
+
 def _isinstance_raising_as_python(obj, cls):
     """thunder's ``isinstance`` lookaside (``core/jit_ext.py`` ``_general_jit_isinstance_lookaside``), with what the
     class's ``__instancecheck__`` raises raised in the traced program, where its ``except`` can catch it as in
@@ -970,7 +976,13 @@ def interpreter_fix_lookaside(fn, wrapped_args: tuple = (), wrapped_kwargs: dict
     if fn is object.__getattribute__:
         return _object_getattribute_lookaside
     if fn is isinstance and len(wrapped_args) == 2 and not wrapped_kwargs:
-        return _isinstance_raising_as_python
+        from thunder.core.interpreter import unwrap
+        from thunder.core.proxies import NumberProxy
+
+        # (a number proxy's isinstance is symbolic_values's; a plain class's type.__instancecheck__ raises nothing)
+        if not isinstance(unwrap(wrapped_args[0]), NumberProxy) and _has_own_instancecheck(unwrap(wrapped_args[1])):
+            return _isinstance_raising_as_python
+        return None
     if (fn is bool or fn is int or fn is float or fn is operator.index) and len(wrapped_args) == 1:
         from thunder.core.interpreter import interpreter_needs_wrap, unwrap
         from thunder.core.proxies import NumberProxy

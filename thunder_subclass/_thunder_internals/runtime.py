@@ -695,13 +695,13 @@ def with_fast_cache_hits(jfn, policy=None, *, automatic_dynamic: bool = False):
     is_grad_enabled = torch.is_grad_enabled
     index = _EntryIndex()
     dynamic = AutomaticDynamicShapes(cd, cs, original) if automatic_dynamic else None
-    trace_call = dynamic.trace if dynamic is not None else (lambda args, kwargs: original(*args, **kwargs))
+    trace_call = dynamic.trace if dynamic is not None else (lambda args, kwargs, rejection: original(*args, **kwargs))
 
-    def trace(args, kwargs):
+    def trace(args, kwargs, rejection=None):
         # a miss: under the tracing lock, also the automatic-dynamic decision (it switches the jit's shared cache
-        # option, which a trace in another thread reads)
+        # option, which a trace in another thread reads); `rejection`: what the newest entry's prologue raised
         with TRACING_LOCK, fewer_gc_collections():
-            return trace_call(args, kwargs)
+            return trace_call(args, kwargs, rejection)
 
     @functools.wraps(original)
     def fast_call(*args, **kwargs):
@@ -717,8 +717,9 @@ def with_fast_cache_hits(jfn, policy=None, *, automatic_dynamic: bool = False):
         token = cache_info_ctx.set(_ViewAwareCacheInfo(args, kwargs))
         try:
             populate(cache_info_ctx.get(), *args, **kwargs)
-            hit = None
+            hit = rejection = None
             cache = cs.interpreter_cache
+            newest = cache[-1]
             key = _call_key(args, kwargs, grad)
             bucket = index.bucket(cache, key)
             data_token = set_compile_data_and_stats(cd, cs)  # thunder's compile_data_and_stats, without a generator
@@ -727,7 +728,9 @@ def with_fast_cache_hits(jfn, policy=None, *, automatic_dynamic: bool = False):
                     entry = bucket[i]
                     try:
                         inps, pro_to_epi = entry.prologue_fn(*args, **kwargs)
-                    except Exception:
+                    except Exception as e:
+                        if entry is newest:
+                            rejection = e
                         continue
                     hit = entry
                     if i != len(bucket) - 1:
@@ -742,7 +745,9 @@ def with_fast_cache_hits(jfn, policy=None, *, automatic_dynamic: bool = False):
                             continue
                         try:
                             inps, pro_to_epi = entry.prologue_fn(*args, **kwargs)
-                        except Exception:
+                        except Exception as e:
+                            if entry is newest:
+                                rejection = e
                             continue
                         hit = entry
                         index.add(key, entry)
@@ -752,7 +757,7 @@ def with_fast_cache_hits(jfn, policy=None, *, automatic_dynamic: bool = False):
         finally:
             cache_info_ctx.reset(token)
         if hit is None:
-            return trace(args, kwargs)
+            return trace(args, kwargs, rejection)
         cs.calls += 1
         cs.cache_hits += 1
         cs.last_traces = hit.computation_traces
@@ -875,6 +880,14 @@ def _describe_callable(fn) -> str:
     return f"{getattr(fn, '__qualname__', type(fn).__qualname__)}{where}"
 
 
+def _is_int_value_change(rejection: BaseException | None) -> bool:
+    """Whether the newest cache entry rejected a call (``rejection``, what its prologue raised) because an int it read
+    while tracing from inside the arguments changed (a static cache layer's ``cumulative_length``, a step counter):
+    automatic dynamic shapes treats that as a size change (the next trace reads such ints as symbols)."""
+    is_int = getattr(rejection, "is_int_value_change", None)
+    return callable(is_int) and is_int()
+
+
 class AutomaticDynamicShapes:
     """torch.compile's automatic dynamic shapes for a plugin jit under thunder's default cache ("constant values"),
     which traces once per input size: after a cache miss whose arguments differ from the previous miss's only in
@@ -896,8 +909,10 @@ class AutomaticDynamicShapes:
         self._previous = None  # the signature of the arguments of the last call that traced
         self.state = "static"
 
-    def trace(self, args: tuple, kwargs: dict):
-        """Make and run a new trace for this call (a cache miss), with symbolic sizes when the miss is size-driven."""
+    def trace(self, args: tuple, kwargs: dict, rejection: BaseException | None = None):
+        """Make and run a new trace for this call (a cache miss), with symbolic sizes when the miss is size-driven:
+        the arguments differ from the previous miss's in sizes or ints only, or they look the same and the newest
+        entry rejected the call (``rejection``) on an int it read from inside them."""
         from thunder.core.options import CACHE_OPTIONS
 
         if self.state == "symbolic":
@@ -907,7 +922,8 @@ class AutomaticDynamicShapes:
         signature = _input_signature(args, kwargs)
         previous, self._previous = self._previous, signature
         cd, cs = self._cd(), self._cs()
-        if previous is None or cd is None or cs is None or previous[:2] != signature[:2] or previous == signature:
+        if previous is None or cd is None or cs is None or previous[:2] != signature[:2] or (
+                previous == signature and not _is_int_value_change(rejection)):
             return self._trace_call(*args, **kwargs)
         cd.cache_option = CACHE_OPTIONS.SYMBOLIC_VALUES
         self.state = "symbolic"
