@@ -145,3 +145,61 @@ def test_subclass_sizes_become_symbolic_after_a_size_driven_miss():
         torch.testing.assert_close(out.b, t.b * 2)
     assert (thunder.cache_misses(jf), thunder.cache_hits(jf)) == (2, 1)
     assert _state(jf) == "symbolic"
+
+
+# an int read from inside the arguments that changes on every call (a static cache layer's cumulative_length, a step
+# counter): the arguments look the same, the newest entry rejects the call on that int; automatic dynamic shapes takes
+# it as a size change, as torch.compile's does for ints
+
+
+class _Window:
+    def __init__(self):
+        self.position, self.buffer = 0, torch.zeros(8)
+
+
+def _write_at(x, window):
+    out = window.buffer.clone()
+    out[window.position:window.position + 1] = x  # sliced by the int, as a cache layer writes its next slot
+    return out * 2
+
+
+@pytest.mark.parametrize("dynamic, misses", [(None, 2), (False, 6)])
+def test_an_int_attribute_that_changes_every_call_stops_retracing(dynamic, misses):
+    window = _Window()
+    jf = thunder_subclass.jit(_write_at, dynamic=dynamic)
+    for step in range(6):
+        x = torch.full((1,), float(step + 1))
+        window.position = step
+        torch.testing.assert_close(jf(x, window), _write_at(x, window))
+    assert thunder.cache_misses(jf) == misses
+    if dynamic is None:
+        assert _state(jf) == "symbolic"
+
+
+def test_isinstance_of_a_symbolic_int_is_eagers():
+    # transformers' slice_logits_to_keep: `if isinstance(n, int): n = slice(-n, None)`; thunder 0.2.6's isinstance of a
+    # number proxy is False, and the int then indexed a dimension ("Dimension out of range"). (The isinstance fix for
+    # classes with their own __instancecheck__ must leave number proxies to the symbolic-values one.)
+    def keep_last(h, n):
+        if isinstance(n, int):
+            n = slice(-n, None)
+        return h[:, n, :]
+
+    jf = thunder_subclass.jit(keep_last, dynamic=True)
+    h = torch.randn(2, 5, 3)
+    for n in (1, 2, 3):
+        torch.testing.assert_close(jf(h, n), keep_last(h, n))
+    assert thunder.cache_misses(jf) == 1
+
+
+@pytest.mark.parametrize("convert", [float, lambda n: int(n / 2), lambda n: int(n)])
+def test_a_size_converted_to_a_python_number_is_never_a_stale_constant(convert):
+    # thunder's NumberProxy.__float__ / __int__ return the traced value unchecked: under automatic dynamic shapes the
+    # symbolic trace kept the size of the call it was made for, and later sizes got that number silently
+    def f(x):
+        return x * convert(x.shape[0]) + torch.arange(float(x.shape[0]))
+
+    jf = thunder_subclass.jit(f)
+    for n in SIZES:
+        x = torch.ones(n)
+        torch.testing.assert_close(jf(x), f(x))

@@ -726,3 +726,107 @@ def test_an_object_set_on_the_module_that_the_epilogue_cannot_hold_is_a_typed_er
     with pytest.raises(UnsupportedTracingError, match=r"sets Keeps\.box .* to an object of type _Key, which the "
                                                       r"compiled function cannot write back after each call"):
         thunder_subclass.jit(Keeps(), fullgraph=True)(torch.ones(2))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# found with transformers 4.57 and 5.x (tests/test_hf.py runs the models under both)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_what_a_typeddict_isinstance_raises_is_caught_by_the_traced_code():
+    # huggingface_hub's strict dataclasses validate `config.rope_parameters = {...}` against `RopeParameters | dict`,
+    # catching the TypeError that isinstance with a TypedDict raises; thunder's isinstance lookaside let it escape as
+    # an InterpreterError (transformers 5.x, dynamic RoPE in generate)
+    import typing
+
+    class Params(typing.TypedDict):
+        factor: float
+
+    def validate(value):
+        for t in (Params, dict):
+            try:
+                if isinstance(value, t):
+                    return t
+            except TypeError:
+                continue
+        return None
+
+    def f(x, params):
+        return x * (2 if validate(params) is dict else 3)
+
+    jf = thunder_subclass.jit(f)
+    x = torch.ones(2)
+    torch.testing.assert_close(jf(x, {"factor": 2.0}), f(x, {"factor": 2.0}))
+
+
+class _GrowingTable(torch.nn.Module):
+    """A buffer replaced from the traced code when the input outgrows it, as transformers' dynamic RoPE does
+    (``self.register_buffer("inv_freq", ...)`` and ``setattr(self, "max_seq_len_cached", n)``), with a write on an
+    attribute of a child object in the same call (``self.config.rope_parameters = {...}``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("table", torch.arange(4.0), persistent=False)
+        self.cached = 4
+        self.config = types.SimpleNamespace(params={"factor": 1.0})
+
+    def forward(self, x):
+        n = x.shape[0]
+        if n > self.cached:
+            self.register_buffer("table", torch.arange(float(n)) * 2, persistent=False)
+            self.cached = n
+            self.config.params = {"factor": float(n)}
+        return x * self.table[:n]
+
+
+class _WithTable(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = _GrowingTable()
+
+    def forward(self, x):
+        return self.inner(x) + 1
+
+
+@pytest.mark.parametrize("how", ["module", "bound forward"])
+def test_a_buffer_registered_in_traced_code_is_set_on_the_users_module(how):
+    # thunder 0.2.6 writes buffers with ThunderModule.set_buffer: with a jitted bound method the epilogue failed
+    # ("object has no attribute 'set_buffer'") or the prologue could not find the module ("KeyError" unpacking it);
+    # with a jitted module the user's module kept the old buffer
+    model, eager = _WithTable(), _WithTable()
+    if how == "module":
+        compiled = thunder_subclass.jit(model)
+    else:
+        model.forward = compiled = thunder_subclass.jit(model.forward)
+    for n in (3, 6, 5, 8):
+        x = torch.randn(n)
+        torch.testing.assert_close(model(x) if how == "bound forward" else compiled(x), eager(x))
+        torch.testing.assert_close(model.inner.table, eager.inner.table)
+        assert model.inner.cached == eager.inner.cached
+        assert model.inner.config.params == eager.inner.config.params
+
+
+def test_thunder_compile_recipe_with_a_torch_state_check():
+    # thunder's PrunePrologueChecks (in BaseRecipe and HFTransformers) asserted on the plugin's prologue check of a
+    # torch setting: "unexpected symbol check_torch_state without inputs"
+    from thunder.recipes import BaseRecipe
+
+    class Scaled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(3, 3)
+
+        def forward(self, x):
+            return self.linear(x) * (2 if torch.are_deterministic_algorithms_enabled() else 3)
+
+    model = Scaled()
+    compiled = thunder.compile(model, recipe=BaseRecipe(fuser="torch.compile"), plugins="tensor-subclass")
+    x = torch.randn(2, 3)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))
+        before = torch.are_deterministic_algorithms_enabled()
+        try:
+            torch.use_deterministic_algorithms(not before)
+            torch.testing.assert_close(compiled(x), model(x))  # the setting is checked on every call
+        finally:
+            torch.use_deterministic_algorithms(before)

@@ -12,7 +12,8 @@ by :mod:`.interpreter_fixes`' hook of it), ``StringProxy``'s comparison methods
 (inherited from ``Proxy``, which raises), and, through the ``general_jit_lookaside`` hook of :mod:`.tracing`,
 thunder's bool lookaside (a number input used only in a branch is guarded; thunder reuses a stale trace),
 list/tuple ``__getitem__`` with a number index, ``isinstance`` of a number proxy, ``len()`` whose ``__len__`` returns a
-number proxy (pinned: transformers 5.x ``_PerLayerConfigView``).
+number proxy (pinned: transformers 5.x ``_PerLayerConfigView``), ``int()`` / ``float()`` of a number proxy (thunder
+returns its value unchecked; the numbers are pinned).
 """
 
 from __future__ import annotations
@@ -328,7 +329,8 @@ def _bool_lookaside(original):
 
 def symbolic_values_lookaside(fn, wrapped_args):
     """The lookaside of a symbolic-values fix for ``fn``, or None."""
-    if not (fn is bool or fn is list.__getitem__ or fn is tuple.__getitem__ or fn is isinstance or fn is len):
+    if not (fn is bool or fn is list.__getitem__ or fn is tuple.__getitem__ or fn is isinstance or fn is len
+            or fn is float or fn is int):
         return None
     if not _symbolic_values_active():
         return None
@@ -344,7 +346,22 @@ def symbolic_values_lookaside(fn, wrapped_args):
         return _sequence_getitem_lookaside(interpreter._default_provenance_tracking_lookaside_map[fn])
     if fn is isinstance and len(wrapped_args) == 2 and isinstance(interpreter.unwrap(wrapped_args[0]), NumberProxy):
         return interpreter.interpreter_needs_wrap(_number_isinstance)
+    if (fn is float or fn is int) and len(wrapped_args) == 1:
+        v = interpreter.unwrap(wrapped_args[0])
+        if isinstance(v, NumberProxy) and v.value is not None:
+            return interpreter.interpreter_needs_wrap(functools.partial(_number_conversion, fn))
     return None
+
+
+def _number_conversion(fn, v):
+    """``int(n)`` / ``float(n)`` of a number proxy: thunder's ``NumberProxy.__int__`` / ``__float__`` return the
+    value as a constant, unchecked: ``torch.arange(float(n))`` was traced for the first call's ``n`` and served
+    another (a shape error, or a wrong result where the shapes agree). ``int`` of an int proxy is the proxy itself;
+    any other conversion pins the input numbers it depends on (a prologue check of their values)."""
+    if fn is int and v.python_type is int:
+        return v
+    pin_input_numbers(v)
+    return fn(v.value)
 
 
 def hook_targets() -> list[tuple[Any, str, Callable]]:
