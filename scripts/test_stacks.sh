@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Build each supported stack's virtual environment and run the test suite in it, one stack after the other.
+# Build each supported stack's virtual environment and run the test suite in it, one stack after the other, under
+# each supported major of transformers (the newest 5.x the stack installs, then 4.57.6).
 #
 #   scripts/test_stacks.sh [STACK ...]        STACK: torch210 torch213 torch214 torch215 (default: all)
 #
@@ -11,6 +12,9 @@
 # Environment: STACKS_DIR  where the environments and logs go (default: ~/.cache/thunder-subclass-stacks;
 #                          the CUDA wheels of torch 2.10/2.14/2.15 take several GB each, and run on CPU)
 #              PYTEST_ARGS extra pytest arguments (e.g. "-x" or "-k opaque")
+#              TRANSFORMERS  the transformers versions to run each stack under, in order (default: "5 4.57.6";
+#                          "5" is the newest 5.x; the environment is left with the newest 5.x installed)
+#              BUILD_ONLY=1 build (or check) the environments, run nothing
 #              PYTHON3_11, PYTHON3_12  interpreters to use (default: python3.X on PATH, else pyenv's newest 3.X)
 set -euo pipefail
 
@@ -65,6 +69,12 @@ build_stack() {  # build_stack NAME PY TORCH EXTRAS DIR
     echo "$want" >"$dir/.stack-ok"
 }
 
+use_transformers() {  # use_transformers DIR VERSION: install that transformers (5: the newest 5.x) into the stack
+    local dir="$1" version="$2" spec
+    if [[ "$version" == "5" ]]; then spec="transformers>=5,<6"; else spec="transformers==$version"; fi
+    "$dir/bin/pip" install -q --disable-pip-version-check "$spec"
+}
+
 run_stack() {  # run_stack NAME DIR -> one table row on stdout's last line
     local name="$1" dir="$STACKS_DIR/$2" log="$STACKS_DIR/logs/$1.log"
     local start end minutes summary versions
@@ -83,7 +93,7 @@ def v(d):
     except m.PackageNotFoundError:
         return "-"
 nv = next((f"{d} {v(d)}" for d in (x.metadata["Name"] for x in m.distributions()) if d and d.lower().startswith("nvfuser")), "-")
-print(f"{platform.python_version()}|{v('torch')}|{v('torchao')}|{v('lightning-thunder')}|{nv}")
+print(f"{platform.python_version()}|{v('torch')}|{v('torchao')}|{v('transformers')}|{v('lightning-thunder')}|{nv}")
 EOF
 )"
     printf '%s|%s|%s|%s|%s|%s|%s\n' "$name" "$versions" "$(count passed)" "$(count failed)" "$(count skipped)" \
@@ -96,9 +106,15 @@ while IFS='|' read -r name py torch extras dir note; do
     [[ -z "$name" ]] && continue
     if ((${#selected[@]})) && [[ ! " ${selected[*]} " =~ " $name " ]]; then continue; fi
     build_stack "$name" "$py" "$torch" "$extras" "$dir"
-    echo "[$name] running the tests (log: $STACKS_DIR/logs/$name.log)"
-    rows+=("$(run_stack "$name" "$dir" | tail -1)")
+    [[ "${BUILD_ONLY:-}" == 1 ]] && continue
+    for tf in ${TRANSFORMERS:-5 4.57.6}; do
+        use_transformers "$STACKS_DIR/$dir" "$tf"
+        echo "[$name] running the tests under transformers $tf (log: $STACKS_DIR/logs/$name-tf$tf.log)"
+        rows+=("$(run_stack "$name-tf$tf" "$dir" | tail -1)")
+    done
+    use_transformers "$STACKS_DIR/$dir" 5
 done <<<"$STACK_TABLE"
+[[ "${BUILD_ONLY:-}" == 1 ]] && exit 0
 
 {
     echo "# Test results per stack"
@@ -106,8 +122,8 @@ done <<<"$STACK_TABLE"
     echo "Last run of \`scripts/test_stacks.sh\` (finished $(date -u "+%Y-%m-%d %H:%M UTC")): $(nproc) CPU cores," \
         "$(python3 -c 'import shutil; print("with" if shutil.which("nvidia-smi") else "without")' 2>/dev/null || echo without) a GPU."
     echo
-    echo "| stack | Python | torch | torchao | thunder | nvFuser | passed | failed | skipped | errors | minutes |"
-    echo "|---|---|---|---|---|---|---|---|---|---|---|"
+    echo "| stack | Python | torch | torchao | transformers | thunder | nvFuser | passed | failed | skipped | errors | minutes |"
+    echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
     for row in "${rows[@]}"; do echo "| ${row//|/ | } |"; done
     echo
     for row in "${rows[@]}"; do

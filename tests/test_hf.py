@@ -211,3 +211,97 @@ def test_gemma_with_symbolic_values():
         for seq in (5, 7):
             ids = torch.randint(0, 64, (1, seq), generator=torch.Generator().manual_seed(seq))
             torch.testing.assert_close(jmodel(ids).logits, model(ids).logits)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Model families, plain (tiny random configs, 1 layer): the forward at default arguments under every family, greedy
+# generate with a dynamic and a static cache under the families whose cache layers or configs differ (sliding
+# windows, hybrid layers, attribute_map configs, dynamic RoPE). Run under transformers 4.57 and 5.x (.ci/run).
+# ---------------------------------------------------------------------------------------------------------------
+
+_LLAMA_LIKE = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                   num_key_value_heads=2, vocab_size=64)
+_FAMILIES = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", _LLAMA_LIKE),
+    "llama3 rope": ("LlamaConfig", "LlamaForCausalLM", dict(_LLAMA_LIKE, rope_scaling={
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 16})),
+    "dynamic rope": ("LlamaConfig", "LlamaForCausalLM", dict(_LLAMA_LIKE, max_position_embeddings=8, rope_scaling={
+        "rope_type": "dynamic", "factor": 2.0})),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", _LLAMA_LIKE),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(_LLAMA_LIKE, head_dim=8)),
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(_LLAMA_LIKE, sliding_window=4)),
+    "phi": ("PhiConfig", "PhiForCausalLM", dict(_LLAMA_LIKE, num_key_value_heads=4)),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(_LLAMA_LIKE, pad_token_id=0)),
+    "gemma": ("GemmaConfig", "GemmaForCausalLM", dict(_LLAMA_LIKE, head_dim=8)),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(_LLAMA_LIKE, head_dim=8, sliding_window=4)),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(_LLAMA_LIKE, head_dim=8, sliding_window=4)),
+    "olmo": ("OlmoConfig", "OlmoForCausalLM", _LLAMA_LIKE),
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", _LLAMA_LIKE),
+    "starcoder2": ("Starcoder2Config", "Starcoder2ForCausalLM", _LLAMA_LIKE),
+    "granite": ("GraniteConfig", "GraniteForCausalLM", _LLAMA_LIKE),
+    "cohere": ("CohereConfig", "CohereForCausalLM", _LLAMA_LIKE),
+    "stablelm": ("StableLmConfig", "StableLmForCausalLM", _LLAMA_LIKE),
+    "gpt2": ("GPT2Config", "GPT2LMHeadModel", dict(n_layer=1, n_embd=32, n_head=2, vocab_size=64)),
+    "gpt-neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", dict(hidden_size=32, intermediate_size=64,
+                                                             num_hidden_layers=1, num_attention_heads=4,
+                                                             vocab_size=64)),
+    "gpt-j": ("GPTJConfig", "GPTJForCausalLM", dict(n_embd=32, n_layer=1, n_head=4, vocab_size=64, rotary_dim=4)),
+    "opt": ("OPTConfig", "OPTForCausalLM", dict(hidden_size=32, ffn_dim=64, num_hidden_layers=1,
+                                                 num_attention_heads=4, vocab_size=64, word_embed_proj_dim=32)),
+    "bloom": ("BloomConfig", "BloomForCausalLM", dict(hidden_size=32, n_layer=1, n_head=4, vocab_size=64)),
+    "falcon": ("FalconConfig", "FalconForCausalLM", dict(hidden_size=32, num_hidden_layers=1,
+                                                         num_attention_heads=4, vocab_size=64)),
+    "bert": ("BertConfig", "BertModel", dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                             num_attention_heads=4, vocab_size=64)),
+    "roberta": ("RobertaConfig", "RobertaModel", dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                                      num_attention_heads=4, vocab_size=64)),
+    "distilbert": ("DistilBertConfig", "DistilBertModel", dict(dim=32, hidden_dim=64, n_layers=1, n_heads=4,
+                                                               vocab_size=64)),
+    "vit": ("ViTConfig", "ViTModel", dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                          num_attention_heads=4, image_size=16, patch_size=8)),
+}
+# generate under these (a dynamic and a static cache): the families whose caches or configs differ
+_GENERATING = ("llama", "dynamic rope", "mistral", "gemma2", "gemma3", "gpt2", "phi3")
+
+
+def _family(name):
+    config_name, model_name, config = _FAMILIES[name]
+    if not hasattr(transformers, model_name):
+        pytest.skip(f"transformers {transformers.__version__} has no {model_name}")
+    torch.manual_seed(0)
+    return getattr(transformers, model_name)(getattr(transformers, config_name)(**config)).eval()
+
+
+@pytest.mark.parametrize("name", list(_FAMILIES))
+def test_family_forward_at_default_arguments(name):
+    model = _family(name)
+    jmodel = thunder_subclass.jit(model)
+    if name == "vit":
+        inputs = (torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(1)),)
+    else:
+        inputs = (torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(1)),)
+    with torch.no_grad():
+        out, expected = jmodel(*inputs), model(*inputs)
+    key = "logits" if "logits" in expected else "last_hidden_state"
+    torch.testing.assert_close(out[key], expected[key])
+    assert thunder.cache_misses(jmodel) == 1
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+@pytest.mark.parametrize("name", _GENERATING)
+def test_family_generate(name, cache):
+    # past the sliding windows (4) and, for dynamic RoPE, past max_position_embeddings (8): the RoPE table grows
+    model = _family(name)
+    ids = torch.randint(1, 64, (1, 4), generator=torch.Generator().manual_seed(1))
+    kwargs = dict(do_sample=False, max_new_tokens=8, pad_token_id=0)
+    if cache == "static":
+        kwargs["cache_implementation"] = "static"
+    with torch.no_grad():
+        expected = model.generate(ids, **kwargs)
+        model.forward = jforward = thunder_subclass.jit(model.forward)
+        tokens = model.generate(ids, **kwargs)
+    assert torch.equal(tokens, expected)
+    if name != "dynamic rope":  # (its growth is data-dependent: the RoPE module runs eagerly on those steps)
+        # the prefill, the first decode step, a symbolic decode step: not a trace per token
+        assert thunder.cache_misses(jforward) <= 3, thunder_subclass.explain_recompiles(jforward)

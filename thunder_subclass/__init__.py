@@ -25,6 +25,7 @@ from thunder_subclass.errors import (  # noqa: E402
     TensorSubclassError,
     ThunderVersionError,
     TorchFeatureUnavailableError,
+    TraceSelfCheckError,
     UnsupportedSubclassOperationError,
     CacheLimitWarning,
     DiskCacheWarning,
@@ -82,6 +83,7 @@ __all__ = [
     "RuleHandle",
     "ThunderVersionError",
     "TorchFeatureUnavailableError",
+    "TraceSelfCheckError",
     "install_hooks",
     "uninstall_hooks",
 ]
