@@ -891,7 +891,8 @@ def _is_int_value_change(rejection: BaseException | None) -> bool:
 class AutomaticDynamicShapes:
     """torch.compile's automatic dynamic shapes for a plugin jit under thunder's default cache ("constant values"),
     which traces once per input size: after a cache miss whose arguments differ from the previous miss's only in
-    tensor sizes or int values, the jit's cache option (``CompileData.cache_option``, which thunder's interpreter
+    tensor sizes or int values (or look the same, and the newest entry rejected the call on an int it read from inside
+    them: a cache layer's token count), the jit's cache option (``CompileData.cache_option``, which thunder's interpreter
     reads while it traces: ``core/compile_data.py`` ``get_cache_option``) becomes "symbolic values", so that the trace
     made for that call, and kept in the same cache, takes any sizes where nothing needs them fixed (the plugin still
     guards the sizes that reach a subclass operation). Entries traced before keep their exact checks. If tracing
