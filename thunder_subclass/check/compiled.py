@@ -17,7 +17,13 @@ import torch
 
 from thunder_subclass.check.programs import Applied, Program
 from thunder_subclass.check.report import SubclassReport
-from thunder_subclass.check.values import changed_inner, clone_inner, difference, flatten, plain_structure
+from thunder_subclass.check.values import (
+    changed_inner,
+    clone_inner,
+    difference,
+    flatten,
+    plain_structure,
+)
 
 __all__ = ["check_ops", "check_grads", "check_dynamic"]
 
@@ -34,6 +40,7 @@ def check_ops(report: SubclassReport, make: Callable[[int], torch.Tensor], appli
 
     name = type(applied[0].sample).__qualname__ if applied else "the subclass"
     passed, hit_checked = [], False
+
     for a in applied:
         label = a.program.name
         if a.changed:
@@ -44,7 +51,7 @@ def check_ops(report: SubclassReport, make: Callable[[int], torch.Tensor], appli
             continue
         x = make(0)
         before = clone_inner(x)
-        jf = thunder_subclass.jit(a.program.fn)
+        jf = thunder_subclass.jit(a.program.fn, fullgraph=True)  # a graph break would run it eagerly
         try:
             result = jf(x, *a.operands)
         except Exception as e:
@@ -86,6 +93,11 @@ def _loss(out: Any) -> Any:
     return total
 
 
+def _floating(out: Any) -> bool:
+    leaves = out if isinstance(out, (tuple, list)) else (out,)
+    return any(isinstance(t, torch.Tensor) and t.dtype.is_floating_point for t in leaves)
+
+
 def _grad_program(program: Program) -> Callable:
     def loss(x, *operands):
         out = _loss(program(x, *operands))
@@ -94,11 +106,15 @@ def _grad_program(program: Program) -> Callable:
     return loss
 
 
+class _NoGradient(Exception):
+    """The program's floating result does not require grad although its input does: gradients stop."""
+
+
 def _grad_of(fn: Callable, x: torch.Tensor, operands: tuple) -> Any:
     x.requires_grad_(True)
     loss = fn(x, *operands)
     if not loss.requires_grad:
-        return None
+        raise _NoGradient
     (g,) = torch.autograd.grad(loss, x, allow_unused=True)
     return g
 
@@ -109,17 +125,28 @@ def check_grads(report: SubclassReport, make: Callable[[int], torch.Tensor], pas
 
     name = type(passed[0].sample).__qualname__ if passed else "the subclass"
     compared, skipped = 0, []
+
     for a in passed:
         label, fn = a.program.name, _grad_program(a.program)
+        if not _floating(a.result) or a.program.name == "detach":
+            continue  # nothing to differentiate
         try:
             expected = _grad_of(fn, make(0), a.operands)
+        except _NoGradient:
+            report.add("grads", f"{label}: the {name} requires grad and the operation is differentiable, but its "
+                                f"floating result does not require grad in eager: gradients stop at the subclass. "
+                                f"Fix: implement the operation in __torch_dispatch__ (below autograd), or in "
+                                f"__torch_function__ with differentiable torch calls on the instance (not under "
+                                f"no_grad / on detached inner tensors); pass grads=False if the subclass is for "
+                                f"inference only.")
+            continue
         except Exception as e:
             skipped.append(f"{label} ({type(e).__name__})")
             continue
-        if expected is None:
-            continue
         try:
             got = _grad_of(thunder_subclass.jit(fn), make(0), a.operands)
+        except _NoGradient:
+            got = None
         except Exception as e:
             report.add("grads", f"{label}: the gradient of {name} through the compiled program must be computed as "
                                 f"in eager; it raised {_short(e)}")
@@ -165,10 +192,10 @@ def check_dynamic(report: SubclassReport, make: Callable[[int], torch.Tensor], p
     except Exception as e:
         report.skip("dynamic", f"eager cannot run {program.name} on make_sample({seed}) ({type(e).__name__})")
         return
-    jf = thunder_subclass.jit(program.fn, dynamic=True)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # thunder calls its symbolic values experimental
+            jf = thunder_subclass.jit(program.fn, dynamic=True)
             jf(x0, *ops0)
             got = jf(x1, *ops1)
     except Exception as e:

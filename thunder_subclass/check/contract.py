@@ -31,7 +31,7 @@ from thunder_subclass.check.values import (
     tensors_in,
 )
 
-__all__ = ["check_flatten", "check_guards", "check_fake", "check_metadata"]
+__all__ = ["check_flatten", "check_guards", "check_fake", "check_metadata", "context_equals_itself"]
 
 
 def _attributes(t: torch.Tensor) -> dict[str, Any]:
@@ -89,8 +89,10 @@ def check_flatten(report: SubclassReport, x: torch.Tensor) -> bool:
                                   f"pass inner[{attr!r}] to the constructor in __tensor_unflatten__.")
     if not usable:
         return False
+    # a context unequal to itself is the guards check's finding; here it would hide whether the rest rebuilds
+    contexts = contexts_equal(cls, ctx, flatten(x)[1])
     for what, t in [("the sample", x), *_views(x)]:
-        if not _round_trip(report, t, what):
+        if not _round_trip(report, t, what, contexts):
             return False
     return True
 
@@ -108,7 +110,7 @@ def _views(x: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
     return out
 
 
-def _round_trip(report: SubclassReport, t: torch.Tensor, what: str) -> bool:
+def _round_trip(report: SubclassReport, t: torch.Tensor, what: str, contexts: bool) -> bool:
     cls, name = type(t), type(t).__qualname__
     names, ctx = flatten(t)
     inner = {n: getattr(t, n) for n in names}
@@ -120,7 +122,7 @@ def _round_trip(report: SubclassReport, t: torch.Tensor, what: str) -> bool:
                               f"{t.stride()}); it must rebuild the instance from exactly what __tensor_flatten__ "
                               f"returned.")
         return False
-    d = difference(rebuilt, t, where=f"{name}.__tensor_unflatten__'s result")
+    d = difference(rebuilt, t, where=f"{name}.__tensor_unflatten__'s result", contexts=contexts)
     if d:
         hint = ("build the outer tensor with _make_wrapper_subclass(cls, outer_size, strides=outer_stride, ...) when "
                 "they are given" if "size" in d or "stride" in d else
@@ -129,6 +131,11 @@ def _round_trip(report: SubclassReport, t: torch.Tensor, what: str) -> bool:
                               f"for {what}; {d}. Fix: {hint}.")
         return False
     return True
+
+
+def context_equals_itself(x: torch.Tensor) -> bool:
+    """Whether two flattens of ``x`` give contexts that a cached trace's guard accepts as equal."""
+    return contexts_equal(type(x), flatten(x)[1], flatten(x)[1])
 
 
 def check_guards(report: SubclassReport, make: Callable[[int], torch.Tensor], x: torch.Tensor) -> None:
@@ -182,17 +189,18 @@ def _failure(e: BaseException, cls: type) -> str:
     return f"raised {type(e).__name__}: {str(e)[:300]}{where}"
 
 
-def check_fake(report: SubclassReport, x: torch.Tensor, applied: list) -> None:
+def check_fake(report: SubclassReport, x: torch.Tensor, applied: list) -> set[str]:
     """The subclass builds from fake inner tensors, its dispatch runs on them, and fake results have the real
-    results' metadata."""
+    results' metadata. Returns the names of the programs flagged (all when the subclass cannot be built on fakes)."""
     cls, name = type(x), type(x).__qualname__
+    flagged = set()
     mode = fake_tensor_mode_class()(allow_non_fake_inputs=True)
     try:
         fake = _fake_of(mode, x)
     except Exception as e:
         report.add("fake", f"{name} must build from fake inner tensors (compilers trace with FakeTensorMode); "
                            f"__tensor_unflatten__ on fakes {_failure(e, cls)}.")
-        return
+        return {a.program.name for a in applied}
     for a in applied:
         try:
             with mode:
@@ -204,12 +212,15 @@ def check_fake(report: SubclassReport, x: torch.Tensor, applied: list) -> None:
                 continue
             report.add("fake", f"{a.program.name}: eager runs it on a {name}, but on a {name} of fake tensors its "
                                f"dispatch {_failure(e, cls)}.")
+            flagged.add(a.program.name)
             continue
         d = _metadata_tree_difference(result, a.result)
         if d:
             report.add("fake", f"{a.program.name}: on fake tensors the result must have the real result's "
                                f"metadata; {d}. Fix: derive result metadata from the inner results' metadata, not "
                                f"from their values.")
+            flagged.add(a.program.name)
+    return flagged
 
 
 def _shape_depends_on_data(a) -> bool:
@@ -257,13 +268,14 @@ def _outer_fake(mode: FakeTensorMode, t: torch.Tensor) -> torch.Tensor:
         return torch.empty_strided(tuple(t.shape), t.stride(), dtype=t.dtype, device=t.device)
 
 
-def check_metadata(report: SubclassReport, x: torch.Tensor, applied: list) -> None:
+def check_metadata(report: SubclassReport, x: torch.Tensor, applied: list) -> set[str]:
     """Every result's outer size, dtype, stride and device equal what the operation gives on plain (fake) tensors of
-    the inputs' outer metadata."""
+    the inputs' outer metadata. Returns the names of the programs flagged."""
     name = type(x).__qualname__
     if x.is_nested:
         report.note("metadata", f"skipped: {name} is nested (no plain tensor has its outer size)")
-        return
+        return set()
+    flagged = set()
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     checked = 0
     for a in applied:
@@ -280,7 +292,9 @@ def check_metadata(report: SubclassReport, x: torch.Tensor, applied: list) -> No
                                    f"__torch_dispatch__, make the outer tensor with the size/strides/dtype of the "
                                    f"operation's result (e.g. from the inner result: _make_wrapper_subclass(cls, "
                                    f"out.shape, strides=out.stride(), dtype=...)), not the input's.")
+            flagged.add(a.program.name)
     report.note("metadata", f"{checked} results compared with the operations' meta functions")
+    return flagged
 
 
 def _plain_metadata_difference(got: Any, expected: Any, where: str = "the result") -> str | None:

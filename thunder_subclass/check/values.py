@@ -81,10 +81,10 @@ def _values_equal(a: torch.Tensor, b: torch.Tensor, exact: bool) -> bool:
 
 
 def difference(got: Any, expected: Any, *, exact: bool = True, where: str = "the result",
-               strides: bool = True) -> str | None:
+               strides: bool = True, contexts: bool = True) -> str | None:
     """How ``got`` differs from ``expected`` (tensors, subclasses recursively with their contexts, tuples, lists,
     numbers); None when they agree. ``exact``: bitwise-equal values, else ``torch.testing.assert_close``'s
-    tolerances. ``strides``: compare strides too."""
+    tolerances. ``strides``, ``contexts``: compare strides and flatten contexts too."""
     keys = ("type", "size", "dtype", "device", "stride") if strides else ("type", "size", "dtype", "device")
     if isinstance(expected, (tuple, list)):
         if not isinstance(got, (tuple, list)) or len(got) != len(expected):
@@ -107,12 +107,12 @@ def difference(got: Any, expected: Any, *, exact: bool = True, where: str = "the
         (gn, gc), (en, ec) = flatten(got), flatten(expected)
         if gn != en:
             return f"{where} has inner tensors {gn} (expected {en})"
-        if not contexts_equal(type(expected), gc, ec):
+        if contexts and not contexts_equal(type(expected), gc, ec):
             return f"{where} has flatten context {gc!r} (expected {ec!r})"
         for name in en:
             g, e = getattr(got, name), getattr(expected, name)
             if isinstance(e, torch.Tensor):
-                d = difference(g, e, exact=exact, where=f"{where}.{name}", strides=strides)
+                d = difference(g, e, exact=exact, where=f"{where}.{name}", strides=strides, contexts=contexts)
                 if d:
                     return d
         return None
