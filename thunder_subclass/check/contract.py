@@ -91,9 +91,11 @@ def check_flatten(report: SubclassReport, x: torch.Tensor) -> bool:
         return False
     # a context unequal to itself is the guards check's finding; here it would hide whether the rest rebuilds
     contexts = contexts_equal(cls, ctx, flatten(x)[1])
-    for what, t in [("the sample", x), *_views(x)]:
+    views = _views(x)
+    for what, t in [("the sample", x), *views]:
         if not _round_trip(report, t, what, contexts):
             return False
+    report.note("flatten", f"inner tensors {names}; rebuilt equal (the sample and {len(views)} view(s))")
     return True
 
 
@@ -153,6 +155,9 @@ def check_guards(report: SubclassReport, make: Callable[[int], torch.Tensor], x:
                              f"cached trace is found again; they compare unequal ({a!r} vs {b!r}), so every call "
                              f"traces anew. Fix: give the context's classes an __eq__ (a dataclass or a tuple of "
                              f"plain values), not identity.")
+    report.note("guards", "contexts equal for equal instances" + (
+        ", unequal for other values" if any(plain_structure(flatten(make(s))[1]) != plain_structure(a) for s in (1, 2))
+        else " (make_sample gives one context for seeds 0-2)"))
     for seed in (1, 2):
         other = make(seed)
         if type(other) is not cls:
@@ -220,6 +225,8 @@ def check_fake(report: SubclassReport, x: torch.Tensor, applied: list) -> set[st
                                f"metadata; {d}. Fix: derive result metadata from the inner results' metadata, not "
                                f"from their values.")
             flagged.add(a.program.name)
+    report.note("fake", f"built from fake inner tensors; {len(applied) - len(flagged)} of {len(applied)} programs "
+                        f"ran on it with the real results' metadata")
     return flagged
 
 
