@@ -74,7 +74,8 @@ class SubclassReport:
         width = 100
         rows = []
         for check in CHECKS:
-            details = [f.message for f in self.findings_of(check)] or self.notes.get(check, []) or [""]
+            details = _without_repeated_fixes([f.message for f in self.findings_of(check)]) or \
+                self.notes.get(check, []) or [""]
             for i, detail in enumerate(details):
                 lines = textwrap.wrap(detail, width) or [""]
                 for j, line in enumerate(lines):
@@ -87,3 +88,13 @@ class SubclassReport:
         out = [head, f"{'check':<{cw}}  {'verdict':<{vw}}  detail", f"{'-' * cw}  {'-' * vw}  {'-' * 6}"]
         out += [f"{c:<{cw}}  {v:<{vw}}  {d}".rstrip() for c, v, d in rows]
         return "\n".join(out)
+
+
+def _without_repeated_fixes(messages: list[str]) -> list[str]:
+    """The messages, a fix that repeats the previous message's written as "Fix: as above." (the table only)."""
+    out, previous = [], None
+    for m in messages:
+        head, sep, fix = m.partition(" Fix: ")
+        out.append(f"{head} Fix: as above." if sep and fix == previous else m)
+        previous = fix if sep else None
+    return out
