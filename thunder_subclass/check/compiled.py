@@ -144,7 +144,7 @@ def check_grads(report: SubclassReport, make: Callable[[int], torch.Tensor], pas
             skipped.append(f"{label} ({type(e).__name__})")
             continue
         try:
-            got = _grad_of(thunder_subclass.jit(fn), make(0), a.operands)
+            got = _grad_of(thunder_subclass.jit(fn, fullgraph=True), make(0), a.operands)
         except _NoGradient:
             got = None
         except Exception as e:
@@ -195,7 +195,7 @@ def check_dynamic(report: SubclassReport, make: Callable[[int], torch.Tensor], p
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # thunder calls its symbolic values experimental
-            jf = thunder_subclass.jit(program.fn, dynamic=True)
+            jf = thunder_subclass.jit(program.fn, dynamic=True, fullgraph=True)
             jf(x0, *ops0)
             got = jf(x1, *ops1)
     except Exception as e:
