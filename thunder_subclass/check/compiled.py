@@ -40,7 +40,6 @@ def check_ops(report: SubclassReport, make: Callable[[int], torch.Tensor], appli
 
     name = type(applied[0].sample).__qualname__ if applied else "the subclass"
     passed, hit_checked = [], False
-
     for a in applied:
         label = a.program.name
         if a.changed:
@@ -56,7 +55,8 @@ def check_ops(report: SubclassReport, make: Callable[[int], torch.Tensor], appli
             result = jf(x, *a.operands)
         except Exception as e:
             report.add("ops", f"{label}: compiled with thunder_subclass.jit it must run as in eager; it raised "
-                              f"{_short(e)}")
+                              f"{_short(e)} (the error names the line to fix; where it names none in the subclass, "
+                              f"look it up in thunder_subclass's docs/limits.md)")
             continue
         d = difference(result, a.result, exact=False)
         if d:
@@ -72,9 +72,7 @@ def check_ops(report: SubclassReport, make: Callable[[int], torch.Tensor], appli
             hit_checked = True
             jf(make(0), *a.operands)
             if thunder.cache_misses(jf) != 1:
-                import thunder_subclass as ts
-
-                reasons = "; ".join(ts.last_miss_reasons(jf))[:400]
+                reasons = "; ".join(thunder_subclass.last_miss_reasons(jf))[:400]
                 report.add("guards", f"{label}: a second call with an equal {name} (make_sample(0) again) must reuse "
                                      f"the cached trace; it was traced again ({reasons}). Fix: make the flatten "
                                      f"context compare equal (==) for equal instances.")
