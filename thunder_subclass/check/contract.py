@@ -17,7 +17,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from thunder_subclass._thunder_internals import (
     data_dependent_exception_types,
     fake_tensor_mode_class,
+    has_value_symbols,
     is_opaque_reference_object,
+    value_symbol_fake_mode,
 )
 from thunder_subclass.check.report import SubclassReport
 from thunder_subclass.check.values import (
@@ -234,15 +236,13 @@ def _shape_depends_on_data(a) -> bool:
     """Whether the program's result has a size that depends on tensor values: run on fakes whose values read as
     Python numbers are symbols (a ``ShapeEnv``), a result size holds such a symbol. Reading values is then what the
     operation needs (a jagged NestedTensor's ``x[0]`` reads its offsets), not a flaw of the subclass."""
-    from torch.fx.experimental.symbolic_shapes import ShapeEnv, free_unbacked_symbols
-
-    mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv())
+    mode = value_symbol_fake_mode()
     try:
         with mode:
             result = a.program(_fake_of(mode, a.sample), *a.operands)
     except Exception:
         return False
-    return any(free_unbacked_symbols(tuple(t.shape)) for t in tensors_in(result))
+    return any(has_value_symbols(t.shape) for t in tensors_in(result))
 
 
 def _metadata_tree_difference(got: Any, expected: Any, where: str = "the result") -> str | None:

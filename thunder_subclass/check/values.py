@@ -33,9 +33,9 @@ def flatten(t: torch.Tensor) -> tuple[list[str], Any]:
 
 
 def _type_name(t: torch.Tensor) -> str:
-    from torch._subclasses.fake_tensor import FakeTensor
+    from thunder_subclass._thunder_internals import is_fake_tensor
 
-    return "Tensor" if isinstance(t, FakeTensor) else type(t).__qualname__
+    return "Tensor" if is_fake_tensor(t) else type(t).__qualname__
 
 
 _NESTED_INT = re.compile(r"\bj\d+\b")
