@@ -157,11 +157,8 @@ def check_guards(report: SubclassReport, make: Callable[[int], torch.Tensor], x:
                              f"cached trace is found again; they compare unequal ({a!r} vs {b!r}), so every call "
                              f"traces anew. Fix: give the context's classes an __eq__ (a dataclass or a tuple of "
                              f"plain values), not identity.")
-    report.note("guards", "contexts equal for equal instances" + (
-        ", unequal for other values" if any(plain_structure(flatten(make(s))[1]) != plain_structure(a) for s in (1, 2))
-        else " (make_sample gives one context for seeds 0-2)"))
-    for seed in (1, 2):
-        other = make(seed)
+    others = {seed: make(seed) for seed in (1, 2)}
+    for seed, other in others.items():
         if type(other) is not cls:
             report.add("guards", f"make_sample({seed}) gave a {type(other).__qualname__}, make_sample(0) a {name}; "
                                  f"make_sample must give the same type for every seed.")
@@ -173,6 +170,9 @@ def check_guards(report: SubclassReport, make: Callable[[int], torch.Tensor], x:
                                  f"equal to make_sample({seed})'s ({c!r}). Fix: compare every field that changes "
                                  f"results in __eq__ (or __metadata_guard__).")
             return
+    varied = any(plain_structure(flatten(o)[1]) != plain_structure(a) for o in others.values())
+    report.note("guards", "contexts equal for equal instances" + (
+        ", unequal for other values" if varied else " (make_sample gives one context for seeds 0-2)"))
 
 
 def _fake_of(mode: FakeTensorMode, t: torch.Tensor) -> torch.Tensor:
