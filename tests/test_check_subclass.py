@@ -327,6 +327,11 @@ def test_fn_is_checked_like_the_defaults():
     assert report.ok, str(report)
     assert report.notes["ops"] == ["1 of 1 programs equal eager compiled"]
     assert "fn: sizes (8, 4) and (16, 4) share one trace" in report.notes["dynamic"]
+    def cos_of_transpose(t):
+        return t.t().cos()
+
+    report = check_subclass(check_samples.two_tensor, ops=["x * 2", cos_of_transpose], grads=False, dynamic=False)
+    assert report.ok and report.notes["ops"] == ["2 of 2 programs equal eager compiled"]
     report = check_subclass(check_samples.two_tensor, lambda t: t.nonexistent(), ops=[])
     _finding(report, "ops", r"fn must run in eager on make_sample\(0\).*AttributeError")
 

@@ -47,7 +47,8 @@ def check_subclass(
     """Check the tensor subclass that ``make_sample(seed)`` builds against the rules compilers rely on.
 
     ``fn``: a function of one instance, checked (fake, metadata, ops, grads, dynamic) like the default programs.
-    ``ops``: the names of the default programs to run (``None``: all; ``[]``: none, only ``fn``).
+    ``ops``: the default programs to run, by name (``None``: all; ``[]``: none, only ``fn``); an entry that is a
+    function of one instance is checked as a program of its own.
     ``grads``: compare gradients (``None``: when the sample's dtype is floating). ``dynamic``: check that another
     size reuses the trace. ``raise_on_failure``: raise :class:`SubclassContractError` when there are findings.
 
@@ -95,10 +96,12 @@ def check_subclass(
 
     chosen = programs.default_programs()
     if ops is not None:
-        unknown = set(ops) - {p.name for p in chosen}
+        names = {o for o in ops if isinstance(o, str)}
+        unknown = names - {p.name for p in chosen}
         if unknown:
             raise ValueError(f"unknown programs {sorted(unknown)}; the default set is {[p.name for p in chosen]}")
-        chosen = [p for p in chosen if p.name in ops]
+        chosen = [p for p in chosen if p.name in names]
+        chosen += [programs.user_program(o) for o in ops if not isinstance(o, str)]
     fn_program = programs.user_program(fn) if fn is not None else None
     if fn_program is not None:
         chosen.append(fn_program)

@@ -86,6 +86,7 @@ def default_programs() -> list[Program]:
 
 
 def user_program(fn: Callable[[torch.Tensor], Any]) -> Program:
+    """``fn`` as a program, named ``fn (name)`` after its ``__name__`` (``fn`` for a lambda)."""
     name = getattr(fn, "__name__", "fn")
     return Program(f"fn ({name})" if name != "<lambda>" else "fn", lambda x: fn(x))
 
