@@ -158,7 +158,8 @@ class IgnoresOuterStride(ElemTensor):
 def test_unflatten_ignoring_a_views_outer_stride():
     make = lambda seed: IgnoresOuterStride(torch.randn(4, 3), (3, 1))
     report = check_subclass(make, ops=[], dynamic=False)
-    _finding(report, "flatten", r"^__tensor_unflatten__ must rebuild .* for the view x.transpose\(0, 1\).*stride \(4, 1\) \(expected \(1, 3\)\).*"
+    _finding(report, "flatten", r"^__tensor_unflatten__ must rebuild .* for the view x.transpose\(0, 1\).*"
+                                r"stride \(4, 1\) \(expected \(1, 3\)\).*"
                                 r"strides=outer_stride")
 
 

@@ -28,6 +28,21 @@ from thunder_subclass.check.values import (
 __all__ = ["check_ops", "check_grads", "check_dynamic"]
 
 
+def _miss_reason(jf) -> str:
+    """The last cache miss's first reason, in the readable form (names and values) where the text has one."""
+    import thunder_subclass
+
+    reasons = thunder_subclass.last_miss_reasons(jf)
+    if not reasons:
+        return "no reason recorded"
+    text = reasons[0]
+    start = text.find("(that is, `")
+    if start >= 0:
+        end = text.find("`)", start)
+        text = "prologue check " + text[start + len("(that is, "):end + 1] + " failed"
+    return text if len(text) <= 600 else text[:600] + "..."
+
+
 def _short(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     return f"{type(e).__name__}: {text[0][:300] if text else ''}"
@@ -72,10 +87,9 @@ def check_ops(report: SubclassReport, make: Callable[[int], torch.Tensor], appli
             hit_checked = True
             jf(make(0), *a.operands)
             if thunder.cache_misses(jf) != 1:
-                reasons = "; ".join(thunder_subclass.last_miss_reasons(jf))[:400]
                 report.add("guards", f"{label}: a second call with an equal {name} (make_sample(0) again) must reuse "
-                                     f"the cached trace; it was traced again ({reasons}). Fix: make the flatten "
-                                     f"context compare equal (==) for equal instances.")
+                                     f"the cached trace; it was traced again ({_miss_reason(jf)}). Fix: make the "
+                                     f"flatten context compare equal (==) for equal instances.")
     report.note("ops", f"{len(passed)} of {len(applied)} programs equal eager compiled")
     return passed
 
@@ -214,11 +228,11 @@ def check_dynamic(report: SubclassReport, make: Callable[[int], torch.Tensor], p
         report.note("dynamic", f"{program.name}: traced again for size {tuple(x1.shape)}, as it must be: the flatten "
                                f"contexts differ beyond sizes ({c0!r} vs {c1!r})")
         return
-    reasons = "; ".join(thunder_subclass.last_miss_reasons(jf))[:400]
     report.add("dynamic", f"{program.name}: with dynamic=True a sample of another size ({tuple(x0.shape)} then "
-                          f"{tuple(x1.shape)}) must reuse the trace, as its flatten contexts agree apart from sizes; it "
-                          f"was traced again ({reasons}). Fix: keep sizes out of the flatten context (pass them as "
-                          f"outer_size to __tensor_unflatten__) and do not branch on sizes in __torch_dispatch__.")
+                          f"{tuple(x1.shape)}) must reuse the trace, as its flatten contexts agree apart from sizes; "
+                          f"it was traced again ({_miss_reason(jf)}). Fix: keep sizes out of the flatten context (pass "
+                          f"them as outer_size to __tensor_unflatten__) and do not branch on sizes or read them as "
+                          f"Python ints in __torch_dispatch__.")
 
 
 def _without_sizes(ctx: Any, t: torch.Tensor) -> Any:

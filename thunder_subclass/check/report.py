@@ -20,7 +20,8 @@ CHECKS = ("flatten", "guards", "fake", "metadata", "ops", "grads", "dynamic")
 
 @dataclasses.dataclass(frozen=True)
 class Finding:
-    """One broken rule: ``check`` (one of :data:`CHECKS`) and ``message`` (what was expected, what happened, the fix)."""
+    """One broken rule: ``check`` (one of :data:`CHECKS`) and ``message`` (what was expected, what happened, the
+    fix)."""
 
     check: str
     message: str
