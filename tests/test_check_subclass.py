@@ -213,6 +213,19 @@ def test_guards_context_equal_to_another_value():
     _finding(report, "guards", r"contexts with other values must compare unequal.*compares equal to make_sample\(1\)")
 
 
+class TensorInContext(ElemTensor):
+    def __init__(self, elem):
+        self.elem = elem
+
+    def __tensor_flatten__(self):
+        return ["elem"], {"scale": self.elem.abs().amax()}  # a tensor where plain values belong
+
+
+def test_guards_tensor_in_the_context():
+    report = check_subclass(_elem_sample(TensorInContext), ops=[], grads=False, dynamic=False)
+    _finding(report, "guards", r"^TensorInContext's flatten context holds a tensor.*Name that tensor in __tensor_flatten__")
+
+
 class ReadsItsData(ElemTensor):
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
