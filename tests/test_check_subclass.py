@@ -223,7 +223,8 @@ class TensorInContext(ElemTensor):
 
 def test_guards_tensor_in_the_context():
     report = check_subclass(_elem_sample(TensorInContext), ops=[], grads=False, dynamic=False)
-    _finding(report, "guards", r"^TensorInContext's flatten context holds a tensor.*Name that tensor in __tensor_flatten__")
+    _finding(report, "guards", r"^TensorInContext's flatten context holds a tensor.*Name that tensor in "
+                               r"__tensor_flatten__")
 
 
 class ReadsItsData(ElemTensor):
