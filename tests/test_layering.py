@@ -22,9 +22,10 @@ def _module_name(path: pathlib.Path) -> str:
 
 def _imports() -> dict[str, set[str]]:
     """module -> the package modules it imports anywhere in its source (function-level imports included); a module of
-    the internals subpackage is named ``_thunder_internals.<module>``."""
+    the internals subpackage is named ``_thunder_internals.<module>``, one of the subclass checker ``check.<module>``."""
     graph, private = {}, []
-    paths = sorted(PACKAGE.glob("*.py")) + sorted((PACKAGE / INTERNALS).glob("*.py"))
+    paths = sorted(PACKAGE.glob("*.py")) + sorted((PACKAGE / INTERNALS).glob("*.py")) + sorted(
+        (PACKAGE / "check").glob("*.py"))
     for path in paths:
         name, deps = _module_name(path), set()
         for node in ast.walk(ast.parse(path.read_text())):
@@ -80,6 +81,15 @@ def test_unrolling_does_not_call_up_into_autograd():
     graph, _ = _imports()
     assert "autograd" not in graph["interpretation"] and "autograd" not in graph["recording"]
     assert "interpretation" not in graph["recording"]
+
+
+def test_the_checker_uses_the_pipeline_from_above():
+    # check_subclass is an authoring tool: it compiles as a user would; no stage imports it (the package's __init__,
+    # module "", exports it)
+    graph, _ = _imports()
+    checker = {m for m in graph if m == "check" or m.startswith("check.")}
+    assert {"check.report", "check.values", "check.contract", "check.compiled", "check.programs"} <= checker
+    assert not [m for m in graph if m and m not in checker and graph[m] & checker], "a stage imports the checker"
 
 
 def test_no_module_imports_private_names_of_another():

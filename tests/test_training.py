@@ -419,3 +419,16 @@ def test_a_tensor_saved_for_backward_and_then_changed_in_place_gives_eagers_grad
     out.backward(grad)
     torch.testing.assert_close(out, f(w, h))
     torch.testing.assert_close(jw.grad, ew.grad)
+
+
+def test_regression_sum_of_a_zero_dim_subclass_differentiates():
+    # the backward of sum() on a 0-d TwoTensor expands a 0-d gradient to size (): recorded as thunder's expand it
+    # printed as Tensor.expand(t) (no size), which torch rejects (found by check_subclass's grads check)
+    x = TwoTensor(torch.randn(4, 3), torch.randn(4, 3)).requires_grad_()
+    ex = TwoTensor(x.a.clone(), x.b.clone()).requires_grad_()
+    f = lambda t: t.sum().sum()
+    (g,) = torch.autograd.grad(thunder_subclass.jit(f)(x), x)
+    (eg,) = torch.autograd.grad(f(ex), ex)
+    assert type(g) is TwoTensor
+    torch.testing.assert_close(g.a, eg.a)
+    torch.testing.assert_close(g.b, eg.b)

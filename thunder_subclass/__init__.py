@@ -29,6 +29,7 @@ from thunder_subclass.errors import (  # noqa: E402
     UnsupportedSubclassOperationError,
     CacheLimitWarning,
     DiskCacheWarning,
+    SubclassContractError,
 )
 from thunder_subclass.plugin import PLUGIN_NAME, TensorSubclassPlugin, explain, jit  # noqa: E402
 from thunder_subclass.graph_breaks import GraphBreak, GraphBreakReport, GraphBreakWarning  # noqa: E402
@@ -39,6 +40,7 @@ from thunder_subclass.rules import RuleHandle, make_subclass, register_grad_rule
 from thunder_subclass.aten_symbols import register_aten_symbol  # noqa: E402
 from thunder_subclass.hooks import install as install_hooks, uninstall as uninstall_hooks  # noqa: E402
 from thunder_subclass.inductor_executor import inductor_ex  # noqa: E402
+from thunder_subclass.check import SubclassReport, check_subclass  # noqa: E402
 
 
 def _register_plugin_name() -> None:
@@ -76,6 +78,9 @@ __all__ = [
     "SubclassGradientError",
     "SubclassGradRuleError",
     "SubclassRegistrationError",
+    "SubclassContractError",
+    "check_subclass",
+    "SubclassReport",
     "register_grad_rule",
     "register_implementation",
     "make_subclass",

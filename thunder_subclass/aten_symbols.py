@@ -93,7 +93,9 @@ THUNDER_EQUIVALENTS: dict[OpOverload, Callable[..., Any]] = {
     aten.transpose.int: lambda a, d0, d1: ltorch.transpose(a, d0, d1),
     aten.permute.default: lambda a, dims: ltorch.permute(a, *dims),
     aten.unsqueeze.default: lambda a, dim: ltorch.unsqueeze(a, dim),
-    aten.expand.default: lambda a, size, implicit=False: ltorch.expand(a, *size) if not implicit else None,
+    # an empty size (a 0-d tensor expanded to itself, the backward of sum() of a 0-d subclass) stays the generic aten
+    # call: thunder's expand prints as Tensor.expand(t), which torch rejects (no size)
+    aten.expand.default: lambda a, size, implicit=False: ltorch.expand(a, *size) if size and not implicit else None,
     # view runs as reshape (the same view wherever view succeeds; thunder's alias analysis treats reshape as maybe a
     # view). Fakes of plain proxies are contiguous (thunder tracks no strides), so a view recorded on a fake (DTensor's
     # F.linear on a 3-D input records view(-1, k)) can meet a non-contiguous tensor at run time (after thunder's own

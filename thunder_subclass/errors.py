@@ -17,6 +17,7 @@ __all__ = [
     "SubclassRegistrationError",
     "ThunderVersionError",
     "TorchFeatureUnavailableError",
+    "SubclassContractError",
     "UnsupportedTracingError",
     "UnsupportedModuleHookError",
     "UnsupportedGlobalStateError",
@@ -79,6 +80,15 @@ class TorchFeatureUnavailableError(SubclassProtocolError, NotImplementedError):
         super().__init__(message)
         self.feature = feature
         self.needs_torch = needs_torch
+
+
+class SubclassContractError(SubclassProtocolError):
+    """``thunder_subclass.check_subclass(..., raise_on_failure=True)`` found broken rules of the subclass contract;
+    ``report`` is the :class:`~thunder_subclass.check.SubclassReport` (its ``findings`` say what to fix)."""
+
+    def __init__(self, message: str, *, report):
+        super().__init__(message)
+        self.report = report
 
 
 class UnsupportedTracingError(TensorSubclassError, NotImplementedError):

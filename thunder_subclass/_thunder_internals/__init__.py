@@ -140,6 +140,7 @@ from thunder_subclass._thunder_internals.torch_state import (  # noqa: F401
     fake_run_replacement,
     fake_tensor_mode_class,
     has_no_global_module_hooks,
+    has_value_symbols,
     holes_lengths,
     inference_mode_class,
     is_nested_int,
@@ -147,6 +148,7 @@ from thunder_subclass._thunder_internals.torch_state import (  # noqa: F401
     is_torch_state_query,
     is_torch_state_setter,
     jagged_numel,
+    is_fake_tensor,
     is_opaque_reference_object,
     module_call_impl,
     module_forward_hooks,
@@ -161,6 +163,7 @@ from thunder_subclass._thunder_internals.torch_state import (  # noqa: F401
     registered_nested_int,
     set_fake_nested_int,
     tensor_metadata_guard,
+    value_symbol_fake_mode,
 )
 from thunder_subclass._thunder_internals.tracing import (  # noqa: F401
     is_pybind11_class,

@@ -15,6 +15,8 @@
   and ``Module._call_impl``;
 * fake-tensor execution's data-dependence exceptions (``torch._subclasses.fake_tensor``:
   :func:`data_dependent_exception_types`), which ``graph_breaks`` reads as graph breaks;
+* fakes on which values read as Python numbers are symbols (a ``ShapeEnv``: :func:`value_symbol_fake_mode`,
+  :func:`has_value_symbols`) and :func:`is_fake_tensor`, for the subclass checker (``check``);
 * jagged NestedTensor attention for fake runs (``torch.nested._internal.sdpa``'s checks and backend choice:
   :func:`fake_run_replacement`): where eager takes its math backend (on CPU), which runs on strided nested tensors
   that fake tensors cannot make, a custom operator computing the same per component (registered on first use or by
@@ -314,6 +316,32 @@ def data_dependent_exception_types() -> tuple[type, ...]:
                     getattr(fake_tensor, "DataDependentOutputException", None))
         if isinstance(t, type)
     )
+
+
+def value_symbol_fake_mode() -> Any:
+    """A ``FakeTensorMode`` with its own ``ShapeEnv`` (``torch.fx.experimental.symbolic_shapes``): a tensor value read
+    as a Python number on its fakes (``.item()``, ``.tolist()``) is an unbacked symbol instead of an error. The
+    subclass checker uses it to tell an operation whose result size depends on values from a dispatch that reads
+    values it does not need."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    return FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv())
+
+
+def has_value_symbols(sizes: Sequence) -> bool:
+    """Whether ``sizes`` (of a result on :func:`value_symbol_fake_mode`'s fakes) hold a symbol made from a tensor
+    value (an unbacked symbol)."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    return bool(free_unbacked_symbols(tuple(sizes)))
+
+
+def is_fake_tensor(t: Any) -> bool:
+    """A ``torch._subclasses.fake_tensor.FakeTensor``."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(t, FakeTensor)
 
 
 def fake_run_replacement(fn: Callable, args: tuple, kwargs: dict) -> Callable | None:
