@@ -368,3 +368,59 @@ def test_a_compiled_model_with_eager_calls_is_freed(grad):
     gc.collect()
     assert model() is None and jm() is None
     assert not eager_calls._graphs  # the autograd graphs of the eager calls went with their backward
+
+
+class _SkippingExperts(torch.nn.Module):
+    """A mixture-of-experts loop that skips the experts no token was routed to (as transformers' does): whether its
+    output requires grad, and which experts get gradients, depends on the routing."""
+
+    def __init__(self):
+        super().__init__()
+        self.experts = torch.nn.ModuleList([torch.nn.Linear(8, 8) for _ in range(3)])
+
+    def forward(self, x, probs):
+        out = torch.zeros_like(x)
+        for e, expert in enumerate(self.experts):
+            idx = (probs[:, e] > 0.5).nonzero().squeeze(-1)
+            if idx.numel() == 0:
+                continue
+            out[idx] = out[idx] + expert(x[idx]) * probs[idx, e, None]
+        return out
+
+
+class _RoutedMoE(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.router = torch.nn.Linear(8, 3)
+        self.moe = _SkippingExperts()
+
+    def forward(self, x):
+        probs = self.router(x).softmax(-1)
+        return x + self.moe(x, probs)
+
+
+def test_gradients_flow_through_an_eager_call_whose_observed_run_routed_no_token():
+    """The observed run routed no token to any expert (its output required no grad); later calls route tokens:
+    the router's and the experts' gradients equal eager's (they came back None before)."""
+    eager, model = _pair(_RoutedMoE)
+    jm = thunder_subclass.jit(model)
+    torch.manual_seed(2)
+    inputs = [torch.zeros(4, 8)] + [torch.randn(6, 8) * 3 for _ in range(3)]
+    with _quiet(jm):
+        for i, x in enumerate(inputs):
+            for m in (eager, model):
+                m.zero_grad(set_to_none=True)
+            out, expected = jm(x), eager(x)
+            torch.testing.assert_close(out, expected)
+            if i == 0:
+                assert not expected.requires_grad  # nothing routed: no parameter reaches the output
+                continue
+            out.square().sum().backward()
+            expected.square().sum().backward()
+            for (name, p), q in zip(model.named_parameters(), eager.parameters()):
+                if q.grad is None:  # an expert no token was routed to in this call: no gradient (or zeros)
+                    assert p.grad is None or not p.grad.any(), name
+                else:
+                    torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-4, msg=name)
+            assert model.router.weight.grad is not None
+    assert [b.name for b in jm.graph_breaks.breaks] == ["moe"] and "" in jm.graph_breaks.regions

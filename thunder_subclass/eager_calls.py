@@ -201,7 +201,7 @@ def _unchanged(before: _Snapshot) -> bool:
 @dataclasses.dataclass(frozen=True)
 class Observation:
     """An eager run's result, described for a trace: per output leaf ``("tensor", shape, dtype, device,
-    requires_grad, contiguous)`` where shape is ``("like", i)`` (the i-th tensor argument's) or ``("fixed", sizes)``, or
+    contiguous)`` where shape is ``("like", i)`` (the i-th tensor argument's) or ``("fixed", sizes)``, or
     ``("const", value)``; and the argument shapes it needs (None when every output is "like")."""
 
     out_spec: Any
@@ -226,7 +226,8 @@ def record_observation(before: _Snapshot, args: tuple, kwargs: dict, result: Any
             like = next((i for i, t in enumerate(arg_tensors) if t.shape == o.shape), None)
             shape = ("like", like) if like is not None else ("fixed", tuple(o.shape))
             fixed = fixed or like is None
-            described.append(("tensor", shape, o.dtype, o.device, o.requires_grad, o.is_contiguous()))
+            # (not whether it required grad: that depends on the data, e.g. which experts a call routed tokens to)
+            described.append(("tensor", shape, o.dtype, o.device, o.is_contiguous()))
         elif isinstance(o, (type(None), bool, int, float)):
             described.append(("const", o))
         else:
@@ -456,10 +457,10 @@ def _output_proxies(spec_id: int, tensors: tuple) -> tuple:
     for d in spec.observation.out_leaves:
         if d[0] != "tensor":
             continue
-        _, (rule, value), dtype, device, requires_grad, _ = d
+        _, (rule, value), dtype, device, _ = d
         shape = tuple(tensors[value].shape) if rule == "like" else value
         out.append(TensorProxy(shape=shape, dtype=dtypes.to_dtype(dtype), device=devices.to_device(device),
-                               requires_grad=requires_grad))
+                               requires_grad=_may_require_grad(spec, d)))
     return tuple(out)
 
 
@@ -517,7 +518,7 @@ def _grad_symbol():
 
             spec = _specs[spec_id]
             *outs, handle = forward(spec_id, *inputs)
-            wanted = [o for o, d in zip(outs, _tensor_leaves(spec)) if d[4]]
+            wanted = [o for o, d in zip(outs, _tensor_leaves(spec)) if _may_require_grad(spec, d)]
             grads = [prims.get_grad(o) for o in wanted]
             targets = _grad_targets(spec, inputs)
             input_grads = backward(spec_id, handle, len(grads), *grads, *targets) if targets else ()
@@ -532,6 +533,13 @@ def _grad_symbol():
 
 def _tensor_leaves(spec: _Spec) -> list:
     return [d for d in spec.observation.out_leaves if d[0] == "tensor"]
+
+
+def _may_require_grad(spec: _Spec, leaf: tuple) -> bool:
+    """Whether the output described by ``leaf`` gets a gradient in the trace: every floating output of a call recorded
+    with gradients, whatever the observed run showed (an output requires grad or not depending on the data: an expert
+    no token was routed to returns zeros); the backward asks at run time which outputs the graph reaches."""
+    return spec.grad and (leaf[2].is_floating_point or leaf[2].is_complex)
 
 
 def _grad_targets(spec: _Spec, inputs: tuple) -> list:
@@ -574,7 +582,7 @@ def _check(spec_id: int, result: Any, tensors) -> list:
             if type(o) is not type(d[1]) or o != d[1]:
                 raise EagerCallMismatch(spec_id, f"returned {o!r} where the trace has {d[1]!r}")
             continue
-        _, (rule, value), dtype, device, _, contiguous = d
+        _, (rule, value), dtype, device, contiguous = d
         shape = tuple(tensors[value].shape) if rule == "like" else value
         if type(o) is not torch.Tensor or tuple(o.shape) != shape or o.dtype != dtype or o.device != device:
             raise EagerCallMismatch(
@@ -661,7 +669,7 @@ def _run_backward(spec_id: int, handle: torch.Tensor, n_grads: int, *grads_and_t
                            "was freed before its backward ran")
     outs, targets = entry
     spec = _specs[spec_id]
-    wanted = [o for o, d in zip(outs, _tensor_leaves(spec)) if d[4]]
+    wanted = [o for o, d in zip(outs, _tensor_leaves(spec)) if _may_require_grad(spec, d)]
     pairs = [(o, g) for o, g in zip(wanted, grads) if o.requires_grad]
     live = [t for t in targets if t.requires_grad]  # (an output of the child that needs no gradient reaches none)
     found = {}
