@@ -24,7 +24,8 @@ that class's calls are observed (forward hooks, removed after). Otherwise (and i
 module's own code holds the break) its children are compiled as above, and a module none of whose children broke at
 its break's location is observed. The callables that broke before an observation are traced once more on their next
 call (``_Taken.generation``), so a parent that broke only because of the child compiles around it; a mismatch at run
-time (:class:`~thunder_subclass.eager_calls.EagerCallMismatch`) runs the parent eagerly instead and drops the
+time (:class:`~thunder_subclass.eager_calls.EagerCallMismatch`) runs the parent eagerly instead, with the result the child
+already gave (it does not run again), and drops the
 observation.
 
 Children of one class share one jitted function (the module is its first argument), so N identical blocks trace
@@ -62,6 +63,7 @@ from typing import Any
 import torch
 
 from thunder_subclass import eager_calls
+from thunder_subclass.eager_call_state import rng_state, set_rng_state
 from thunder_subclass._thunder_internals import data_dependent_exception_types, exception_source_lines, with_call
 from thunder_subclass.errors import UnsupportedGlobalStateError
 
@@ -279,18 +281,6 @@ def _root_module(owner: Any) -> torch.nn.Module | None:
     return module if isinstance(module, torch.nn.Module) else None
 
 
-def _rng_state() -> tuple:
-    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
-    return torch.get_rng_state(), cuda
-
-
-def _set_rng_state(state: tuple) -> None:
-    cpu, cuda = state
-    torch.set_rng_state(cpu)
-    if cuda is not None:
-        torch.cuda.set_rng_state_all(cuda)
-
-
 @contextlib.contextmanager
 def _forward_replaced(module: torch.nn.Module, forward: Callable):
     """``module.forward`` is ``forward`` (set on the instance) while the block runs; what was there before comes
@@ -372,6 +362,7 @@ class _Program:
         function to list in the report (default ``compiled``). The signature is computed only for callables that
         broke before or break now (nothing added to a call of a program that traces whole)."""
         taken = None
+        replay = None  # an eager call's result whose check failed: the eager run below uses it
         region = compiled if region is None else region
         broken_key = None  # (id of the callable, signature), computed once where needed
         if id(key_owner) in self.broken_owners:
@@ -383,7 +374,7 @@ class _Program:
                 taken = None
         if taken is None:
             with_calls = id(region) in self.regions_with_eager_calls
-            rng = _rng_state() if with_calls else None
+            rng = rng_state() if with_calls else None
             # the region's module, for eager calls its trace may record (once a run was observed) or holds
             module = _root_module(key_owner) if with_calls or self.observed else None
             try:
@@ -396,7 +387,8 @@ class _Program:
                 # an eager call returned what the trace did not assume: nothing after it ran, nothing was written
                 # back; run this callable eagerly, and no longer record that kind of call as one operation
                 if rng is not None:
-                    _set_rng_state(rng)
+                    set_rng_state(rng)
+                replay = e.replay
                 self.dropped.add(eager_calls.spec_key(e.spec_id))
                 self.observed.pop(eager_calls.spec_key(e.spec_id), None)
                 taken = _Taken(GraphBreak(name, eager_calls.spec_location(e.spec_id),
@@ -431,7 +423,7 @@ class _Program:
         observe = code is not None and taken.observable
         before = eager_calls.snapshot(code.module, args, kwargs) if observe else None
         first = len(self.report.breaks)
-        with self._children_compiled(code, name):
+        with self._children_compiled(code, name), eager_calls.replaying(replay):
             result = eager(*args, **kwargs)
         if observe:
             taken.observable = False
@@ -510,6 +502,9 @@ class _Program:
         code = _ModuleCode(child, forward, bound)
 
         def forward_with_breaks(*args, **kwargs):
+            replay = eager_calls.take_replay(child)
+            if replay is not None:  # its eager call ran in the region that fell back: not again
+                return replay.result_for(args, kwargs)
             if bound:
                 return self.run(child, qualified, jfn, code, args, kwargs)
             return self.run(child, qualified, functools.partial(jfn, child), code, args, kwargs, jfn)
