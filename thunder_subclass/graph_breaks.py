@@ -6,8 +6,9 @@ program's own Python run eagerly with each submodule compiled as a *region*, rec
 
 thunder's interpreter traces a whole function or none of it. When tracing a call fails with an error of a
 *graph-break kind* (:func:`graph_break_reason`: a value that depends on tensor data decides Python control flow or an
-output's shape — ``if tensor:``, ``.item()`` / ``.tolist()`` feeding a branch, ``nonzero``, boolean masks,
-``unique`` — or an operation thunder has no symbol for), the callable's own code runs eagerly instead:
+output's shape — ``if tensor:``, ``.item()`` / ``.tolist()`` feeding a branch, ``nonzero``, single-argument
+``torch.where(mask)``, boolean masks, ``unique`` — or an operation thunder has no symbol for), the callable's own code
+runs eagerly instead:
 
 * a module (or a module's bound method, as in ``model.forward = thunder_subclass.jit(model.forward)``) runs its own
   ``forward`` eagerly with the ``forward`` of each child replaced, for the duration of the call, by a compiled
@@ -139,6 +140,8 @@ _MESSAGE_KINDS = (
     (NotImplementedError, "unknown shape"),
     # thunder has no symbol for the torch function (code it cannot run; Dynamo would run it in its graph or break)
     (NotImplementedError, "but it is not yet supported"),
+    # single-argument torch.where(condition) (nonzero(condition, as_tuple=True): indices whose count depends on data)
+    (NotImplementedError, "does not support only specifying a condition"),
     # .tolist() on a fake tensor: the Python list depends on tensor data
     (RuntimeError, ".tolist() is not supported"),
     # a tensor method or attribute thunder's proxies lack (x.register_hook(...), x.untyped_storage()): code it cannot
