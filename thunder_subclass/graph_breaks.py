@@ -11,10 +11,12 @@ output's shape — ``if tensor:``, ``.item()`` / ``.tolist()`` feeding a branch,
 runs eagerly instead:
 
 * a module (or a module's bound method, as in ``model.forward = thunder_subclass.jit(model.forward)``) runs its own
-  ``forward`` eagerly with the ``forward`` of each child replaced, for the duration of the call, by a compiled
-  function (the child itself when it defines ``forward``, else — ``ModuleList``, ``ModuleDict`` — its children);
-  ``Module.__call__`` and the child's hooks stay eager around the compiled ``forward``, as in ``fsdp``. A child that
-  fails in turn runs its own code eagerly the same way, so every submodule that traces is one compiled region;
+  ``forward`` eagerly, and each call of a child in that thread, for the duration of the call, runs a compiled
+  function in place of its ``forward`` (the child itself when it defines ``forward``, else — ``ModuleList``,
+  ``ModuleDict`` — its children): a per-thread dispatch read by the plugin's hook of ``Module._call_impl``
+  (``_thunder_internals.module_dispatch``), so nothing is set on the user's modules and other threads see nothing; a
+  child with forward or backward hooks runs as it is (its own code eagerly, hooks around it). A child that fails in
+  turn runs its own code eagerly the same way, so every submodule that traces is one compiled region;
 * a plain function runs eagerly: one break, no region.
 
 A module whose *own* code holds the break and whose eager run was observed pure becomes an *eager call* from then on
@@ -65,7 +67,12 @@ import torch
 
 from thunder_subclass import eager_calls
 from thunder_subclass.eager_call_state import rng_state, set_rng_state
-from thunder_subclass._thunder_internals import data_dependent_exception_types, exception_source_lines, with_call
+from thunder_subclass._thunder_internals import (
+    data_dependent_exception_types,
+    dispatching,
+    exception_source_lines,
+    with_call,
+)
 from thunder_subclass.errors import UnsupportedGlobalStateError
 
 __all__ = [
@@ -284,21 +291,6 @@ def _root_module(owner: Any) -> torch.nn.Module | None:
     return module if isinstance(module, torch.nn.Module) else None
 
 
-@contextlib.contextmanager
-def _forward_replaced(module: torch.nn.Module, forward: Callable):
-    """``module.forward`` is ``forward`` (set on the instance) while the block runs; what was there before comes
-    back after it."""
-    previous = module.__dict__.get("forward")
-    module.__dict__["forward"] = forward
-    try:
-        yield
-    finally:
-        if previous is None:
-            module.__dict__.pop("forward", None)
-        else:
-            module.__dict__["forward"] = previous
-
-
 def _forward_codes(cls: type) -> list:
     """The code objects of ``cls.forward`` and of the functions it wraps (``functools.wraps`` decorators)."""
     codes, fn, seen = [], getattr(cls, "forward", None), set()
@@ -477,7 +469,7 @@ class _Program:
     def call_eagerly(self, module: torch.nn.Module, qualified: str, args: tuple, kwargs: dict):
         """``module(*args, **kwargs)`` from an eager call inside a compiled region: ``Module.__call__`` and its hooks,
         its own code eagerly (it broke), its children compiled but for stateless leaves (``_is_stateless_leaf``)."""
-        with _forward_replaced(module, self._compiled_child(module, qualified)):
+        with dispatching(module, self._compiled_child(module, qualified)):
             self.eager_called.add(id(module))
             try:
                 return module(*args, **kwargs)
@@ -489,7 +481,7 @@ class _Program:
         with contextlib.ExitStack() as installed:
             skip = code is not None and id(code.module) in self.eager_called
             for qualified, child in _child_regions(code.module, name, skip) if code is not None else ():
-                installed.enter_context(_forward_replaced(child, self._compiled_child(child, qualified)))
+                installed.enter_context(dispatching(child, self._compiled_child(child, qualified)))
             yield
 
     def _compiled_child(self, child: torch.nn.Module, qualified: str) -> Callable:
