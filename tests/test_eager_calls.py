@@ -502,12 +502,16 @@ class _UsesCountsAndVaries(torch.nn.Module):
         return self.pick(y).sum() * y + self.pick.updates
 
 
+@pytest.mark.parametrize("hooked", [False, True], ids=["plain", "hooked"])
 @pytest.mark.parametrize("grad", [False, True], ids=["inference", "training"])
-def test_a_mismatched_eager_call_does_not_run_the_child_again(grad):
+def test_a_mismatched_eager_call_does_not_run_the_child_again(grad, hooked):
     """The check after an eager call fails (another output size, a buffer changed): the parent runs eagerly with the
-    result the child already gave, so the child runs once per call as in eager (it ran twice before), with eager's
-    values and gradients."""
+    result the child already gave, so the child (and its forward hook) runs once per call as in eager (it ran twice
+    before), with eager's values and gradients."""
     eager, model = _pair(_UsesCountsAndVaries)
+    hook_calls = []
+    if hooked:
+        model.pick.register_forward_hook(lambda m, a, out: hook_calls.append(1))
     jm = thunder_subclass.jit(model)
     torch.manual_seed(5)
     inputs = [torch.randn(8) for _ in range(6)]
@@ -516,8 +520,9 @@ def test_a_mismatched_eager_call_does_not_run_the_child_again(grad):
             for m in (eager, model):
                 m.zero_grad(set_to_none=True)
             _calls_seen.clear()
+            hook_calls.clear()
             out = jm(x)
-            assert len(_calls_seen) == 1
+            assert len(_calls_seen) == 1 and len(hook_calls) == int(hooked)
             expected = eager(x)
             torch.testing.assert_close(out, expected)
             assert torch.equal(model.pick.updates, eager.pick.updates)

@@ -245,11 +245,18 @@ def replaying(replay: Replay | None):
     if replay is None:
         yield
         return
+    from thunder_subclass._thunder_internals import DISPATCH_PASS, dispatching
+
+    def call_of_module(*args, **kwargs):  # a Python call of the child (hooks included): its result, once
+        taken = take_replay(replay.module)
+        return DISPATCH_PASS if taken is None else taken.result_for(args, kwargs)
+
     restore_held(replay.held_before)
     replays = _replays()
     replays[id(replay.module)] = replay
     try:
-        yield
+        with dispatching(replay.module, call_of_module, whole_call=True):
+            yield
     finally:
         if replays.pop(id(replay.module), None) is not None:  # (not called again: leave what the child left)
             restore_held(replay.held_after)

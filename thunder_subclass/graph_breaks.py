@@ -497,9 +497,6 @@ class _Program:
         code = _ModuleCode(child, forward, bound)
 
         def forward_with_breaks(*args, **kwargs):
-            replay = eager_calls.take_replay(child)
-            if replay is not None:  # its eager call ran in the region that fell back: not again
-                return replay.result_for(args, kwargs)
             if bound:
                 return self.run(child, qualified, jfn, code, args, kwargs)
             return self.run(child, qualified, functools.partial(jfn, child), code, args, kwargs, jfn)

@@ -135,6 +135,7 @@ from thunder_subclass._thunder_internals.thunder_state import (  # noqa: F401
     undoing_on_trace_failure,
     view_symbols,
 )
+from thunder_subclass._thunder_internals.module_dispatch import PASS as DISPATCH_PASS  # noqa: F401
 from thunder_subclass._thunder_internals.module_dispatch import dispatching  # noqa: F401
 from thunder_subclass._thunder_internals.torch_state import (  # noqa: F401
     active_dispatch_modes,
