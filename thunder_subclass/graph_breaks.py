@@ -347,8 +347,15 @@ class _Program:
         self.generation = 0
         self.dropped: set[Any] = set()
         self.regions_with_eager_calls: set[int] = set()  # ids of jitted functions whose traces hold eager calls
-        self.eager_called: set[int] = set()  # ids of the modules an eager call is running (their stateless leaves run
-        #                                      as they are)
+        self._this_thread = threading.local()  # .eager_called: ids of the modules an eager call of this thread is
+        #                                        running (their stateless leaves run as they are)
+
+    @property
+    def eager_called(self) -> set[int]:
+        called = getattr(self._this_thread, "eager_called", None)
+        if called is None:
+            called = self._this_thread.eager_called = set()
+        return called
 
     def run(self, key_owner: Any, name: str, compiled: Callable, eager: Callable, args: tuple, kwargs: dict,
             region: Callable | None = None):
