@@ -44,10 +44,12 @@ What the trace assumes, and how each assumption is checked on every call (at run
   (an expert no token was routed to in the observed run gets its gradients on the calls that route to it).
 
 A failed check raises :class:`EagerCallMismatch` before anything after the call runs, carrying the child's result
-(:class:`Replay`); the graph-break program catches it, restores the random-number state and the Python state the
-child saw, and runs the parent eagerly, where the call of the child returns that result (with the state and random
-numbers as the child left them, and on the gradients path joined to the parent's graph by :class:`_Reattach`) instead
-of running the child again: its side effects happen once, as in eager. The observation is dropped (the child is not
+(``eager_call_state.Replay``); the graph-break program catches it, restores the random-number state and the Python
+state the child saw, and runs the parent eagerly, where the call of the child (the whole call, hooks included: a
+per-thread dispatch entry of ``_thunder_internals.module_dispatch``; or the eager-call symbol of a region inside)
+returns that result (with the state and random numbers as the child left them, and on the gradients path joined to
+the parent's graph by ``eager_call_state._Reattach``) instead of running the child again: its side effects happen
+once, as in eager. The observation is dropped (the child is not
 recorded again for that kind of call). The computation before the call is free of in-place operations and the
 epilogue's Python writes have not happened, so running the parent's code before the call again is what eager does.
 Not undone for that: a tensor the child changed in place on a call whose observation showed none (the parent's code
@@ -61,8 +63,8 @@ parameter the call's graph does not reach gets a zero gradient where eager leave
 
 Owner of state: the specs are process-wide (one per recorded call, appended, small); the autograd graphs of the
 forwards with gradients (``_graphs``) live until their handle tensor is freed (with the forward's saved tensors); the
-observations, the decisions and the roots belong to the graph-break program (``graph_breaks._Program``). Traces holding these symbols are not
-stored by the disk cache (the spec is a process-local number).
+observations, the decisions and the roots belong to the graph-break program (``graph_breaks._Program``). Traces
+holding these symbols are not stored by the disk cache (the spec is a process-local number).
 """
 
 from __future__ import annotations
