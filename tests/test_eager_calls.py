@@ -368,3 +368,168 @@ def test_a_compiled_model_with_eager_calls_is_freed(grad):
     gc.collect()
     assert model() is None and jm() is None
     assert not eager_calls._graphs  # the autograd graphs of the eager calls went with their backward
+
+
+class _SkippingExperts(torch.nn.Module):
+    """A mixture-of-experts loop that skips the experts no token was routed to (as transformers' does): whether its
+    output requires grad, and which experts get gradients, depends on the routing."""
+
+    def __init__(self):
+        super().__init__()
+        self.experts = torch.nn.ModuleList([torch.nn.Linear(8, 8) for _ in range(3)])
+
+    def forward(self, x, probs):
+        out = torch.zeros_like(x)
+        for e, expert in enumerate(self.experts):
+            idx = (probs[:, e] > 0.5).nonzero().squeeze(-1)
+            if idx.numel() == 0:
+                continue
+            out[idx] = out[idx] + expert(x[idx]) * probs[idx, e, None]
+        return out
+
+
+class _RoutedMoE(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.router = torch.nn.Linear(8, 3)
+        self.moe = _SkippingExperts()
+
+    def forward(self, x):
+        probs = self.router(x).softmax(-1)
+        return x + self.moe(x, probs)
+
+
+def test_gradients_flow_through_an_eager_call_whose_observed_run_routed_no_token():
+    """The observed run routed no token to any expert (its output required no grad); later calls route tokens:
+    the router's and the experts' gradients equal eager's (they came back None before)."""
+    eager, model = _pair(_RoutedMoE)
+    jm = thunder_subclass.jit(model)
+    torch.manual_seed(2)
+    inputs = [torch.zeros(4, 8)] + [torch.randn(6, 8) * 3 for _ in range(3)]
+    with _quiet(jm):
+        for i, x in enumerate(inputs):
+            for m in (eager, model):
+                m.zero_grad(set_to_none=True)
+            out, expected = jm(x), eager(x)
+            torch.testing.assert_close(out, expected)
+            if i == 0:
+                assert not expected.requires_grad  # nothing routed: no parameter reaches the output
+                continue
+            out.square().sum().backward()
+            expected.square().sum().backward()
+            for (name, p), q in zip(model.named_parameters(), eager.parameters()):
+                if q.grad is None:  # an expert no token was routed to in this call: no gradient (or zeros)
+                    assert p.grad is None or not p.grad.any(), name
+                else:
+                    torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-4, msg=name)
+            assert model.router.weight.grad is not None
+    assert [b.name for b in jm.graph_breaks.breaks] == ["moe"] and "" in jm.graph_breaks.regions
+
+
+class _Tallies(torch.nn.Module):
+    """A breaking child whose Python state changes: a count in a dict it holds (every call), or a float it rebinds on
+    the calls with a large input (not on the first, observed one)."""
+
+    def __init__(self, kind):
+        super().__init__()
+        self.kind = kind
+        self.stats = {"n": 0}
+        self.scale = 1.0
+
+    def forward(self, x):
+        if self.kind == "dict":
+            self.stats["n"] += 1
+        elif float(x.abs().amax()) > 10:
+            self.scale = self.scale + 1.0
+        out = torch.zeros_like(x)
+        idx = (x > 0).nonzero().squeeze(-1)
+        out[idx] = x[idx]
+        return out
+
+
+class _ReadsTallies(torch.nn.Module):
+    def __init__(self, kind):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.tally = _Tallies(kind)
+
+    def forward(self, x):
+        y = self.tally(self.lin(x))
+        return y * self.tally.scale + self.tally.stats["n"]  # read after the call: eager reads the new values
+
+
+@pytest.mark.parametrize("kind", ["dict", "float"])
+def test_a_child_that_changes_its_python_state_gives_eagers_values(kind):
+    """A child that changes a dict it holds in place, or rebinds a float on a later call than the observed one: the
+    parent reads the values the call left, as eager (the trace read them from before the call, off on every call)."""
+    eager, model = _pair(_ReadsTallies, kind=kind)
+    jm = thunder_subclass.jit(model)
+    torch.manual_seed(4)
+    inputs = [torch.zeros(4), torch.randn(4)] + [torch.randn(4) * 100 for _ in range(3)]  # the first two rebind nothing
+    with torch.no_grad(), _quiet(jm):
+        for x in inputs:
+            torch.testing.assert_close(jm(x), eager(x))
+            assert model.tally.stats == eager.tally.stats and model.tally.scale == eager.tally.scale
+
+
+_calls_seen = []
+
+
+class _CountsAndVaries(torch.nn.Module):
+    """A breaking child whose output size depends on the data, that records each call outside itself (a module
+    global) and updates a buffer on the calls with more than 4 positive inputs."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("updates", torch.zeros(()))
+
+    def forward(self, x):
+        _calls_seen.append(1)
+        positive = x[x > 0]
+        if positive.numel() > 4:
+            self.updates.add_(1)
+        return positive
+
+
+class _UsesCountsAndVaries(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.pick = _CountsAndVaries()
+
+    def forward(self, x):
+        y = self.lin(x)
+        return self.pick(y).sum() * y + self.pick.updates
+
+
+@pytest.mark.parametrize("hooked", [False, True], ids=["plain", "hooked"])
+@pytest.mark.parametrize("grad", [False, True], ids=["inference", "training"])
+def test_a_mismatched_eager_call_does_not_run_the_child_again(grad, hooked):
+    """The check after an eager call fails (another output size, a buffer changed): the parent runs eagerly with the
+    result the child already gave, so the child (and its forward hook) runs once per call as in eager (it ran twice
+    before), with eager's values and gradients."""
+    eager, model = _pair(_UsesCountsAndVaries)
+    hook_calls = []
+    if hooked:
+        model.pick.register_forward_hook(lambda m, a, out: hook_calls.append(1))
+    jm = thunder_subclass.jit(model)
+    torch.manual_seed(5)
+    inputs = [torch.randn(8) for _ in range(6)]
+    with torch.set_grad_enabled(grad), _quiet(jm):
+        for x in inputs:
+            for m in (eager, model):
+                m.zero_grad(set_to_none=True)
+            _calls_seen.clear()
+            hook_calls.clear()
+            out = jm(x)
+            assert len(_calls_seen) == 1 and len(hook_calls) == int(hooked)
+            expected = eager(x)
+            torch.testing.assert_close(out, expected)
+            assert torch.equal(model.pick.updates, eager.pick.updates)
+            if grad:
+                out.sum().backward()
+                expected.sum().backward()
+                for (name, p), q in zip(model.named_parameters(), eager.parameters()):
+                    torch.testing.assert_close(p.grad, q.grad, msg=name)
+    assert any(b.reason.startswith("EagerCallMismatch") for b in jm.graph_breaks.breaks) or \
+        [b.name for b in jm.graph_breaks.breaks] == ["", "pick"]

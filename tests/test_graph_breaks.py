@@ -655,3 +655,76 @@ def test_a_tensor_method_thunder_lacks_runs_eagerly_with_its_effect():
     torch.testing.assert_close(x.grad, ex)  # the hook ran: gradients times 10
     with pytest.raises(AttributeError, match="Unknown attribute register_hook"):
         thunder_subclass.jit(_hooked_double, fullgraph=True)(x)
+
+
+def _where_indices(x):
+    rows, cols = torch.where(x > 0)  # single-argument where: nonzero(as_tuple=True), a data-dependent count
+    return x[rows, cols] * 2, rows, cols
+
+
+def test_single_argument_where_is_a_graph_break_with_eagers_values():
+    jf = thunder_subclass.jit(_where_indices)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GraphBreakWarning)
+        for n in (4, 4, 5):
+            x = torch.randn(n, 3)
+            for out, expected in zip(jf(x), _where_indices(x)):
+                torch.testing.assert_close(out, expected)
+    assert [b.reason for b in jf.graph_breaks.breaks] == [
+        "NotImplementedError: torch.where() does not support only specifying a condition"]
+    with pytest.raises(NotImplementedError, match=r"torch.where\(\) does not support only specifying a condition"):
+        thunder_subclass.jit(_where_indices, fullgraph=True)(torch.randn(4, 3))
+
+
+class _WhereExperts(torch.nn.Module):
+    """Mixture-of-experts routing with torch.where(mask): the tokens each expert gets depend on the data."""
+
+    def __init__(self):
+        super().__init__()
+        self.experts = torch.nn.ModuleList([torch.nn.Linear(8, 8) for _ in range(4)])
+
+    def forward(self, x, weights, chosen):
+        out = torch.zeros_like(x)
+        for e, expert in enumerate(self.experts):
+            token, slot = torch.where(chosen == e)
+            out.index_add_(0, token, expert(x[token]) * weights[token, slot, None])
+        return out
+
+
+class _WhereMoE(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.router = torch.nn.Linear(8, 4)
+        self.experts = _WhereExperts()
+        self.head = torch.nn.Linear(8, 2)
+
+    def forward(self, x):
+        weights, chosen = self.router(x).softmax(-1).topk(2, dim=-1)
+        return self.head(x + self.experts(x, weights, chosen))
+
+
+def test_moe_routing_with_single_argument_where_trains_equal_to_eager():
+    torch.manual_seed(0)
+    eager, model = _WhereMoE(), _WhereMoE()
+    model.load_state_dict(eager.state_dict())
+    jm = thunder_subclass.jit(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GraphBreakWarning)
+        for _ in range(3):
+            x = torch.randn(6, 8)
+            for m in (eager, model):
+                m.zero_grad(set_to_none=True)
+            out, expected = jm(x), eager(x)
+            torch.testing.assert_close(out, expected)
+            out.square().sum().backward()
+            expected.square().sum().backward()
+            for (name, p), q in zip(model.named_parameters(), eager.parameters()):
+                if q.grad is None:
+                    assert p.grad is None or not p.grad.any(), name
+                else:
+                    torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-4, msg=name)
+    # the experts hold the break: from the second call on, one eager call in the whole model's trace (each expert a
+    # compiled region inside it)
+    report = jm.graph_breaks
+    assert [b.name for b in report.breaks] == ["experts"]
+    assert sorted(report.regions) == ["", *(f"experts.experts.{i}" for i in range(4))]

@@ -164,3 +164,65 @@ def test_traces_of_different_functions_in_threads(short_switch_interval):
     assert not errors, {k: f"{type(e).__name__}: {e}" for k, e in errors.items()}
     for out, expected in results.values():
         assert_same(out, expected)
+
+
+def _module_state(model):
+    return {name: dict(vars(m)) for name, m in model.named_modules()}
+
+
+def _same_module_state(before, model):
+    now = _module_state(model)
+    return now.keys() == before.keys() and all(
+        now[n].keys() == before[n].keys() and all(now[n][k] is v for k, v in before[n].items()) for n in before)
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["inference", "training"])
+def test_graph_break_program_with_eager_calls_from_threads(short_switch_interval, grad):
+    """A model whose experts break (an eager call inside the compiled model, its children compiled regions), called
+    from threads from the first call on: every call equals eager (values and input gradients), the user's modules are
+    never changed, even for a moment (no instance ``forward``, ``vars`` the same throughout, seen by a watcher
+    thread), and a later jit of the same model works."""
+    import warnings
+
+    from test_eager_calls import _pair, _RoutedMoE
+
+    eager, model = _pair(_RoutedMoE)
+    before = _module_state(model)
+    jm = thunder_subclass.jit(model)
+    torch.manual_seed(1)
+    inputs = [torch.randn(6, 8) * 3 for _ in range(4)]
+    changed, stop = [], threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            if not _same_module_state(before, model):
+                changed.append(sorted(n for n, m in model.named_modules() if "forward" in vars(m)))
+
+    def work(k):
+        for i in range(4):
+            x = inputs[(i + k) % len(inputs)].clone().requires_grad_(grad)
+            ex = x.detach().clone().requires_grad_(grad)
+            with torch.set_grad_enabled(grad), warnings.catch_warnings():
+                warnings.simplefilter("ignore", thunder_subclass.GraphBreakWarning)
+                out = jm(x)
+            expected = eager(ex)
+            torch.testing.assert_close(out, expected)
+            if grad:
+                torch.testing.assert_close(torch.autograd.grad(out.square().sum(), x)[0],
+                                           torch.autograd.grad(expected.square().sum(), ex)[0],
+                                           rtol=1e-4, atol=1e-4)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        errors = _run_threads(work)
+    finally:
+        stop.set()
+        watcher.join(timeout=60)
+    assert not errors, {k: f"{type(e).__name__}: {e}" for k, e in errors.items()}
+    assert not changed, changed[:3]
+    assert _same_module_state(before, model)
+    again = thunder_subclass.jit(model)
+    with torch.set_grad_enabled(grad), thunder_subclass.graph_breaks.suppressed_warnings(again):
+        for x in inputs[:2]:
+            torch.testing.assert_close(again(x), eager(x))

@@ -608,3 +608,39 @@ def test_grad_mode_left_changed_by_the_compiled_function_is_left_changed_on_ever
                 torch.testing.assert_close(out.a, w.a.detach()) and torch.testing.assert_close(out.b, w.b.detach())
     finally:
         torch.set_grad_enabled(True)
+
+
+class _CountsThenBreaks(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stats = {"calls": 0}
+        self.seen = []
+
+    def forward(self, x):
+        self.stats["calls"] += 1  # changed by the trace that then fails at the next line
+        self.seen.append(len(self.seen))
+        return x[x > 0]
+
+
+class _HoldsCounter(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = _CountsThenBreaks()
+
+    def forward(self, x):
+        return self.inner(x) * 2
+
+
+def test_a_failed_trace_leaves_the_containers_a_submodule_holds_as_they_were():
+    """A trace that changes a dict and a list held by a submodule (reached through nn.Module's ``_modules``) and then
+    breaks leaves them as they were: the eager run after it changes them once, as eager (twice before)."""
+    import warnings
+
+    model = _HoldsCounter()
+    jm = thunder_subclass.jit(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", thunder_subclass.GraphBreakWarning)
+        for n in (1, 2, 3):
+            x = torch.randn(6)
+            torch.testing.assert_close(jm(x), x[x > 0] * 2)
+            assert model.inner.stats == {"calls": n} and model.inner.seen == list(range(n))

@@ -72,7 +72,8 @@ from thunder_subclass.errors import (
 )
 
 __all__ = [
-    "GradRecipe", "ensure_grad_rule", "is_grad_bsym", "is_container_bsym", "record_backward", "differentiate_call",
+    "GradRecipe", "ensure_grad_rule", "ensure_plain_rule", "is_grad_bsym", "is_container_bsym", "record_backward",
+    "differentiate_call",
     "record_forward", "record_gradient", "grad_recipe_of", "record_container_again",
     "function_apply_lookaside", "container_symbol", "record_function_call", "torch_api_lookaside",
     "apply_torch_callable",
@@ -137,10 +138,6 @@ def is_grad_bsym(bsym) -> bool:
     return bsym.sym.id in _grad_ids
 
 
-def _has_subclass_arg(*args, **kwargs) -> bool:  # the executor checker signature
-    return has_subclass_proxy(args, kwargs)
-
-
 def ensure_grad_rule(sym: Symbol) -> None:
     """Register (once) the grad rule of torch-level symbol ``sym`` for calls with subclass arguments."""
     if sym.id in _rules:
@@ -156,11 +153,45 @@ def ensure_grad_rule(sym: Symbol) -> None:
         return differentiate_call(sym, fn, args, kwargs, op_name(fn), subclass_names(args, kwargs),
                                   call_args=(targs, tkwargs))
 
-    def unreachable(*args, **kwargs):  # the flatten pass removes subclass-level symbols before executors claim
-        raise RuntimeError(f"thunder_subclass: subclass-level {sym.name} reached an executor")
+    _subclass_rules[sym.id] = grad_transform
+    _register(sym)
+
+
+_subclass_rules: dict[Any, Callable] = {}  # sym.id -> grad transform for calls with subclass arguments
+_plain_rules: dict[Any, tuple] = {}  # sym.id -> (checker, execution_transform, grad_transform) for plain calls
+
+
+def ensure_plain_rule(sym: Symbol, checker: Callable, execution_transform: Callable, grad_transform: Callable) -> None:
+    """Register (once) an implementation and grad rule of torch-level symbol ``sym`` for calls without subclass
+    arguments that ``checker`` accepts (``random_ops``: dropout as eager draws it). One executor holds one
+    implementation per symbol: this one and the subclass rule of :func:`ensure_grad_rule` share it."""
+    if sym.id in _plain_rules:
+        return
+    _plain_rules[sym.id] = (checker, execution_transform, grad_transform)
+    _register(sym)
+
+
+def _register(sym: Symbol) -> None:
+    subclass_rule, plain = _subclass_rules.get(sym.id), _plain_rules.get(sym.id)
+
+    def checker(*args, **kwargs):
+        if has_subclass_proxy(args, kwargs):
+            return subclass_rule is not None
+        return plain is not None and plain[0](*args, **kwargs)
+
+    def execution_transform(*args, **kwargs):
+        if plain is None or has_subclass_proxy(args, kwargs):
+            # the flatten pass removes subclass-level symbols before executors claim
+            raise RuntimeError(f"thunder_subclass: subclass-level {sym.name} reached an executor")
+        return plain[1](*args, **kwargs)
+
+    def grad_transform(*args, **kwargs):
+        if has_subclass_proxy(args, kwargs):
+            return subclass_rule(*args, **kwargs)
+        return plain[2](*args, **kwargs)
 
     subclass_executor.register_implementation(
-        sym, checker=_has_subclass_arg, execution_transform=unreachable, grad_transform=grad_transform
+        sym, checker=checker, execution_transform=execution_transform, grad_transform=grad_transform
     )
 
 

@@ -18,7 +18,10 @@ When a call is recorded so (all must hold, else the call traces as before, i.e. 
 * the child broke before (its own code holds the break) and one eager run of it, with arguments of the same kind
   (tensor types, ranks, dtypes, devices; Python values; the grad mode), was observed to be *pure*: no tensor it could
   reach (its parameters, buffers, tensor arguments) changed version, no attribute of it or its submodules changed,
-  and it returned plain tensors (or None / Python scalars) in a tuple, list or alone, none an argument;
+  no container or plain object their attributes reach (a ``stats`` dict, a config) changed its contents, and it
+  returned plain tensors (or None / Python scalars) in a tuple, list or alone, none an argument; state it holds that
+  cannot be read this way (an object with ``__slots__``, a C object, more than ``_STATE_LIMIT`` containers) is not
+  proven pure;
 * its arguments are plain tensors and Python constants (no subclass tensor, no symbolic number);
 * the trace so far changed in place no tensor it did not make itself (a non-view result of a torch-level symbol), and
   holds no pending write to the child, its submodules or an object they hold (thunder applies Python side effects
@@ -26,24 +29,42 @@ When a call is recorded so (all must hold, else the call traces as before, i.e. 
   instance;
 * no autocast is in effect at the call.
 
-Output sizes: an output whose observed shape equalled a tensor argument's is taken as "that argument's shape" for
-any sizes; other shapes are taken as observed and need the arguments' observed shapes.
+What the trace assumes, and how each assumption is checked on every call (at run time, right after the child ran):
 
-At run time a mismatch (another output type, shape, dtype, device or layout, a constant output that differs, the
-child no longer at its path) raises :class:`EagerCallMismatch` before anything after the call runs; the graph-break program catches
-it, restores the random-number state and runs the parent eagerly instead (the observation is dropped), so a wrong
-assumption costs time, never a wrong result. The computation before the call is free of in-place operations and the
-epilogue's Python writes have not happened, so running the parent again is what eager does.
+* *the child is pure* (the observed run was): the same snapshot as the observation's is taken before each call and
+  compared after it (tensor versions, attributes, contents of held containers and objects);
+* *its outputs are what the trace holds*: types, shapes, dtypes, devices, layout (contiguity), constant outputs by
+  value, no output an argument; the child is still at its path and of its class; on the gradients path its
+  trainable parameters are the ones traced;
+* *output sizes*: an output whose observed shape equalled a tensor argument's is "that argument's shape" for any
+  sizes (checked as above); other shapes are taken as observed and need the arguments' observed shapes (recorded
+  only then);
+* *which outputs require grad* is not assumed: recorded with gradients, every floating output gets a gradient in the
+  trace, and the backward differentiates through the outputs that required grad in that call's own autograd graph
+  (an expert no token was routed to in the observed run gets its gradients on the calls that route to it).
+
+A failed check raises :class:`EagerCallMismatch` before anything after the call runs, carrying the child's result
+(``eager_call_state.Replay``); the graph-break program catches it, restores the random-number state and the Python
+state the child saw, and runs the parent eagerly, where the call of the child (the whole call, hooks included: a
+per-thread dispatch entry of ``_thunder_internals.module_dispatch``; or the eager-call symbol of a region inside)
+returns that result (with the state and random numbers as the child left them, and on the gradients path joined to
+the parent's graph by ``eager_call_state._Reattach``) instead of running the child again: its side effects happen
+once, as in eager. The observation is dropped (the child is not
+recorded again for that kind of call). The computation before the call is free of in-place operations and the
+epilogue's Python writes have not happened, so running the parent's code before the call again is what eager does.
+Not undone for that: a tensor the child changed in place on a call whose observation showed none (the parent's code
+before the call, run again, would read the new value; eager reads the old one).
 
 Gradients: with grad enabled at the call and a tensor argument or a trainable parameter of the child requiring grad,
 the forward runs the child under ``torch.enable_grad`` on detached arguments and keeps its autograd graph behind an
 integer handle tensor; the backward symbol calls ``torch.autograd.grad`` through that graph for the arguments and the
-child's trainable parameters (which are inputs of the symbol, so thunder accumulates their gradients as any other).
+child's trainable parameters (which are inputs of the symbol, so thunder accumulates their gradients as any other; a
+parameter the call's graph does not reach gets a zero gradient where eager leaves ``None``).
 
 Owner of state: the specs are process-wide (one per recorded call, appended, small); the autograd graphs of the
 forwards with gradients (``_graphs``) live until their handle tensor is freed (with the forward's saved tensors); the
-observations, the decisions and the roots belong to the graph-break program (``graph_breaks._Program``). Traces holding these symbols are not
-stored by the disk cache (the spec is a process-local number).
+observations, the decisions and the roots belong to the graph-break program (``graph_breaks._Program``). Traces
+holding these symbols are not stored by the disk cache (the spec is a process-local number).
 """
 
 from __future__ import annotations
@@ -57,6 +78,17 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from thunder_subclass.eager_call_state import (
+    Replay,
+    Snapshot,
+    held_now,
+    replaying,
+    rng_state,
+    snapshot,
+    take_replay,
+    unchanged,
+)
+
 __all__ = [
     "EagerCallMismatch",
     "active_root",
@@ -64,8 +96,10 @@ __all__ = [
     "lookaside",
     "observe_key",
     "record_observation",
+    "replaying",
     "root_scope",
     "snapshot",
+    "take_replay",
 ]
 
 
@@ -76,6 +110,7 @@ class EagerCallMismatch(Exception):
     def __init__(self, spec_id: int, detail: str):
         super().__init__(detail)
         self.spec_id = spec_id
+        self.replay: Replay | None = None  # set when the child ran: its result, for the parent's eager run
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -170,38 +205,9 @@ def observe_key(module: torch.nn.Module, args: tuple, kwargs: dict, grad_enabled
 
 
 @dataclasses.dataclass(frozen=True)
-class _Snapshot:
-    versions: tuple
-    dicts: tuple
-
-
-def snapshot(module: torch.nn.Module, args: tuple, kwargs: dict) -> _Snapshot:
-    """What an eager run of ``module`` could change that a trace around it would not see: tensor versions and the
-    attributes of the module and its submodules (compared by identity)."""
-    tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-    tensors += list(module.parameters()) + list(module.buffers())
-    dicts = []
-    for m in module.modules():
-        d = {k: v for k, v in m.__dict__.items() if k != "forward"}
-        dicts.append((m, d, dict(m._parameters), dict(m._buffers), dict(m._modules)))
-    return _Snapshot(tuple((t, t._version) for t in tensors), tuple(dicts))
-
-
-def _unchanged(before: _Snapshot) -> bool:
-    if any(t._version != v for t, v in before.versions):
-        return False
-    for m, d, params, buffers, modules in before.dicts:
-        now = {k: v for k, v in m.__dict__.items() if k != "forward"}
-        for old, new in ((d, now), (params, m._parameters), (buffers, m._buffers), (modules, m._modules)):
-            if old.keys() != new.keys() or any(old[k] is not new[k] for k in old):
-                return False
-    return True
-
-
-@dataclasses.dataclass(frozen=True)
 class Observation:
     """An eager run's result, described for a trace: per output leaf ``("tensor", shape, dtype, device,
-    requires_grad, contiguous)`` where shape is ``("like", i)`` (the i-th tensor argument's) or ``("fixed", sizes)``, or
+    contiguous)`` where shape is ``("like", i)`` (the i-th tensor argument's) or ``("fixed", sizes)``, or
     ``("const", value)``; and the argument shapes it needs (None when every output is "like")."""
 
     out_spec: Any
@@ -209,10 +215,10 @@ class Observation:
     arg_shapes: tuple | None
 
 
-def record_observation(before: _Snapshot, args: tuple, kwargs: dict, result: Any) -> Observation | None:
+def record_observation(before: Snapshot, args: tuple, kwargs: dict, result: Any) -> Observation | None:
     """The :class:`Observation` of an eager run that returned ``result``, or None when it cannot be an eager call in
     a trace (it changed state, or returned something else than plain tensors and constants)."""
-    if not _unchanged(before):
+    if not unchanged(before):
         return None
     arg_tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
     leaves, out_spec = pytree.tree_flatten(result)
@@ -226,7 +232,8 @@ def record_observation(before: _Snapshot, args: tuple, kwargs: dict, result: Any
             like = next((i for i, t in enumerate(arg_tensors) if t.shape == o.shape), None)
             shape = ("like", like) if like is not None else ("fixed", tuple(o.shape))
             fixed = fixed or like is None
-            described.append(("tensor", shape, o.dtype, o.device, o.requires_grad, o.is_contiguous()))
+            # (not whether it required grad: that depends on the data, e.g. which experts a call routed tokens to)
+            described.append(("tensor", shape, o.dtype, o.device, o.is_contiguous()))
         elif isinstance(o, (type(None), bool, int, float)):
             described.append(("const", o))
         else:
@@ -456,10 +463,10 @@ def _output_proxies(spec_id: int, tensors: tuple) -> tuple:
     for d in spec.observation.out_leaves:
         if d[0] != "tensor":
             continue
-        _, (rule, value), dtype, device, requires_grad, _ = d
+        _, (rule, value), dtype, device, _ = d
         shape = tuple(tensors[value].shape) if rule == "like" else value
         out.append(TensorProxy(shape=shape, dtype=dtypes.to_dtype(dtype), device=devices.to_device(device),
-                               requires_grad=requires_grad))
+                               requires_grad=_may_require_grad(spec, d)))
     return tuple(out)
 
 
@@ -517,7 +524,7 @@ def _grad_symbol():
 
             spec = _specs[spec_id]
             *outs, handle = forward(spec_id, *inputs)
-            wanted = [o for o, d in zip(outs, _tensor_leaves(spec)) if d[4]]
+            wanted = [o for o, d in zip(outs, _tensor_leaves(spec)) if _may_require_grad(spec, d)]
             grads = [prims.get_grad(o) for o in wanted]
             targets = _grad_targets(spec, inputs)
             input_grads = backward(spec_id, handle, len(grads), *grads, *targets) if targets else ()
@@ -532,6 +539,13 @@ def _grad_symbol():
 
 def _tensor_leaves(spec: _Spec) -> list:
     return [d for d in spec.observation.out_leaves if d[0] == "tensor"]
+
+
+def _may_require_grad(spec: _Spec, leaf: tuple) -> bool:
+    """Whether the output described by ``leaf`` gets a gradient in the trace: every floating output of a call recorded
+    with gradients, whatever the observed run showed (an output requires grad or not depending on the data: an expert
+    no token was routed to returns zeros); the backward asks at run time which outputs the graph reaches."""
+    return spec.grad and (leaf[2].is_floating_point or leaf[2].is_complex)
 
 
 def _grad_targets(spec: _Spec, inputs: tuple) -> list:
@@ -574,7 +588,7 @@ def _check(spec_id: int, result: Any, tensors) -> list:
             if type(o) is not type(d[1]) or o != d[1]:
                 raise EagerCallMismatch(spec_id, f"returned {o!r} where the trace has {d[1]!r}")
             continue
-        _, (rule, value), dtype, device, _, contiguous = d
+        _, (rule, value), dtype, device, contiguous = d
         shape = tuple(tensors[value].shape) if rule == "like" else value
         if type(o) is not torch.Tensor or tuple(o.shape) != shape or o.dtype != dtype or o.device != device:
             raise EagerCallMismatch(
@@ -595,9 +609,28 @@ def _run(spec_id: int, *tensors):
     root, module = _resolve(spec_id)
     tensors = tensors[: len(tensors) - spec.n_params]
     args, kwargs = _call_arguments(spec, tensors)
+    replay = take_replay(module)
+    if replay is not None:  # the parent runs eagerly after a mismatch of this call: the child ran already
+        return tuple(_check(spec_id, replay.result_for(args, kwargs), tensors))
+    before = snapshot(module, args, kwargs)
     with torch.set_grad_enabled(spec.grad):  # as traced: off under the parent's no_grad, or nothing needs gradients
         result = root.program.call_eagerly(module, _qualified(root, spec.path), args, kwargs)
-    return tuple(_check(spec_id, result, tensors))
+    return tuple(_checked(spec_id, module, before, result, tensors, None))
+
+
+def _checked(spec_id: int, module: torch.nn.Module, before: Snapshot, result: Any, tensors, detached) -> list:
+    """:func:`_check` of ``result``, after checking that the call changed nothing :func:`snapshot` recorded in
+    ``before`` (its observation showed a pure run; this call must be one too, or the traced code after it read state
+    from before it). A mismatch carries a :class:`Replay`: the parent then runs eagerly with this result, without
+    running the child again."""
+    try:
+        if not unchanged(before):
+            raise EagerCallMismatch(spec_id, "changed its state (a tensor in place, an attribute, or a container or "
+                                             "object it holds), unlike its observed run")
+        return _check(spec_id, result, tensors)
+    except EagerCallMismatch as e:
+        e.replay = Replay(module, result, detached, before.held, held_now(before.held), rng_state())
+        raise
 
 
 def spec_key(spec_id: int) -> Any:
@@ -627,12 +660,20 @@ def _run_with_graph(spec_id: int, *inputs):
     params = _matching_parameters(module, passed_params)
     if params is None:
         raise EagerCallMismatch(spec_id, "its trainable parameters are not those traced")
-    detached = tuple(t.detach().requires_grad_(i in spec.grad_inputs and (t.is_floating_point() or t.is_complex()))
-                     for i, t in enumerate(tensors))
-    args, kwargs = _call_arguments(spec, detached)
-    with torch.enable_grad():
-        result = root.program.call_eagerly(module, _qualified(root, spec.path), args, kwargs)
-    outs = _check(spec_id, result, detached)
+    replay = take_replay(module)
+    if replay is not None and replay.detached is not None:  # the parent runs eagerly after a mismatch of this call
+        detached = replay.detached
+        replay.restore_after()
+        outs = _check(spec_id, replay.result, detached)
+    else:
+        detached = tuple(t.detach().requires_grad_(i in spec.grad_inputs and (t.is_floating_point()
+                                                                               or t.is_complex()))
+                         for i, t in enumerate(tensors))
+        args, kwargs = _call_arguments(spec, detached)
+        before = snapshot(module, args, kwargs)
+        with torch.enable_grad():
+            result = root.program.call_eagerly(module, _qualified(root, spec.path), args, kwargs)
+        outs = _checked(spec_id, module, before, result, detached, detached)
     targets = [detached[i] for i in spec.grad_inputs] + params
     with _graph_lock:
         key = next(_graph_counter)
@@ -661,7 +702,7 @@ def _run_backward(spec_id: int, handle: torch.Tensor, n_grads: int, *grads_and_t
                            "was freed before its backward ran")
     outs, targets = entry
     spec = _specs[spec_id]
-    wanted = [o for o, d in zip(outs, _tensor_leaves(spec)) if d[4]]
+    wanted = [o for o, d in zip(outs, _tensor_leaves(spec)) if _may_require_grad(spec, d)]
     pairs = [(o, g) for o, g in zip(wanted, grads) if o.requires_grad]
     live = [t for t in targets if t.requires_grad]  # (an output of the child that needs no gradient reaches none)
     found = {}

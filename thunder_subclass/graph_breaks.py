@@ -6,14 +6,17 @@ program's own Python run eagerly with each submodule compiled as a *region*, rec
 
 thunder's interpreter traces a whole function or none of it. When tracing a call fails with an error of a
 *graph-break kind* (:func:`graph_break_reason`: a value that depends on tensor data decides Python control flow or an
-output's shape — ``if tensor:``, ``.item()`` / ``.tolist()`` feeding a branch, ``nonzero``, boolean masks,
-``unique`` — or an operation thunder has no symbol for), the callable's own code runs eagerly instead:
+output's shape — ``if tensor:``, ``.item()`` / ``.tolist()`` feeding a branch, ``nonzero``, single-argument
+``torch.where(mask)``, boolean masks, ``unique`` — or an operation thunder has no symbol for), the callable's own code
+runs eagerly instead:
 
 * a module (or a module's bound method, as in ``model.forward = thunder_subclass.jit(model.forward)``) runs its own
-  ``forward`` eagerly with the ``forward`` of each child replaced, for the duration of the call, by a compiled
-  function (the child itself when it defines ``forward``, else — ``ModuleList``, ``ModuleDict`` — its children);
-  ``Module.__call__`` and the child's hooks stay eager around the compiled ``forward``, as in ``fsdp``. A child that
-  fails in turn runs its own code eagerly the same way, so every submodule that traces is one compiled region;
+  ``forward`` eagerly, and each call of a child in that thread, for the duration of the call, runs a compiled
+  function in place of its ``forward`` (the child itself when it defines ``forward``, else — ``ModuleList``,
+  ``ModuleDict`` — its children): a per-thread dispatch read by the plugin's hook of ``Module._call_impl``
+  (``_thunder_internals.module_dispatch``), so nothing is set on the user's modules and other threads see nothing; a
+  child with forward or backward hooks runs as it is (its own code eagerly, hooks around it). A child that fails in
+  turn runs its own code eagerly the same way, so every submodule that traces is one compiled region;
 * a plain function runs eagerly: one break, no region.
 
 A module whose *own* code holds the break and whose eager run was observed pure becomes an *eager call* from then on
@@ -24,7 +27,8 @@ that class's calls are observed (forward hooks, removed after). Otherwise (and i
 module's own code holds the break) its children are compiled as above, and a module none of whose children broke at
 its break's location is observed. The callables that broke before an observation are traced once more on their next
 call (``_Taken.generation``), so a parent that broke only because of the child compiles around it; a mismatch at run
-time (:class:`~thunder_subclass.eager_calls.EagerCallMismatch`) runs the parent eagerly instead and drops the
+time (:class:`~thunder_subclass.eager_calls.EagerCallMismatch`) runs the parent eagerly instead, with the result the child
+already gave (it does not run again), and drops the
 observation.
 
 Children of one class share one jitted function (the module is its first argument), so N identical blocks trace
@@ -62,7 +66,13 @@ from typing import Any
 import torch
 
 from thunder_subclass import eager_calls
-from thunder_subclass._thunder_internals import data_dependent_exception_types, exception_source_lines, with_call
+from thunder_subclass.eager_call_state import rng_state, set_rng_state
+from thunder_subclass._thunder_internals import (
+    data_dependent_exception_types,
+    dispatching,
+    exception_source_lines,
+    with_call,
+)
 from thunder_subclass.errors import UnsupportedGlobalStateError
 
 __all__ = [
@@ -137,6 +147,8 @@ _MESSAGE_KINDS = (
     (NotImplementedError, "unknown shape"),
     # thunder has no symbol for the torch function (code it cannot run; Dynamo would run it in its graph or break)
     (NotImplementedError, "but it is not yet supported"),
+    # single-argument torch.where(condition) (nonzero(condition, as_tuple=True): indices whose count depends on data)
+    (NotImplementedError, "does not support only specifying a condition"),
     # .tolist() on a fake tensor: the Python list depends on tensor data
     (RuntimeError, ".tolist() is not supported"),
     # a tensor method or attribute thunder's proxies lack (x.register_hook(...), x.untyped_storage()): code it cannot
@@ -279,33 +291,6 @@ def _root_module(owner: Any) -> torch.nn.Module | None:
     return module if isinstance(module, torch.nn.Module) else None
 
 
-def _rng_state() -> tuple:
-    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
-    return torch.get_rng_state(), cuda
-
-
-def _set_rng_state(state: tuple) -> None:
-    cpu, cuda = state
-    torch.set_rng_state(cpu)
-    if cuda is not None:
-        torch.cuda.set_rng_state_all(cuda)
-
-
-@contextlib.contextmanager
-def _forward_replaced(module: torch.nn.Module, forward: Callable):
-    """``module.forward`` is ``forward`` (set on the instance) while the block runs; what was there before comes
-    back after it."""
-    previous = module.__dict__.get("forward")
-    module.__dict__["forward"] = forward
-    try:
-        yield
-    finally:
-        if previous is None:
-            module.__dict__.pop("forward", None)
-        else:
-            module.__dict__["forward"] = previous
-
-
 def _forward_codes(cls: type) -> list:
     """The code objects of ``cls.forward`` and of the functions it wraps (``functools.wraps`` decorators)."""
     codes, fn, seen = [], getattr(cls, "forward", None), set()
@@ -362,8 +347,15 @@ class _Program:
         self.generation = 0
         self.dropped: set[Any] = set()
         self.regions_with_eager_calls: set[int] = set()  # ids of jitted functions whose traces hold eager calls
-        self.eager_called: set[int] = set()  # ids of the modules an eager call is running (their stateless leaves run
-        #                                      as they are)
+        self._this_thread = threading.local()  # .eager_called: ids of the modules an eager call of this thread is
+        #                                        running (their stateless leaves run as they are)
+
+    @property
+    def eager_called(self) -> set[int]:
+        called = getattr(self._this_thread, "eager_called", None)
+        if called is None:
+            called = self._this_thread.eager_called = set()
+        return called
 
     def run(self, key_owner: Any, name: str, compiled: Callable, eager: Callable, args: tuple, kwargs: dict,
             region: Callable | None = None):
@@ -372,6 +364,7 @@ class _Program:
         function to list in the report (default ``compiled``). The signature is computed only for callables that
         broke before or break now (nothing added to a call of a program that traces whole)."""
         taken = None
+        replay = None  # an eager call's result whose check failed: the eager run below uses it
         region = compiled if region is None else region
         broken_key = None  # (id of the callable, signature), computed once where needed
         if id(key_owner) in self.broken_owners:
@@ -383,7 +376,7 @@ class _Program:
                 taken = None
         if taken is None:
             with_calls = id(region) in self.regions_with_eager_calls
-            rng = _rng_state() if with_calls else None
+            rng = rng_state() if with_calls else None
             # the region's module, for eager calls its trace may record (once a run was observed) or holds
             module = _root_module(key_owner) if with_calls or self.observed else None
             try:
@@ -396,7 +389,8 @@ class _Program:
                 # an eager call returned what the trace did not assume: nothing after it ran, nothing was written
                 # back; run this callable eagerly, and no longer record that kind of call as one operation
                 if rng is not None:
-                    _set_rng_state(rng)
+                    set_rng_state(rng)
+                replay = e.replay
                 self.dropped.add(eager_calls.spec_key(e.spec_id))
                 self.observed.pop(eager_calls.spec_key(e.spec_id), None)
                 taken = _Taken(GraphBreak(name, eager_calls.spec_location(e.spec_id),
@@ -431,7 +425,7 @@ class _Program:
         observe = code is not None and taken.observable
         before = eager_calls.snapshot(code.module, args, kwargs) if observe else None
         first = len(self.report.breaks)
-        with self._children_compiled(code, name):
+        with self._children_compiled(code, name), eager_calls.replaying(replay):
             result = eager(*args, **kwargs)
         if observe:
             taken.observable = False
@@ -482,7 +476,7 @@ class _Program:
     def call_eagerly(self, module: torch.nn.Module, qualified: str, args: tuple, kwargs: dict):
         """``module(*args, **kwargs)`` from an eager call inside a compiled region: ``Module.__call__`` and its hooks,
         its own code eagerly (it broke), its children compiled but for stateless leaves (``_is_stateless_leaf``)."""
-        with _forward_replaced(module, self._compiled_child(module, qualified)):
+        with dispatching(module, self._compiled_child(module, qualified)):
             self.eager_called.add(id(module))
             try:
                 return module(*args, **kwargs)
@@ -494,7 +488,7 @@ class _Program:
         with contextlib.ExitStack() as installed:
             skip = code is not None and id(code.module) in self.eager_called
             for qualified, child in _child_regions(code.module, name, skip) if code is not None else ():
-                installed.enter_context(_forward_replaced(child, self._compiled_child(child, qualified)))
+                installed.enter_context(dispatching(child, self._compiled_child(child, qualified)))
             yield
 
     def _compiled_child(self, child: torch.nn.Module, qualified: str) -> Callable:

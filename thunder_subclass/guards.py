@@ -1436,7 +1436,14 @@ def _guard_container_size(obj, provenance, state, jit_ctx) -> None:
         getattr(provenance.inst, "name", None)
     # (module globals too: a trace that iterated or changed a global list or dict depends on its size and keys; not a
     # module's globals dict itself, which the interpreter reads to look up every global name)
-    if inst in ("INPUT_ARGS", "INPUT_KWARGS") or not is_guardable_provenance(provenance, globals_too=True):
+    if inst in ("INPUT_ARGS", "INPUT_KWARGS"):
+        return
+    if not is_guardable_provenance(provenance, globals_too=True):
+        # (a container reached through nn.Module's machinery, ``self._modules['c'].stats``: not guarded here, but
+        # what a trace that fails changed in it is undone, or the eager run after the failure changes it again)
+        if type(obj) in (list, dict) and _is_held_container(provenance):
+            before = list(obj.items()) if type(obj) is dict else list(obj)
+            _thunder_internals.undo_if_trace_fails(functools.partial(_restore_container, obj, before))
         return
     if inst == "LOAD_ATTR" and getattr(provenance.inputs[1], "value", None) == "__globals__":
         return
@@ -1510,6 +1517,19 @@ def write_back_input_containers() -> None:
         plan = tuple((source(k, 0), source(v, 1)) for k, v in after) if is_dict else tuple(source(v, 1) for v in after)
         _restore_container(obj, before)
         _thunder_internals.call_in_epilogue(write_back_container, provenance, plan, *values)
+
+
+def _is_held_container(provenance) -> bool:
+    """Whether ``provenance`` ends in an item or a non-dunder attribute (a container an object holds, not a
+    ``__dict__`` or ``__globals__`` the interpreter reads on its way)."""
+    import dis
+
+    inst = provenance.inst.opname if isinstance(provenance.inst, dis.Instruction) else \
+        getattr(provenance.inst, "name", None)
+    if inst == "BINARY_SUBSCR":
+        return True
+    name = getattr(provenance.inputs[1], "value", None) if inst == "LOAD_ATTR" and len(provenance.inputs) == 2 else None
+    return isinstance(name, str) and not (name.startswith("__") and name.endswith("__"))
 
 
 def _restore_container(obj, before: list) -> None:

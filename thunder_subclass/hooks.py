@@ -46,6 +46,7 @@ from thunder_subclass import (
     hf,
     interpretation,
     module_calls,
+    random_ops,
     speculation,
     tangents,
     torch_function,
@@ -74,6 +75,8 @@ def _symbol_call(sym, args: tuple, kwargs: dict):
     if sym.id == "set_grad_enabled":
         grad_modes.check_grad_mode_change(args[0] if args else kwargs.get("enabled"))
         return _thunder_internals.NOT_HANDLED
+    if random_ops.is_dropout(sym):  # dropout draws as eager does (plain tensors; the executor's checker decides)
+        random_ops.ensure_dropout_rule(sym)
     leaves = tree_flatten((args, kwargs))[0]  # once for the three questions below (asked for every torch symbol)
     if torch_function.has_typed_leaf(leaves):
         result = torch_function.dispatch(sym, args, kwargs, torch_callable_for, denormalize)

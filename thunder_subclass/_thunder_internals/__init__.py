@@ -22,6 +22,8 @@ module                     concern
 :mod:`.autograd_hooks`     the flatten point before executors, gradients of inputs changed in place,
                            ``ThunderFunction`` forward/backward
 :mod:`.runtime`            the per-call path: cache info and the fast way to a cache hit
+:mod:`.module_dispatch`    per-thread module dispatch: submodules run a compiled ``forward`` while a graph-break
+                           program runs their parent eagerly, without changing the user's modules
 :mod:`.executors`          thunder's torch_compile executor and the plugin's inductor regions
 :mod:`.dtensor_masks`      DTensor's ``_MaskPartial`` mask buffers: fake runs leave them as they found them; a
                            traced value keeps its own
@@ -133,6 +135,8 @@ from thunder_subclass._thunder_internals.thunder_state import (  # noqa: F401
     undoing_on_trace_failure,
     view_symbols,
 )
+from thunder_subclass._thunder_internals.module_dispatch import PASS as DISPATCH_PASS  # noqa: F401
+from thunder_subclass._thunder_internals.module_dispatch import dispatching  # noqa: F401
 from thunder_subclass._thunder_internals.torch_state import (  # noqa: F401
     active_dispatch_modes,
     is_user_dispatch_mode_active,

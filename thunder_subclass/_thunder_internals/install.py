@@ -17,6 +17,7 @@ from thunder_subclass._thunder_internals import (
     dtensor_masks,
     interpreter_fixes,
     interpreter_speed,
+    module_dispatch,
     plugin_state,
     runtime,
     symbolic_values,
@@ -43,6 +44,7 @@ def _targets() -> list[tuple[Any, str, Callable]]:
         *symbolic_values.hook_targets(),
         *dtensor_masks.hook_targets(),
         *transform_speed.hook_targets(),
+        *module_dispatch.hook_targets(),
     ]
 
 

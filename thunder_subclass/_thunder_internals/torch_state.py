@@ -301,8 +301,11 @@ def inference_mode_class() -> type:
 
 
 def module_call_impl() -> Callable:
-    """``torch.nn.Module._call_impl``: what thunder's interpreter meets for every module call."""
-    return torch.nn.Module._call_impl
+    """``torch.nn.Module._call_impl`` as torch defines it: what thunder's interpreter meets for every module call
+    (a call of the plugin's dispatch hook in its place is sent to it, see :mod:`.module_dispatch`)."""
+    from thunder_subclass._thunder_internals.module_dispatch import original_call_impl
+
+    return original_call_impl()
 
 
 def data_dependent_exception_types() -> tuple[type, ...]:

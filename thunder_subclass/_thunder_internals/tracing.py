@@ -64,6 +64,7 @@ import torch
 
 from thunder_subclass._thunder_internals import plugin_state
 from thunder_subclass._thunder_internals.interpreter_speed import PURE_NATIVE_FUNCTIONS, fast_getitem, speed_lookaside
+from thunder_subclass._thunder_internals.module_dispatch import is_dispatch_hook, original_call_impl
 from thunder_subclass._thunder_internals.interpreter_fixes import (
     interpreter_fix_lookaside,
     torch_arguments,
@@ -82,6 +83,7 @@ from thunder_subclass._thunder_internals.torch_state import (
 )
 from thunder_subclass._thunder_internals.thunder_state import (
     constant_rooted_path,
+    interpret_call,
     is_torch_level_symbol,
     is_unpackable_provenance,
     raise_in_interpreter,
@@ -217,6 +219,10 @@ def _hook_general_jit_lookaside(original):
     # wraps thunder.core.jit_ext.general_jit_lookaside
     @functools.wraps(original)
     def general_jit_lookaside(fn, /, *args, **kwargs):
+        if is_dispatch_hook(fn):  # Module._call_impl as the plugin hooks it: interpret torch's own (module_dispatch)
+            from thunder.core.interpreter import wrap_const
+
+            return lambda *wargs, **wkwargs: interpret_call(wrap_const(original_call_impl()), *wargs, **wkwargs)
         if is_plugin_active():
             if _is_native_function(fn) or is_pybind11_class(fn):
                 from thunder.core.interpreter import interpreter_needs_wrap
