@@ -1136,3 +1136,44 @@ def test_the_compiled_function_is_guarded_by_its_code_and_defaults():
         _scaled.__code__, _scaled.__defaults__ = code, defaults
     torch.testing.assert_close(jf(x), x * 2)
     assert thunder.cache_misses(jf) == 3 and thunder.cache_hits(jf) == 1
+
+
+class _CountingChild(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stats, self.history = {"n": 0}, []
+        self.lin = torch.nn.Linear(3, 3)
+
+    def forward(self, x):
+        self.stats["n"] += 1
+        self.history.append(self.stats["n"])
+        return self.lin(x) * self.stats["n"]
+
+
+class _CountingParent(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c = _CountingChild()
+
+    def forward(self, x):
+        return self.c(x) + 1
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_a_container_a_submodule_holds_changed_by_the_trace_is_written_back_as_in_eager(grad):
+    # a dict and a list held by a submodule (reached through nn.Module's _modules) changed by the traced code stayed
+    # changed after tracing, and the trace's own prologue, which reads `stats["n"]`, rejected the call it was made
+    # from; with gradients, the int handed to the epilogue was marked non-differentiable ("mark_non_differentiable only
+    # accepts variable arguments")
+    model, eager = _CountingParent(), _CountingParent()
+    eager.load_state_dict(model.state_dict())
+    jmodel = thunder_subclass.jit(model)
+    x = torch.randn(2, 3)
+    with torch.set_grad_enabled(grad):
+        for _ in range(4):
+            torch.testing.assert_close(jmodel(x), eager(x))
+            assert model.c.stats == eager.c.stats
+            assert model.c.history == eager.c.history
+    # each call appends to the list, whose length the written-back trace rests on: a new trace per call (as
+    # torch.compile, which guards a list's length), never a stale write-back
+    assert thunder.cache_misses(jmodel) == 4

@@ -1440,10 +1440,17 @@ def _guard_container_size(obj, provenance, state, jit_ctx) -> None:
         return
     if not is_guardable_provenance(provenance, globals_too=True):
         # (a container reached through nn.Module's machinery, ``self._modules['c'].stats``: not guarded here, but
-        # what a trace that fails changed in it is undone, or the eager run after the failure changes it again)
+        # what a trace that fails changed in it is undone, or the eager run after the failure changes it again; and
+        # what a trace changed in it is put back and written by the epilogue, as for input containers: left changed,
+        # the trace's own prologue read the changed value and rejected the call it was made from)
         if type(obj) in (list, dict) and _is_held_container(provenance):
             before = list(obj.items()) if type(obj) is dict else list(obj)
             _thunder_internals.undo_if_trace_fails(functools.partial(_restore_container, obj, before))
+            if _thunder_internals.is_unpackable_provenance(provenance) and id(obj) not in state.setdefault(
+                    "held_containers", set()):
+                state["held_containers"].add(id(obj))
+                state.setdefault("input_containers", []).append(
+                    (obj, provenance, before, _thunder_internals.source_location()))
         return
     if inst == "LOAD_ATTR" and getattr(provenance.inputs[1], "value", None) == "__globals__":
         return
@@ -1517,6 +1524,14 @@ def write_back_input_containers() -> None:
         plan = tuple((source(k, 0), source(v, 1)) for k, v in after) if is_dict else tuple(source(v, 1) for v in after)
         _restore_container(obj, before)
         _thunder_internals.call_in_epilogue(write_back_container, provenance, plan, *values)
+        if id(obj) in state.get("held_containers", ()):
+            # (a container a submodule holds is not guarded by its length or keys on reading; the plan rests on them)
+            from thunder.core.proxies import AnyProxy
+
+            spec = ObjectSpec("keys" if is_dict else "length", type(obj), _Pending(obj), _describe_provenance(provenance))
+            name = f"guarded_object{next(_guarded_object_names)}"
+            _thunder_internals.jit_context().add_constraint(
+                (check_object, AnyProxy(obj, name=name, history=provenance), spec))
 
 
 def _is_held_container(provenance) -> bool:

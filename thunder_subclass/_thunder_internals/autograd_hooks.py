@@ -346,6 +346,12 @@ def _hook_thunder_function_forward(original):
             # undefined gradients reach the backward hook as None (an input's gradient stays undefined, as in eager,
             # when nothing used its new value); BackwardVariants.canonical fills in zeros for the compiled backward
             ctx.set_materialize_grads(False)
+        if is_differentiable_outputs is not None:
+            # only tensors can be marked non-differentiable ("mark_non_differentiable only accepts variable
+            # arguments"): a number the computation hands to the epilogue (an int written back into a container a
+            # submodule holds, `self.stats["n"] += 1`) is left out of the marking; autograd ignores it anyway
+            is_differentiable_outputs = tuple(d or not isinstance(o, torch.Tensor)
+                                              for o, d in zip(flat_output, is_differentiable_outputs))
         return original(ctx, return_none_instead_of_grads, compiled_backward, side_channel, saved_tensors,
                         saved_other, is_differentiable_outputs, flat_output, *flat_args)
 
