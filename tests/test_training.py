@@ -1,6 +1,7 @@
 """Training: subclass ops differentiate above __torch_dispatch__; the flatten pass runs after autograd (issue 3)."""
 
 import copy
+import warnings
 
 import pytest
 import thunder
@@ -419,3 +420,208 @@ def test_a_tensor_saved_for_backward_and_then_changed_in_place_gives_eagers_grad
     out.backward(grad)
     torch.testing.assert_close(out, f(w, h))
     torch.testing.assert_close(jw.grad, ew.grad)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Python-level side effects in a custom backward: eager's behaviour (a graph break) or, with fullgraph=True, a typed
+# error; never dropped (the compiled backward would run only the tensor operations recorded while tracing)
+# ---------------------------------------------------------------------------------------------------------------
+
+class KeepOnCtx(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, d, t):
+        t.add_(1)
+        ctx.t = t
+        return d.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        ctx.t.add_(1)
+        return g, None
+
+
+class ChangeSaved(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, d, t):
+        ctx.save_for_backward(t)
+        return d * t
+
+    @staticmethod
+    def backward(ctx, g):
+        t, = ctx.saved_tensors
+        t.mul_(2)
+        return g * t, None
+
+
+_BACKWARD_CALLS = []
+_BACKWARD_COUNT = 0
+
+
+class CountInGlobals(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, d):
+        return d * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        global _BACKWARD_COUNT
+        _BACKWARD_COUNT += 1
+        return g * 2
+
+
+class AppendToGlobalList(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, d):
+        return d * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        _BACKWARD_CALLS.append(1)
+        return g * 2
+
+
+class PrintInBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, d):
+        return d * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        print("backward ran")
+        return g * 2
+
+
+def _closure_functions():
+    calls, module = [], torch.nn.Module()
+    module.backward_calls = 0
+    count = 0
+
+    class AppendToClosure(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, d):
+            return d * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            calls.append(1)
+            return g * 2
+
+    class CountOnModule(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, d):
+            return d * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            module.backward_calls += 1
+            return g * 2
+
+    class Nonlocal(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, d):
+            return d * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            nonlocal count
+            count += 1
+            return g * 2
+
+    def state():
+        return len(calls), module.backward_calls, count
+
+    return (AppendToClosure, CountOnModule, Nonlocal), state
+
+
+def _plain_or_two(kind, *shape, requires_grad=False):
+    if kind == "plain":
+        return torch.randn(*shape, requires_grad=requires_grad)
+    return TwoTensor(torch.randn(*shape), torch.randn(*shape)).requires_grad_(requires_grad)
+
+
+@pytest.mark.parametrize("kind", ["plain", "TwoTensor"])
+@pytest.mark.parametrize("fn_class", [KeepOnCtx, ChangeSaved])
+def test_backward_changing_a_tensor_it_did_not_make_follows_eager(kind, fn_class):
+    d = _plain_or_two(kind, 3, requires_grad=True)
+    t = torch.zeros(3) if kind == "plain" else TwoTensor(torch.zeros(3), torch.ones(3))
+    ed, et = d.detach().clone().requires_grad_(), t.clone()
+    fn_class.apply(ed, et).sum().backward()
+    jf = thunder_subclass.jit(lambda d, t: fn_class.apply(d, t))
+    with pytest.warns(thunder_subclass.GraphBreakWarning, match="UnsupportedBackwardEffectError"):
+        out = jf(d, t)
+    out.sum().backward()
+    assert type(t) is type(et)
+    torch.testing.assert_close(t, et)          # the backward's in-place change reached the caller's tensor
+    torch.testing.assert_close(d.grad, ed.grad)
+
+
+@pytest.mark.parametrize("kind", ["plain", "TwoTensor"])
+def test_backward_changing_a_tensor_it_did_not_make_raises_with_fullgraph(kind):
+    d = _plain_or_two(kind, 3, requires_grad=True)
+    t = torch.zeros(3) if kind == "plain" else TwoTensor(torch.zeros(3), torch.ones(3))
+    jf = thunder_subclass.jit(lambda d, t: KeepOnCtx.apply(d, t), fullgraph=True)
+    with pytest.raises(thunder_subclass.UnsupportedBackwardEffectError,
+                       match=r"KeepOnCtx.backward changes a tensor it did not make in place \(aten.add_ at "
+                             r".*test_training.py:\d+.*Function outside the compiled function"):
+        jf(d, t)
+    torch.testing.assert_close(t, torch.zeros(3) if kind == "plain" else TwoTensor(torch.zeros(3), torch.ones(3)))
+
+
+@pytest.mark.parametrize("kind", ["plain", "TwoTensor"])
+def test_backward_writing_python_state_follows_eager(kind, capsys):
+    global _BACKWARD_COUNT
+    closure_classes, state = _closure_functions()
+    for fn_class in (CountInGlobals, AppendToGlobalList, PrintInBackward, *closure_classes):
+        before = (_BACKWARD_COUNT, len(_BACKWARD_CALLS), state())
+        d = _plain_or_two(kind, 3, requires_grad=True)
+        jf = thunder_subclass.jit(lambda d: fn_class.apply(d))
+        with pytest.warns(thunder_subclass.GraphBreakWarning, match=f"{fn_class.__name__}.backward"):
+            out = jf(d)
+        # nothing ran for real at trace time: the fake run's writes were put back, its output dropped
+        assert (_BACKWARD_COUNT, len(_BACKWARD_CALLS), state()) == before
+        capsys.readouterr()
+        for _ in range(2):
+            jf(d).sum().backward()
+        out.sum().backward()
+        after = (_BACKWARD_COUNT, len(_BACKWARD_CALLS), state())
+        expected = {CountInGlobals: (before[0] + 3, before[1], before[2]),
+                    AppendToGlobalList: (before[0], before[1] + 3, before[2])}
+        if fn_class in expected:
+            assert after == expected[fn_class]
+        elif fn_class is PrintInBackward:
+            assert capsys.readouterr().out == "backward ran\n" * 3
+        else:
+            assert sum(after[2]) == sum(before[2]) + 3, (fn_class, before, after)
+        torch.testing.assert_close(d.grad, torch.full_like(d, 6.0))
+
+
+@pytest.mark.parametrize("fn_class", [CountInGlobals, PrintInBackward])
+def test_backward_writing_python_state_raises_with_fullgraph(fn_class):
+    jf = thunder_subclass.jit(lambda d: fn_class.apply(d), fullgraph=True)
+    what = "the globals of test_training" if fn_class is CountInGlobals else "print"
+    with pytest.raises(thunder_subclass.UnsupportedBackwardEffectError,
+                       match=rf"{fn_class.__name__}.backward .*{what}.*backward defined at .*test_training.py:\d+.*"
+                             r"for the call .*apply at .*test_training.py:\d+"):
+        jf(torch.randn(3, requires_grad=True))
+
+
+@pytest.mark.parametrize("kind", ["plain", "TwoTensor"])
+def test_backward_without_side_effects_stays_compiled(kind):
+    class Pure(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, d, w):
+            ctx.save_for_backward(d, w)
+            ctx.scale = 3.0
+            return d * w
+
+        @staticmethod
+        def backward(ctx, g):
+            d, w = ctx.saved_tensors
+            grads = []
+            grads.append(g * w * ctx.scale)
+            return grads[0], (g * d).view(-1).view(d.shape)
+
+    d, w = _plain_or_two(kind, 3, requires_grad=True), _plain_or_two(kind, 3, requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", thunder_subclass.GraphBreakWarning)  # compiled as one trace, no break
+        check_training(lambda d, w: Pure.apply(d, w).sum(), d, w)

@@ -17,6 +17,7 @@ _ensure_thunder_importable()
 
 from thunder_subclass.errors import (  # noqa: E402
     HigherOrderGradientError,
+    UnsupportedBackwardEffectError,
     SubclassGradientError,
     SubclassGradRuleError,
     SubclassDispatchError,
@@ -72,6 +73,7 @@ __all__ = [
     "SubclassDispatchError",
     "UnsupportedSubclassOperationError",
     "HigherOrderGradientError",
+    "UnsupportedBackwardEffectError",
     "SubclassGradientError",
     "SubclassGradRuleError",
     "SubclassRegistrationError",

@@ -12,6 +12,7 @@ __all__ = [
     "SubclassDispatchError",
     "UnsupportedSubclassOperationError",
     "HigherOrderGradientError",
+    "UnsupportedBackwardEffectError",
     "SubclassGradientError",
     "SubclassGradRuleError",
     "SubclassRegistrationError",
@@ -97,6 +98,14 @@ class UnsupportedGlobalStateError(UnsupportedTracingError):
     be), or it calls a setter of torch's global state (``torch.set_default_dtype``,
     ``torch.use_deterministic_algorithms``: run once while tracing, never by the compiled program). A graph break by
     default (the function runs eagerly); raised with ``fullgraph=True``."""
+
+
+class UnsupportedBackwardEffectError(UnsupportedTracingError):
+    """A custom ``torch.autograd.Function``'s ``backward`` has a Python-level side effect that the compiled backward
+    would drop (it runs only the tensor operations recorded while tracing): it changes in place a tensor it did not
+    make (an input kept on ``ctx`` or saved for backward), writes Python state (``ctx`` attributes, globals, closure
+    variables, a container or module held there) or prints. A graph break by default (the function runs eagerly);
+    raised with ``fullgraph=True``."""
 
 
 def format_location(filename: str | None, lineno: int | None) -> str:
