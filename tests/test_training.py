@@ -625,3 +625,103 @@ def test_backward_without_side_effects_stays_compiled(kind):
     with warnings.catch_warnings():
         warnings.simplefilter("error", thunder_subclass.GraphBreakWarning)  # compiled as one trace, no break
         check_training(lambda d, w: Pure.apply(d, w).sum(), d, w)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# create_graph=True: gradients with history, second derivatives equal to eager (thunder_subclass.higher_order)
+# ---------------------------------------------------------------------------------------------------------------
+
+class _Critic(torch.nn.Module):
+    def __init__(self, kind):
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(4, 8), torch.nn.Linear(8, 1)
+        self.calls = 0
+        if kind == "TwoTensor":
+            w = self.fc1.weight.detach()
+            self.fc1.weight = torch.nn.Parameter(TwoTensor(w.clone(), w * 0.5))
+
+    def forward(self, x):
+        self.calls += 1
+        return self.fc2(torch.tanh(self.fc1(x)))
+
+
+@pytest.mark.parametrize("kind", ["plain", "TwoTensor"])
+def test_gradient_penalty_equals_eager(kind):
+    torch.manual_seed(0)
+    critic = _Critic(kind)
+    eager = copy.deepcopy(critic)
+    jcritic = thunder_subclass.jit(critic)
+    real, fake = torch.randn(5, 4), torch.randn(5, 4)
+    alpha = torch.rand(5, 1)
+    losses = []
+    for m in (eager, jcritic):
+        x_hat = (alpha * real + (1 - alpha) * fake).requires_grad_()
+        out = m(x_hat)
+        (g,) = torch.autograd.grad(out.sum(), x_hat, create_graph=True)
+        penalty = ((g.norm(2, dim=1) - 1) ** 2).mean()
+        loss = m(fake).mean() - out.mean() + 10 * penalty
+        loss.backward()
+        losses.append(loss.detach())
+    torch.testing.assert_close(losses[1], losses[0])
+    for p, ep in zip(critic.parameters(), eager.parameters()):
+        assert type(p.grad) is type(ep.grad)
+        torch.testing.assert_close(p.grad, ep.grad)
+    assert critic.calls == eager.calls == 2  # the eager recomputation's attribute write was put back
+
+
+@pytest.mark.parametrize("kind", ["plain", "TwoTensor"])
+def test_hessian_vector_product_equals_eager(kind):
+    def f(x, w):
+        return ((x * w).sin() * x).sum()
+
+    x, w, v = (_plain_or_two(kind, 4) for _ in range(3))
+    x.requires_grad_()
+    w.requires_grad_()
+    jf = thunder_subclass.jit(f)
+    results = []
+    for fn in (f, jf):
+        (g,) = torch.autograd.grad(fn(x, w), x, create_graph=True)
+        hvp_x, hvp_w = torch.autograd.grad((g * v).sum(), (x, w))
+        results.append((g.detach(), hvp_x, hvp_w))
+    for actual, expected in zip(results[1], results[0]):
+        assert type(actual) is type(expected)
+        torch.testing.assert_close(actual, expected)
+
+
+def test_third_derivative_and_several_outputs_equal_eager():
+    def f(x):
+        y = x.sin() * x
+        return {"b": y.sum(), "a": (y * 2).exp().sum()}  # dict order differs from thunder's flat outputs' (sorted)
+
+    x = torch.randn(3, requires_grad=True)
+    jf = thunder_subclass.jit(f)
+    results = []
+    for fn in (f, jf):
+        out = fn(x)
+        (g1,) = torch.autograd.grad(out["b"] + 0.5 * out["a"], x, create_graph=True)
+        (g2,) = torch.autograd.grad(g1.sum(), x, create_graph=True)
+        (g3,) = torch.autograd.grad(g2.sum(), x)
+        results.append((g1.detach(), g2.detach(), g3))
+    for actual, expected in zip(results[1], results[0]):
+        torch.testing.assert_close(actual, expected)
+
+
+def test_create_graph_refused_where_recomputing_could_differ():
+    x = torch.randn(3, requires_grad=True)
+    jf = thunder_subclass.jit(lambda x: (x.sin() * x).sum())
+    out = jf(x)
+    with torch.no_grad():
+        x.add_(1)  # changed after the forward: recomputing would differentiate another function value
+    with pytest.raises(thunder_subclass.HigherOrderGradientError,
+                       match=r"compiled function .*<lambda> was .* an argument was freed or changed in place since the forward"):
+        torch.autograd.grad(out, x, create_graph=True)
+    bn = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.BatchNorm1d(3))
+    running = bn[1].running_mean.clone()
+    jbn = thunder_subclass.jit(bn)
+    out = jbn(torch.randn(4, 3, requires_grad=True)).sum()
+    after_forward = bn[1].running_mean.clone()
+    assert not torch.equal(after_forward, running)
+    with pytest.raises(thunder_subclass.HigherOrderGradientError,
+                       match=r"compiled module Sequential .* its forward changes a tensor in place that outlives"):
+        torch.autograd.grad(out, list(bn.parameters()), create_graph=True)
+    torch.testing.assert_close(bn[1].running_mean, after_forward)  # not updated twice

@@ -50,7 +50,7 @@ from thunder_subclass.fake import FakeEnv, fake_execution
 from thunder_subclass.recording import is_traced_grad_enabled
 from thunder_subclass._thunder_internals import source_location
 
-__all__ = ["backward_effect_error"]
+__all__ = ["Snapshot", "backward_effect_error"]
 
 _OWN_DIRS = tuple(
     os.path.dirname(m.__file__) + os.sep
@@ -116,7 +116,7 @@ _SKIPPED = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionTyp
             str, bytes, int, float, complex, bool, type(None), tuple, frozenset)
 
 
-class _Snapshot:
+class Snapshot:
     """Shallow copies of namespaces, cells, containers and object attributes, each with a description for errors;
     :meth:`changed` names the first that differs, :meth:`restore` puts every one back."""
 
@@ -199,7 +199,7 @@ class _Snapshot:
 
 
 @contextlib.contextmanager
-def _watching_user_globals(snapshot: _Snapshot):
+def _watching_user_globals(snapshot: Snapshot):
     """Adds the globals of every user function called in the block to ``snapshot`` (when first called)."""
     previous = sys.getprofile()
 
@@ -245,7 +245,7 @@ def backward_effect_error(cls: type, args: tuple, kwargs: dict) -> UnsupportedBa
     except Exception:
         return None
     ctx = outs[0].grad_fn
-    snapshot = _Snapshot()
+    snapshot = Snapshot()
     snapshot.watch(backward.__globals__, f"the globals of {backward.__globals__.get('__name__', '?')}")
     for name, cell in zip(code.co_freevars, backward.__closure__ or ()):
         snapshot.watch(cell, f"the closure variable {name!r}")

@@ -35,7 +35,6 @@ from thunder.core.transform_common import Transform
 
 from thunder_subclass import _thunder_internals
 from thunder_subclass.errors import (
-    HigherOrderGradientError,
     SubclassGradientError,
     UnsupportedSubclassOperationError,
     UnsupportedTracingError,
@@ -51,7 +50,7 @@ from thunder_subclass.proxy import (
 
 __all__ = [
     "BackwardVariants", "SavedTensorNames", "flatten_for_executors", "replace_grads", "run_backward",
-    "differentiable_outputs", "mutated_inputs", "gradless_inputs", "refuse_create_graph",
+    "differentiable_outputs", "mutated_inputs", "gradless_inputs",
 ]
 
 
@@ -415,28 +414,6 @@ def _variants_of(compiled_backward) -> BackwardVariants | None:
         except (AttributeError, TypeError):  # no instance dictionary (a builtin): looked up at each call
             pass
     return found
-
-
-def refuse_create_graph(compiled_backward) -> None:
-    """The ``ThunderFunction.backward`` hook's handler for a backward run with ``create_graph=True``: for a plugin
-    jit, a :class:`HigherOrderGradientError` naming the compiled function (never a gradient without its second-order
-    term); another jit's backward is left to thunder."""
-    variants = _variants_of(compiled_backward)
-    if variants is None:  # not a plugin jit's backward: thunder's behaviour
-        return
-    fn = getattr(variants.compile_data, "fn", None)
-    if isinstance(fn, torch.nn.Module):
-        what = f"the compiled module {type(fn).__qualname__}"
-    else:
-        what = f"the compiled function {getattr(fn, '__qualname__', type(fn).__qualname__)}"
-    raise HigherOrderGradientError(
-        f"{what} was differentiated with create_graph=True (torch.autograd.grad(..., create_graph=True) or "
-        ".backward(create_graph=True)), but its compiled backward is differentiable once only: the gradients it "
-        "returns carry no autograd history, so a loss computed from them would silently miss its second-order terms. "
-        "Compute higher-order gradients with the uncompiled function or module (for example, call the original "
-        "model for the steps that need a gradient penalty), or drop create_graph=True if no second-order gradient is "
-        "needed."
-    )
 
 
 def replace_grads(compiled_backward, grads) -> list | None:
