@@ -46,8 +46,10 @@ class UnsupportedSubclassOperationError(TensorSubclassError, NotImplementedError
 
 class HigherOrderGradientError(UnsupportedSubclassOperationError):
     """A compiled backward was run with ``create_graph=True`` (``torch.autograd.grad(..., create_graph=True)``,
-    ``.backward(create_graph=True)``): thunder's compiled backward is differentiable once only, so the gradients it
-    returns carry no autograd history and a loss computed from them would miss its second-order terms."""
+    ``.backward(create_graph=True)``) where the eager recomputation that serves such a backward could differ from the
+    forward that ran (an argument freed or changed in place since, a forward that writes a tensor that outlives it or
+    draws random numbers, an unknown call): thunder's compiled backward is differentiable once only, and a gradient
+    without history would make a loss computed from it miss its second-order terms."""
 
 
 class SubclassGradientError(TensorSubclassError, TypeError):
