@@ -21,6 +21,7 @@ thunder ``Transform`` that reads the final backward trace), and is found again a
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import torch
@@ -97,6 +98,9 @@ class BackwardVariants:
         self.expected_proxy = [self.grad_of.get(getattr(o, "name", None), o) for o in self.outputs]
         self.saved_names: list[str] | None = None
         self._compiled: dict[tuple, Any] = {}
+        # ids of the incoming gradients whose __coerce_same_metadata_as_tangent__ refused, per thread (canonical()
+        # fills it for one backward call, accepts() reads it right after, in the same ThunderFunction.backward)
+        self._refused = threading.local()
         # which forward outputs eager would give requires_grad (the others are marked non-differentiable)
         self.differentiable = _differentiable_outputs(joint)
         # (flat_args position, output position) of each input changed in place and its new value
@@ -108,6 +112,7 @@ class BackwardVariants:
         a subclass output that nothing used (autograd.Function fills undefined gradients with plain zeros); None
         when nothing changes. A zero gradient contributes nothing, whatever its type."""
         changed = None
+        refused = self._refused.ids = set()  # this thread's backward call: read by accepts() right after
         for i, (g, p) in enumerate(zip(grads, self.expected_proxy)):
             if g is None and isinstance(p, TensorProxy):  # not materialized (a function changing inputs in place)
                 changed = list(grads) if changed is None else changed
@@ -115,6 +120,14 @@ class BackwardVariants:
             elif isinstance(p, SubclassTensorProxy) and type(g) is torch.Tensor and not g.any():
                 changed = list(grads) if changed is None else changed
                 changed[i] = _zeros_of(p)
+            elif (isinstance(p, SubclassTensorProxy) and is_traceable_wrapper_subclass(g)
+                    and hasattr(g, "__coerce_same_metadata_as_tangent__") and runtime_kind(g) != proxy_kind(p)):
+                coerced = _coerced(g, p)
+                if coerced is None:  # refused: eager never asks, and accepts it (accepts() sends it to a variant)
+                    refused.add(id(g))
+                else:
+                    changed = list(grads) if changed is None else changed
+                    changed[i] = coerced
         return changed
 
     def gradless_inputs(self, grads) -> tuple[int, ...]:
@@ -128,12 +141,17 @@ class BackwardVariants:
         return f"BackwardVariants({len(self._compiled)} compiled)"
 
     def accepts(self, grads) -> bool:
-        """Whether the compiled backward serves these incoming gradients (checked at every backward call)."""
+        """Whether the compiled backward serves these incoming gradients (checked at every backward call, after
+        :meth:`canonical` coerced, once, those of another kind that the subclass can coerce): each is of the expected
+        kind, or a subclass gradient that ``flatten_cotangent_<Cls>`` coerces. One that
+        ``__coerce_same_metadata_as_tangent__`` refused (eager never asks it, and accepts the gradient) is served by a
+        backward made for its kind, as a gradient of another class is."""
+        refused = getattr(self._refused, "ids", ())
         for g, out, kind, p in zip(grads, self.outputs, self.expected, self.expected_proxy):
             if kind is None or g is None or runtime_kind(g) == kind:
                 continue
             if (isinstance(out, SubclassTensorProxy) and isinstance(p, SubclassTensorProxy)
-                    and hasattr(g, "__coerce_same_metadata_as_tangent__")):
+                    and hasattr(g, "__coerce_same_metadata_as_tangent__") and id(g) not in refused):
                 continue  # flatten_cotangent_<Cls> coerces it (not where a plain gradient is expected: none there)
             return False
         return True
@@ -297,6 +315,19 @@ def mutated_inputs(compiled_backward) -> tuple[int, ...]:
     """The ``ThunderFunction.forward`` hook's handler: which inputs' new values end the outputs (to mark dirty)."""
     variants = _variants_of(compiled_backward)
     return () if variants is None else variants.mutated_inputs
+
+
+def _coerced(g, p):
+    """The incoming gradient ``g`` converted by its ``__coerce_same_metadata_as_tangent__`` to the kind of ``p`` (the
+    gradient proxy the compiled backward expects), as torch.compile converts it, or None when the subclass refuses
+    (returns None or another type)."""
+    cls = type(g)
+    expected_cls = getattr(p, "subclass_type", None) or type(g)
+    expected_ctx = resolve_context(p.flatten_ctx, g.shape, g.stride())
+    coerce = g.__coerce_same_metadata_as_tangent__
+    coerced = coerce(expected_ctx) if cls is expected_cls else coerce(expected_ctx, expected_cls)
+    # trusted when of the expected class, as torch.compile trusts it (flatten_cotangent_<Cls> takes it from there)
+    return coerced if coerced is not None and type(coerced) is expected_cls else None
 
 
 def _zeros_of(p):
