@@ -54,7 +54,7 @@ from thunder_subclass._thunder_internals.plugin_state import (
     NOT_HANDLED,
     is_plugin_active,
 )
-from thunder_subclass._thunder_internals.thunder_state import trace_state
+from thunder_subclass._thunder_internals.thunder_state import differentiating, trace_state
 
 
 def _hook_operator_executor_execution(original):
@@ -78,7 +78,9 @@ def _hook_grad_transform_on_trace(original):
             return original(trace, *args, **kwargs)
         if not args and not kwargs and _needs_no_gradient(trace):
             return trace  # split_into_forward_and_backward below then makes no backward
-        return grads_for_mutated_inputs(trace, lambda t: original(t, *args, **kwargs))
+        # (the forward's number operations stay findable: grad rules' fake runs keep computed sizes symbolic)
+        with differentiating(trace):
+            return grads_for_mutated_inputs(trace, lambda t: original(t, *args, **kwargs))
 
     return grad_transform_on_trace
 
