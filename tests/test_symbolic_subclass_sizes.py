@@ -95,11 +95,12 @@ def test_training_with_backward_traces_once():
 
 
 @pytest.mark.parametrize("jit_kwargs", [{"dynamic": True}, {"cache": "symbolic values"}])
-def test_backward_through_a_view_of_computed_size_traces_once(jit_kwargs):
-    # view(-1) gives a size computed from the input sizes (i0 * i1); the grad rules' fake runs, made after the
-    # prologue, find how it is computed (thunder_state.differentiating) instead of relying on its value
+@pytest.mark.parametrize("flat", ["view", "flatten"])
+def test_backward_through_a_view_of_computed_size_traces_once(jit_kwargs, flat):
+    # view(-1) / flatten() give a size computed from the input sizes (i0 * i1); the grad rules' fake runs, made after
+    # the prologue, find how it is computed (thunder_state.differentiating) instead of relying on its value
     def f(x):
-        return x.clone().view(-1).sin().sum()
+        return (x.clone().view(-1).sin() if flat == "view" else (x.flatten() * 2).sin()).sum()
 
     jf = thunder_subclass.jit(f, **jit_kwargs)
     for n in (3, 5, 7):

@@ -473,7 +473,7 @@ class ShapeSymbols:
         if depth <= 0 or p.history is not None:
             return None
         try:
-            b = number_producer(p.name)
+            b = number_producer(p.name, lambda b: b.sym.id in ops)
         except Exception:  # noqa: BLE001 - no trace being built
             return None
         if b is None or b.sym.id not in ops or b.kwargs or len(b.args) != 2:

@@ -642,15 +642,15 @@ def differentiating(trace):
         stack.pop()
 
 
-def number_producer(name: str):
-    """The bound symbol producing the proxy ``name``: in the computation trace being built, else in the traces being
-    differentiated (:func:`differentiating`); None if none."""
-    b = trace_producers().get(name)
-    for producers in reversed(getattr(_differentiated, "traces", ())):
-        if b is not None:
-            break
+def number_producer(name: str, accept: Callable = lambda b: True):
+    """The bound symbol producing the proxy ``name`` that ``accept`` accepts: in the computation trace being built,
+    else in the traces being differentiated (:func:`differentiating`; the trace being built may hold only a ``shape``
+    query that unpacks the number again); None if none."""
+    for producers in (trace_producers(), *reversed(getattr(_differentiated, "traces", ()))):
         b = producers.get(name)
-    return b
+        if b is not None and accept(b):
+            return b
+    return None
 
 
 def trace_producers() -> _Producers:
