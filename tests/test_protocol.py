@@ -668,3 +668,36 @@ def test_coerced_tangent_type_and_a_gradient_passing_through(cls, f):
     eout, eg = _grad_of(cls, f, lambda: torch.ones(4), jit=False)
     assert_same(out.detach(), eout.detach())
     assert_same(g, eg)
+
+
+class PartlyCoercible(Tagged):
+    """A Tagged whose ``__coerce_same_metadata_as_tangent__`` cannot convert a gradient tagged "foreign" (returns
+    None): eager never asks it and accepts such a gradient; the compiled function must too."""
+
+    @staticmethod
+    def __tensor_unflatten__(inner, tag, outer_size, outer_stride):
+        return PartlyCoercible(inner["data_"], tag)
+
+    def __coerce_same_metadata_as_tangent__(self, expected_metadata, expected_type=None):
+        return None if self.tag == "foreign" else PartlyCoercible(self.data_, expected_metadata)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is aten.mul.Tensor and isinstance(args[0], PartlyCoercible) and isinstance(args[1], (int, float)):
+            return PartlyCoercible(args[0].data_ * args[1], args[0].tag)
+        if func in (aten.detach.default, aten.clone.default, aten.ones_like.default):
+            return PartlyCoercible(func(args[0].data_, *args[1:], **kwargs), args[0].tag)
+        args, kwargs = tree_map(lambda a: a.data_ if isinstance(a, PartlyCoercible) else a, (args, kwargs))
+        return func(*args, **kwargs)
+
+
+def test_gradient_that_coercion_refuses_is_accepted_as_eager():
+    x = PartlyCoercible(torch.randn(4), "fwd").requires_grad_()
+    ex = PartlyCoercible(x.data_.clone(), "fwd").requires_grad_()
+    jf = thunder_subclass.jit(lambda x: x * 2)
+    g = PartlyCoercible(torch.randn(4), "foreign")
+    jf(x).backward(g)
+    (ex * 2).backward(g)
+    assert type(x.grad) is type(ex.grad)
+    torch.testing.assert_close(x.grad, ex.grad)

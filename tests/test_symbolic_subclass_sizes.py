@@ -94,6 +94,27 @@ def test_training_with_backward_traces_once():
     assert _counts(jf) == (1, 2)
 
 
+@pytest.mark.parametrize("jit_kwargs", [{"dynamic": True}, {"cache": "symbolic values"}])
+@pytest.mark.parametrize("flat", ["view", "flatten"])
+def test_backward_through_a_view_of_computed_size_traces_once(jit_kwargs, flat):
+    # view(-1) / flatten() give a size computed from the input sizes (i0 * i1); the grad rules' fake runs, made after
+    # the prologue, find how it is computed (thunder_state.differentiating) instead of relying on its value
+    def f(x):
+        return (x.clone().view(-1).sin() if flat == "view" else (x.flatten() * 2).sin()).sum()
+
+    jf = thunder_subclass.jit(f, **jit_kwargs)
+    for n in (3, 5, 7):
+        a, b = torch.randn(n, 4), torch.randn(n, 4)
+        x = TwoTensor(a.clone().requires_grad_(), b.clone().requires_grad_())
+        x_ref = TwoTensor(a.clone().requires_grad_(), b.clone().requires_grad_())
+        out, expected = jf(x), f(x_ref)
+        _same(out, expected)
+        out.backward()
+        expected.backward()
+        _same(x.grad, x_ref.grad)
+    assert _counts(jf) == (1, 2)
+
+
 def test_a_size_of_one_is_a_new_trace():
     # the ShapeEnv specialises sizes 0 and 1 (a size-1 dim broadcasts): a trace holds for sizes >= 2, and a trace
     # made for size 1 pins it

@@ -1,6 +1,7 @@
 """Training: subclass ops differentiate above __torch_dispatch__; the flatten pass runs after autograd (issue 3)."""
 
 import copy
+import warnings
 
 import pytest
 import thunder
@@ -432,3 +433,308 @@ def test_regression_sum_of_a_zero_dim_subclass_differentiates():
     assert type(g) is TwoTensor
     torch.testing.assert_close(g.a, eg.a)
     torch.testing.assert_close(g.b, eg.b)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Python-level side effects in a custom backward: eager's behaviour (a graph break) or, with fullgraph=True, a typed
+# error; never dropped (the compiled backward would run only the tensor operations recorded while tracing)
+# ---------------------------------------------------------------------------------------------------------------
+
+class KeepOnCtx(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, d, t):
+        t.add_(1)
+        ctx.t = t
+        return d.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        ctx.t.add_(1)
+        return g, None
+
+
+class ChangeSaved(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, d, t):
+        ctx.save_for_backward(t)
+        return d * t
+
+    @staticmethod
+    def backward(ctx, g):
+        t, = ctx.saved_tensors
+        t.mul_(2)
+        return g * t, None
+
+
+_BACKWARD_CALLS = []
+_BACKWARD_COUNT = 0
+
+
+class CountInGlobals(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, d):
+        return d * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        global _BACKWARD_COUNT
+        _BACKWARD_COUNT += 1
+        return g * 2
+
+
+class AppendToGlobalList(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, d):
+        return d * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        _BACKWARD_CALLS.append(1)
+        return g * 2
+
+
+class PrintInBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, d):
+        return d * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        print("backward ran")
+        return g * 2
+
+
+def _closure_functions():
+    calls, module = [], torch.nn.Module()
+    module.backward_calls = 0
+    count = 0
+
+    class AppendToClosure(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, d):
+            return d * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            calls.append(1)
+            return g * 2
+
+    class CountOnModule(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, d):
+            return d * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            module.backward_calls += 1
+            return g * 2
+
+    class Nonlocal(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, d):
+            return d * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            nonlocal count
+            count += 1
+            return g * 2
+
+    def state():
+        return len(calls), module.backward_calls, count
+
+    return (AppendToClosure, CountOnModule, Nonlocal), state
+
+
+def _plain_or_two(kind, *shape, requires_grad=False):
+    if kind == "plain":
+        return torch.randn(*shape, requires_grad=requires_grad)
+    return TwoTensor(torch.randn(*shape), torch.randn(*shape)).requires_grad_(requires_grad)
+
+
+@pytest.mark.parametrize("kind", ["plain", "TwoTensor"])
+@pytest.mark.parametrize("fn_class", [KeepOnCtx, ChangeSaved])
+def test_backward_changing_a_tensor_it_did_not_make_follows_eager(kind, fn_class):
+    d = _plain_or_two(kind, 3, requires_grad=True)
+    t = torch.zeros(3) if kind == "plain" else TwoTensor(torch.zeros(3), torch.ones(3))
+    ed, et = d.detach().clone().requires_grad_(), t.clone()
+    fn_class.apply(ed, et).sum().backward()
+    jf = thunder_subclass.jit(lambda d, t: fn_class.apply(d, t))
+    with pytest.warns(thunder_subclass.GraphBreakWarning, match="UnsupportedBackwardEffectError"):
+        out = jf(d, t)
+    out.sum().backward()
+    assert type(t) is type(et)
+    torch.testing.assert_close(t, et)          # the backward's in-place change reached the caller's tensor
+    torch.testing.assert_close(d.grad, ed.grad)
+
+
+@pytest.mark.parametrize("kind", ["plain", "TwoTensor"])
+def test_backward_changing_a_tensor_it_did_not_make_raises_with_fullgraph(kind):
+    d = _plain_or_two(kind, 3, requires_grad=True)
+    t = torch.zeros(3) if kind == "plain" else TwoTensor(torch.zeros(3), torch.ones(3))
+    jf = thunder_subclass.jit(lambda d, t: KeepOnCtx.apply(d, t), fullgraph=True)
+    with pytest.raises(thunder_subclass.UnsupportedBackwardEffectError,
+                       match=r"KeepOnCtx.backward changes a tensor it did not make in place \(aten.add_ at "
+                             r".*test_training.py:\d+.*Function outside the compiled function"):
+        jf(d, t)
+    torch.testing.assert_close(t, torch.zeros(3) if kind == "plain" else TwoTensor(torch.zeros(3), torch.ones(3)))
+
+
+@pytest.mark.parametrize("kind", ["plain", "TwoTensor"])
+def test_backward_writing_python_state_follows_eager(kind, capsys):
+    global _BACKWARD_COUNT
+    closure_classes, state = _closure_functions()
+    for fn_class in (CountInGlobals, AppendToGlobalList, PrintInBackward, *closure_classes):
+        before = (_BACKWARD_COUNT, len(_BACKWARD_CALLS), state())
+        d = _plain_or_two(kind, 3, requires_grad=True)
+        jf = thunder_subclass.jit(lambda d: fn_class.apply(d))
+        with pytest.warns(thunder_subclass.GraphBreakWarning, match=f"{fn_class.__name__}.backward"):
+            out = jf(d)
+        # nothing ran for real at trace time: the fake run's writes were put back, its output dropped
+        assert (_BACKWARD_COUNT, len(_BACKWARD_CALLS), state()) == before
+        capsys.readouterr()
+        for _ in range(2):
+            jf(d).sum().backward()
+        out.sum().backward()
+        after = (_BACKWARD_COUNT, len(_BACKWARD_CALLS), state())
+        expected = {CountInGlobals: (before[0] + 3, before[1], before[2]),
+                    AppendToGlobalList: (before[0], before[1] + 3, before[2])}
+        if fn_class in expected:
+            assert after == expected[fn_class]
+        elif fn_class is PrintInBackward:
+            assert capsys.readouterr().out == "backward ran\n" * 3
+        else:
+            assert sum(after[2]) == sum(before[2]) + 3, (fn_class, before, after)
+        torch.testing.assert_close(d.grad, torch.full_like(d, 6.0))
+
+
+@pytest.mark.parametrize("fn_class", [CountInGlobals, PrintInBackward])
+def test_backward_writing_python_state_raises_with_fullgraph(fn_class):
+    jf = thunder_subclass.jit(lambda d: fn_class.apply(d), fullgraph=True)
+    what = "the globals of test_training" if fn_class is CountInGlobals else "print"
+    with pytest.raises(thunder_subclass.UnsupportedBackwardEffectError,
+                       match=rf"{fn_class.__name__}.backward .*{what}.*backward defined at .*test_training.py:\d+.*"
+                             r"for the call .*apply at .*test_training.py:\d+"):
+        jf(torch.randn(3, requires_grad=True))
+
+
+@pytest.mark.parametrize("kind", ["plain", "TwoTensor"])
+def test_backward_without_side_effects_stays_compiled(kind):
+    class Pure(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, d, w):
+            ctx.save_for_backward(d, w)
+            ctx.scale = 3.0
+            return d * w
+
+        @staticmethod
+        def backward(ctx, g):
+            d, w = ctx.saved_tensors
+            grads = []
+            grads.append(g * w * ctx.scale)
+            return grads[0], (g * d).view(-1).view(d.shape)
+
+    d, w = _plain_or_two(kind, 3, requires_grad=True), _plain_or_two(kind, 3, requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", thunder_subclass.GraphBreakWarning)  # compiled as one trace, no break
+        check_training(lambda d, w: Pure.apply(d, w).sum(), d, w)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# create_graph=True: gradients with history, second derivatives equal to eager (thunder_subclass.higher_order)
+# ---------------------------------------------------------------------------------------------------------------
+
+class _Critic(torch.nn.Module):
+    def __init__(self, kind):
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(4, 8), torch.nn.Linear(8, 1)
+        self.calls = 0
+        if kind == "TwoTensor":
+            w = self.fc1.weight.detach()
+            self.fc1.weight = torch.nn.Parameter(TwoTensor(w.clone(), w * 0.5))
+
+    def forward(self, x):
+        self.calls += 1
+        return self.fc2(torch.tanh(self.fc1(x)))
+
+
+@pytest.mark.parametrize("kind", ["plain", "TwoTensor"])
+def test_gradient_penalty_equals_eager(kind):
+    torch.manual_seed(0)
+    critic = _Critic(kind)
+    eager = copy.deepcopy(critic)
+    jcritic = thunder_subclass.jit(critic)
+    real, fake = torch.randn(5, 4), torch.randn(5, 4)
+    alpha = torch.rand(5, 1)
+    losses = []
+    for m in (eager, jcritic):
+        x_hat = (alpha * real + (1 - alpha) * fake).requires_grad_()
+        out = m(x_hat)
+        (g,) = torch.autograd.grad(out.sum(), x_hat, create_graph=True)
+        penalty = ((g.norm(2, dim=1) - 1) ** 2).mean()
+        loss = m(fake).mean() - out.mean() + 10 * penalty
+        loss.backward()
+        losses.append(loss.detach())
+    torch.testing.assert_close(losses[1], losses[0])
+    for p, ep in zip(critic.parameters(), eager.parameters()):
+        assert type(p.grad) is type(ep.grad)
+        torch.testing.assert_close(p.grad, ep.grad)
+    assert critic.calls == eager.calls == 2  # the eager recomputation's attribute write was put back
+
+
+@pytest.mark.parametrize("kind", ["plain", "TwoTensor"])
+def test_hessian_vector_product_equals_eager(kind):
+    def f(x, w):
+        return ((x * w).sin() * x).sum()
+
+    x, w, v = (_plain_or_two(kind, 4) for _ in range(3))
+    x.requires_grad_()
+    w.requires_grad_()
+    jf = thunder_subclass.jit(f)
+    results = []
+    for fn in (f, jf):
+        (g,) = torch.autograd.grad(fn(x, w), x, create_graph=True)
+        hvp_x, hvp_w = torch.autograd.grad((g * v).sum(), (x, w))
+        results.append((g.detach(), hvp_x, hvp_w))
+    for actual, expected in zip(results[1], results[0]):
+        assert type(actual) is type(expected)
+        torch.testing.assert_close(actual, expected)
+
+
+def test_third_derivative_and_several_outputs_equal_eager():
+    def f(x):
+        y = x.sin() * x
+        return {"b": y.sum(), "a": (y * 2).exp().sum()}  # dict order differs from thunder's flat outputs' (sorted)
+
+    x = torch.randn(3, requires_grad=True)
+    jf = thunder_subclass.jit(f)
+    results = []
+    for fn in (f, jf):
+        out = fn(x)
+        (g1,) = torch.autograd.grad(out["b"] + 0.5 * out["a"], x, create_graph=True)
+        (g2,) = torch.autograd.grad(g1.sum(), x, create_graph=True)
+        (g3,) = torch.autograd.grad(g2.sum(), x)
+        results.append((g1.detach(), g2.detach(), g3))
+    for actual, expected in zip(results[1], results[0]):
+        torch.testing.assert_close(actual, expected)
+
+
+def test_create_graph_refused_where_recomputing_could_differ():
+    x = torch.randn(3, requires_grad=True)
+    jf = thunder_subclass.jit(lambda x: (x.sin() * x).sum())
+    out = jf(x)
+    with torch.no_grad():
+        x.add_(1)  # changed after the forward: recomputing would differentiate another function value
+    with pytest.raises(thunder_subclass.HigherOrderGradientError,
+                       match=r"compiled function .*<lambda> was .* an argument was freed or changed in place since the forward"):
+        torch.autograd.grad(out, x, create_graph=True)
+    bn = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.BatchNorm1d(3))
+    running = bn[1].running_mean.clone()
+    jbn = thunder_subclass.jit(bn)
+    out = jbn(torch.randn(4, 3, requires_grad=True)).sum()
+    after_forward = bn[1].running_mean.clone()
+    assert not torch.equal(after_forward, running)
+    with pytest.raises(thunder_subclass.HigherOrderGradientError,
+                       match=r"compiled module Sequential .* its forward changes a tensor in place that outlives"):
+        torch.autograd.grad(out, list(bn.parameters()), create_graph=True)
+    torch.testing.assert_close(bn[1].running_mean, after_forward)  # not updated twice

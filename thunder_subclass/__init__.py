@@ -17,6 +17,7 @@ _ensure_thunder_importable()
 
 from thunder_subclass.errors import (  # noqa: E402
     HigherOrderGradientError,
+    UnsupportedBackwardEffectError,
     SubclassGradientError,
     SubclassGradRuleError,
     SubclassDispatchError,
@@ -75,6 +76,7 @@ __all__ = [
     "SubclassDispatchError",
     "UnsupportedSubclassOperationError",
     "HigherOrderGradientError",
+    "UnsupportedBackwardEffectError",
     "SubclassGradientError",
     "SubclassGradRuleError",
     "SubclassRegistrationError",

@@ -43,6 +43,7 @@ from thunder.core.symbol import Symbol
 from thunder.core.trace import get_tracectx
 
 from thunder_subclass.aten_symbols import recording_backward
+from thunder_subclass.backward_effects import backward_effect_error
 from thunder_subclass.executor import register_symbol, subclass_executor, unique_operator_name
 from thunder_subclass.fake import FakeEnv, autocast_context, autocast_in_effect, fake_execution
 from thunder_subclass.proxy import SubclassTensorProxy, has_subclass_proxy, proxy_kind
@@ -64,7 +65,7 @@ from thunder_subclass.interpretation import (
 )
 from thunder_subclass.rules import call_rule, find_grad_rule
 from thunder_subclass._thunder_internals import (
-    SymbolicSizeError, add_size_guards, holds_mask, newest_version, runs_natively, source_location,
+    SymbolicSizeError, add_size_guards, holds_mask, newest_version, raise_in_interpreter, runs_natively, source_location,
     thunder_resolves_method, torch_to_thunder_symbols,
 )
 from thunder_subclass.errors import (
@@ -685,6 +686,11 @@ def function_apply_lookaside(fn, wrapped_args: tuple) -> Callable | None:
     if fn is not torch.autograd.function.Function.apply.__func__ or not wrapped_args:
         return None
     cls, *uargs = (unwrap(a) for a in wrapped_args)
+    if any(isinstance(a, TensorProxy) for a in tree_flatten(uargs)[0]):
+        # Python side effects in backward: a graph break (eager), or the typed error with fullgraph=True
+        error = backward_effect_error(cls, tuple(uargs), {})
+        if error is not None:
+            return lambda *wargs, **wkwargs: raise_in_interpreter(error)
     if has_subclass_proxy(uargs, {}) or involves_subclass(cls, tuple(uargs), {}):
         return interpreter_needs_wrap(apply_autograd_function)
     return None

@@ -12,6 +12,7 @@ __all__ = [
     "SubclassDispatchError",
     "UnsupportedSubclassOperationError",
     "HigherOrderGradientError",
+    "UnsupportedBackwardEffectError",
     "SubclassGradientError",
     "SubclassGradRuleError",
     "SubclassRegistrationError",
@@ -47,8 +48,10 @@ class UnsupportedSubclassOperationError(TensorSubclassError, NotImplementedError
 
 class HigherOrderGradientError(UnsupportedSubclassOperationError):
     """A compiled backward was run with ``create_graph=True`` (``torch.autograd.grad(..., create_graph=True)``,
-    ``.backward(create_graph=True)``): thunder's compiled backward is differentiable once only, so the gradients it
-    returns carry no autograd history and a loss computed from them would miss its second-order terms."""
+    ``.backward(create_graph=True)``) where the eager recomputation that serves such a backward could differ from the
+    forward that ran (an argument freed or changed in place since, a forward that writes a tensor that outlives it or
+    draws random numbers, an unknown call): thunder's compiled backward is differentiable once only, and a gradient
+    without history would make a loss computed from it miss its second-order terms."""
 
 
 class SubclassGradientError(TensorSubclassError, TypeError):
@@ -115,6 +118,14 @@ class TraceSelfCheckError(TensorSubclassError, RuntimeError):
     own prologue (the checks that decide whether a cached trace may run a call) rejects that very call. The message
     names the failing check; the rejected entry is dropped. Please report it with the message and a small program
     that reproduces it; meanwhile, call that function (or the module holding the code the check names) uncompiled."""
+
+
+class UnsupportedBackwardEffectError(UnsupportedTracingError):
+    """A custom ``torch.autograd.Function``'s ``backward`` has a Python-level side effect that the compiled backward
+    would drop (it runs only the tensor operations recorded while tracing): it changes in place a tensor it did not
+    make (an input kept on ``ctx`` or saved for backward), writes Python state (``ctx`` attributes, globals, closure
+    variables, a container or module held there) or prints. A graph break by default (the function runs eagerly);
+    raised with ``fullgraph=True``."""
 
 
 def format_location(filename: str | None, lineno: int | None) -> str:

@@ -21,6 +21,7 @@ thunder ``Transform`` that reads the final backward trace), and is found again a
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import torch
@@ -35,7 +36,6 @@ from thunder.core.transform_common import Transform
 
 from thunder_subclass import _thunder_internals
 from thunder_subclass.errors import (
-    HigherOrderGradientError,
     SubclassGradientError,
     UnsupportedSubclassOperationError,
     UnsupportedTracingError,
@@ -51,7 +51,7 @@ from thunder_subclass.proxy import (
 
 __all__ = [
     "BackwardVariants", "SavedTensorNames", "flatten_for_executors", "replace_grads", "run_backward",
-    "differentiable_outputs", "mutated_inputs", "gradless_inputs", "refuse_create_graph",
+    "differentiable_outputs", "mutated_inputs", "gradless_inputs",
 ]
 
 
@@ -98,6 +98,9 @@ class BackwardVariants:
         self.expected_proxy = [self.grad_of.get(getattr(o, "name", None), o) for o in self.outputs]
         self.saved_names: list[str] | None = None
         self._compiled: dict[tuple, Any] = {}
+        # ids of the incoming gradients whose __coerce_same_metadata_as_tangent__ refused, per thread (canonical()
+        # fills it for one backward call, accepts() reads it right after, in the same ThunderFunction.backward)
+        self._refused = threading.local()
         # which forward outputs eager would give requires_grad (the others are marked non-differentiable)
         self.differentiable = _differentiable_outputs(joint)
         # (flat_args position, output position) of each input changed in place and its new value
@@ -109,6 +112,7 @@ class BackwardVariants:
         a subclass output that nothing used (autograd.Function fills undefined gradients with plain zeros); None
         when nothing changes. A zero gradient contributes nothing, whatever its type."""
         changed = None
+        refused = self._refused.ids = set()  # this thread's backward call: read by accepts() right after
         for i, (g, p) in enumerate(zip(grads, self.expected_proxy)):
             if g is None and isinstance(p, TensorProxy):  # not materialized (a function changing inputs in place)
                 changed = list(grads) if changed is None else changed
@@ -116,6 +120,14 @@ class BackwardVariants:
             elif isinstance(p, SubclassTensorProxy) and type(g) is torch.Tensor and not g.any():
                 changed = list(grads) if changed is None else changed
                 changed[i] = _zeros_of(p)
+            elif (isinstance(p, SubclassTensorProxy) and is_traceable_wrapper_subclass(g)
+                    and hasattr(g, "__coerce_same_metadata_as_tangent__") and runtime_kind(g) != proxy_kind(p)):
+                coerced = _coerced(g, p)
+                if coerced is None:  # refused: eager never asks, and accepts it (accepts() sends it to a variant)
+                    refused.add(id(g))
+                else:
+                    changed = list(grads) if changed is None else changed
+                    changed[i] = coerced
         return changed
 
     def gradless_inputs(self, grads) -> tuple[int, ...]:
@@ -129,12 +141,17 @@ class BackwardVariants:
         return f"BackwardVariants({len(self._compiled)} compiled)"
 
     def accepts(self, grads) -> bool:
-        """Whether the compiled backward serves these incoming gradients (checked at every backward call)."""
+        """Whether the compiled backward serves these incoming gradients (checked at every backward call, after
+        :meth:`canonical` coerced, once, those of another kind that the subclass can coerce): each is of the expected
+        kind, or a subclass gradient that ``flatten_cotangent_<Cls>`` coerces. One that
+        ``__coerce_same_metadata_as_tangent__`` refused (eager never asks it, and accepts the gradient) is served by a
+        backward made for its kind, as a gradient of another class is."""
+        refused = getattr(self._refused, "ids", ())
         for g, out, kind, p in zip(grads, self.outputs, self.expected, self.expected_proxy):
             if kind is None or g is None or runtime_kind(g) == kind:
                 continue
             if (isinstance(out, SubclassTensorProxy) and isinstance(p, SubclassTensorProxy)
-                    and hasattr(g, "__coerce_same_metadata_as_tangent__")):
+                    and hasattr(g, "__coerce_same_metadata_as_tangent__") and id(g) not in refused):
                 continue  # flatten_cotangent_<Cls> coerces it (not where a plain gradient is expected: none there)
             return False
         return True
@@ -300,6 +317,19 @@ def mutated_inputs(compiled_backward) -> tuple[int, ...]:
     return () if variants is None else variants.mutated_inputs
 
 
+def _coerced(g, p):
+    """The incoming gradient ``g`` converted by its ``__coerce_same_metadata_as_tangent__`` to the kind of ``p`` (the
+    gradient proxy the compiled backward expects), as torch.compile converts it, or None when the subclass refuses
+    (returns None or another type)."""
+    cls = type(g)
+    expected_cls = getattr(p, "subclass_type", None) or type(g)
+    expected_ctx = resolve_context(p.flatten_ctx, g.shape, g.stride())
+    coerce = g.__coerce_same_metadata_as_tangent__
+    coerced = coerce(expected_ctx) if cls is expected_cls else coerce(expected_ctx, expected_cls)
+    # trusted when of the expected class, as torch.compile trusts it (flatten_cotangent_<Cls> takes it from there)
+    return coerced if coerced is not None and type(coerced) is expected_cls else None
+
+
 def _zeros_of(p):
     """A real zero tensor of the kind of proxy ``p`` (a subclass rebuilt from zero inner tensors)."""
     if has_symbolic_sizes(p):  # the sizes of this call are not known here
@@ -415,28 +445,6 @@ def _variants_of(compiled_backward) -> BackwardVariants | None:
         except (AttributeError, TypeError):  # no instance dictionary (a builtin): looked up at each call
             pass
     return found
-
-
-def refuse_create_graph(compiled_backward) -> None:
-    """The ``ThunderFunction.backward`` hook's handler for a backward run with ``create_graph=True``: for a plugin
-    jit, a :class:`HigherOrderGradientError` naming the compiled function (never a gradient without its second-order
-    term); another jit's backward is left to thunder."""
-    variants = _variants_of(compiled_backward)
-    if variants is None:  # not a plugin jit's backward: thunder's behaviour
-        return
-    fn = getattr(variants.compile_data, "fn", None)
-    if isinstance(fn, torch.nn.Module):
-        what = f"the compiled module {type(fn).__qualname__}"
-    else:
-        what = f"the compiled function {getattr(fn, '__qualname__', type(fn).__qualname__)}"
-    raise HigherOrderGradientError(
-        f"{what} was differentiated with create_graph=True (torch.autograd.grad(..., create_graph=True) or "
-        ".backward(create_graph=True)), but its compiled backward is differentiable once only: the gradients it "
-        "returns carry no autograd history, so a loss computed from them would silently miss its second-order terms. "
-        "Compute higher-order gradients with the uncompiled function or module (for example, call the original "
-        "model for the steps that need a gradient penalty), or drop create_graph=True if no second-order gradient is "
-        "needed."
-    )
 
 
 def replace_grads(compiled_backward, grads) -> list | None:

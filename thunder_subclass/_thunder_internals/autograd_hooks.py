@@ -34,9 +34,11 @@ Hooks (thunder 0.2.6 paths, relative to the installed ``thunder/``):
   thunder's own backward runs unchanged (saved tensors released as thunder does: ``ctx.maybe_clear_saved_tensors``).
   The gradient of a changed input whose new value nothing used stays undefined, as in eager
   (``Handlers.gradless_inputs``). A backward run with grad mode on (``create_graph=True``: autograd enables grad mode
-  in a backward only then) goes to ``Handlers.create_graph_backward`` first: thunder's backward is
+  in a backward only then) goes to ``Handlers.create_graph_backward`` instead: thunder's backward is
   ``once_differentiable`` and its gradients have no history (torch's check looks at the incoming gradients only, so
-  a loss on the gradient silently lost its second-order term).
+  a loss on the gradient silently lost its second-order term). For it, the forward hook keeps on ``ctx`` the
+  user-level call the forward ran for (``plugin_state.current_call``, tensors held weakly; the per-call wrapper of
+  ``runtime`` makes each compiled call current while it runs).
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ from thunder_subclass._thunder_internals.plugin_state import (
     NOT_HANDLED,
     is_plugin_active,
 )
-from thunder_subclass._thunder_internals.thunder_state import trace_state
+from thunder_subclass._thunder_internals.thunder_state import differentiating, trace_state
 
 
 def _hook_operator_executor_execution(original):
@@ -76,7 +78,9 @@ def _hook_grad_transform_on_trace(original):
             return original(trace, *args, **kwargs)
         if not args and not kwargs and _needs_no_gradient(trace):
             return trace  # split_into_forward_and_backward below then makes no backward
-        return grads_for_mutated_inputs(trace, lambda t: original(t, *args, **kwargs))
+        # (the forward's number operations stay findable: grad rules' fake runs keep computed sizes symbolic)
+        with differentiating(trace):
+            return grads_for_mutated_inputs(trace, lambda t: original(t, *args, **kwargs))
 
     return grad_transform_on_trace
 
@@ -352,8 +356,12 @@ def _hook_thunder_function_forward(original):
             # submodule holds, `self.stats["n"] += 1`) is left out of the marking; autograd ignores it anyway
             is_differentiable_outputs = tuple(d or not isinstance(o, torch.Tensor)
                                               for o, d in zip(flat_output, is_differentiable_outputs))
-        return original(ctx, return_none_instead_of_grads, compiled_backward, side_channel, saved_tensors,
-                        saved_other, is_differentiable_outputs, flat_output, *flat_args)
+        result = original(ctx, return_none_instead_of_grads, compiled_backward, side_channel, saved_tensors,
+                          saved_other, is_differentiable_outputs, flat_output, *flat_args)
+        if plugin_state.handlers is not None and side_channel is None:
+            # for a later create_graph=True backward (Handlers.create_graph_backward); tensors held weakly
+            ctx.thunder_subclass_call = plugin_state.current_call(flat_args)
+        return result
 
     return staticmethod(forward)
 
@@ -367,7 +375,14 @@ def _hook_thunder_function_backward(original):
         if plugin_state.handlers is None:
             return original(ctx, *raw_args)
         if torch.is_grad_enabled():  # autograd runs a backward with grad mode on only for create_graph=True
-            plugin_state.handlers.create_graph_backward(ctx.compiled_backward)
+            grads = ctx.side_channel["bw"] if ctx.side_channel is not None else raw_args
+            result = plugin_state.handlers.create_graph_backward(
+                ctx.compiled_backward, getattr(ctx, "thunder_subclass_call", None), grads)
+            if result is not NOT_HANDLED:
+                ctx.maybe_clear_saved_tensors()  # (thunder's backward would have released them)
+                result = [None] * len(result) if ctx.return_none_instead_of_grads else result
+                # ThunderFunction.forward takes 7 non-tensor arguments before the flat tensors
+                return (None, None, None, None, None, None, None, *result)
         grads = ctx.side_channel["bw"] if ctx.side_channel is not None else raw_args
         gradless = plugin_state.handlers.gradless_inputs(ctx.compiled_backward, grads)
         result = _backward(ctx, raw_args)

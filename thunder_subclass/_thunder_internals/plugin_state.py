@@ -48,10 +48,12 @@ class Handlers:
       ``()``.
     * ``gradless_inputs(compiled_backward, grads)``: of those, the ones whose gradient is undefined for these
       incoming gradients (``None`` where nothing used a new value), or ``()``.
-    * ``create_graph_backward(compiled_backward)``: called before a thunder backward call that runs with grad mode on
-      (``torch.autograd.grad(..., create_graph=True)``, ``.backward(create_graph=True)``): thunder's backward is
-      once-differentiable, its gradients carry no autograd history, so a loss on them would silently lose its
-      second-order term; the plugin raises a typed error.
+    * ``create_graph_backward(compiled_backward, call, grads)``: called instead of a thunder backward call that runs
+      with grad mode on (``torch.autograd.grad(..., create_graph=True)``, ``.backward(create_graph=True)``): thunder's
+      backward is once-differentiable, its gradients carry no autograd history, so a loss on them would silently lose
+      its second-order term. ``call`` is the :class:`RememberedCall` its forward ran for (or None); the handler
+      returns the gradient of each flat argument (with history), ``NOT_HANDLED`` (thunder's backward runs), or raises
+      a typed error.
     * ``input_object(value, provenance)``: the interpreter met ``value``, read from the inputs by ``provenance`` (one
       the prologue can unpack), while a plugin jit traces (to guard Python objects thunder does not check).
     * ``native_call(fn, wrapped_args)``: the interpreter is about to run ``fn`` natively (not interpreted) with these
@@ -161,3 +163,54 @@ def symbol_origin(fn: Any) -> tuple[Callable, tuple] | None:
 def symbol_implementation(sym: Any) -> Callable | None:
     """The implementation recorded for ``sym`` by :func:`remember_symbol_origin`, else None."""
     return _implementations.get(sym.id)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The user-level call a compiled forward runs for (for create_graph=True backwards, thunder_subclass.higher_order)
+# ---------------------------------------------------------------------------------------------------------------
+
+class RememberedCall:
+    """One call of a compiled function, as its thunder forward saw it: the jit's compile data (``cd``), the function
+    or module eager would run (``eager``), the call's arguments with every tensor held weakly (``args``,
+    ``kwargs``: ``weakref.ref`` in place of each tensor), the forward's flat tensor arguments, weakly
+    (``flat_args``: the inputs the backward returns gradients for), and the version counters of all of them after the
+    forward (``versions``). Owner: the autograd graph node of that forward (``ctx``), freed with it; it keeps no
+    tensor alive."""
+
+    __slots__ = ("cd", "eager", "args", "kwargs", "flat_args", "versions")
+
+    def __init__(self, cd, eager, args: tuple, kwargs: dict, flat_args: tuple):
+        from torch.utils._pytree import tree_flatten, tree_unflatten
+
+        import torch
+
+        def weak(x):
+            return weakref.ref(x) if isinstance(x, torch.Tensor) else x
+
+        leaves, spec = tree_flatten((args, kwargs))
+        self.args, self.kwargs = tree_unflatten([weak(x) for x in leaves], spec)
+        self.cd, self.eager = cd, eager
+        self.flat_args = tuple(weak(x) for x in flat_args)
+        self.versions = tuple((weakref.ref(x), x._version) for x in (*leaves, *flat_args) if isinstance(x, torch.Tensor))
+
+
+_calls = __import__("threading").local()  # .stack: (cd, eager, args, kwargs) of the compiled calls running now
+
+
+def push_call(cd, eager, args: tuple, kwargs: dict) -> None:
+    """A compiled function's call begins (its per-call wrapper, ``runtime.remembering_calls``)."""
+    stack = _calls.__dict__.setdefault("stack", [])
+    stack.append((cd, eager, args, kwargs))
+
+
+def pop_call() -> None:
+    _calls.stack.pop()
+
+
+def current_call(flat_args: tuple) -> RememberedCall | None:
+    """The innermost compiled call running in this thread, remembered for a forward with these flat arguments."""
+    stack = getattr(_calls, "stack", None)
+    if not stack or stack[-1][1] is None:
+        return None
+    cd, eager, args, kwargs = stack[-1]
+    return RememberedCall(cd, eager, args, kwargs, flat_args)

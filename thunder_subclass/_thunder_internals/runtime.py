@@ -832,8 +832,28 @@ def with_call(jfn, call: Callable):
     return call
 
 
+def _remembering_calls(call: Callable, cd, eager: Callable | None) -> Callable:
+    """``call`` that, while it runs, is this thread's current compiled call (``plugin_state.push_call``): the thunder
+    forward it runs remembers the user-level call on its autograd node, for a ``create_graph=True`` backward that
+    recomputes it eagerly (``thunder_subclass.higher_order``)."""
+    push, pop = plugin_state.push_call, plugin_state.pop_call
+
+    @functools.wraps(call)
+    def remembered_call(*args, **kwargs):
+        push(cd, eager, args, kwargs)
+        try:
+            return call(*args, **kwargs)
+        finally:
+            pop()
+
+    return remembered_call
+
+
 def _hand_out(jfn, call: Callable, module: bool, policy):
-    """What the user gets: :func:`with_call`, with the cache policy."""
+    """What the user gets: :func:`with_call` (the call remembered while it runs), with the cache policy."""
+    cd = getattr(jfn, "_lc_cd", None)
+    if cd is not None:
+        call = _remembering_calls(call, cd, None if policy is None else policy.eager)
     target = with_call(jfn, call)
     if policy is not None:
         setattr(target, POLICY_ATTR, policy)

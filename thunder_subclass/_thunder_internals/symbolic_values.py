@@ -29,6 +29,7 @@ from thunder_subclass._thunder_internals.plugin_state import is_plugin_active
 from thunder_subclass._thunder_internals.thunder_state import (
     is_interpreting,
     jit_state,
+    number_producer,
     trace_producers,
 )
 
@@ -489,7 +490,7 @@ class ShapeSymbols:
         if depth <= 0 or p.history is not None:
             return None
         try:
-            b = trace_producers().get(p.name)
+            b = number_producer(p.name, lambda b: b.sym.id in ops)
         except Exception:  # noqa: BLE001 - no trace being built
             return None
         if b is None or b.sym.id not in ops or b.kwargs or len(b.args) != 2:

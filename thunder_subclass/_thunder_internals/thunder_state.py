@@ -626,6 +626,33 @@ class _Producers:
         return b
 
 
+_differentiated = threading.local()  # .traces: the computation traces autodiff is differentiating now (a stack)
+
+
+@contextlib.contextmanager
+def differentiating(trace):
+    """While thunder's autodiff builds the joint trace from ``trace``: :func:`number_producer` also finds the bound
+    symbols of ``trace`` (the number operations of the forward, e.g. the size ``i0 * i1`` a ``view(-1)`` gave, are
+    not in the trace being built when a grad rule records an operation on fakes)."""
+    stack = _differentiated.__dict__.setdefault("traces", [])
+    stack.append(_Producers(trace))
+    try:
+        yield
+    finally:
+        stack.pop()
+
+
+def number_producer(name: str, accept: Callable = lambda b: True):
+    """The bound symbol producing the proxy ``name`` that ``accept`` accepts: in the computation trace being built,
+    else in the traces being differentiated (:func:`differentiating`; the trace being built may hold only a ``shape``
+    query that unpacks the number again); None if none."""
+    for producers in (trace_producers(), *reversed(getattr(_differentiated, "traces", ()))):
+        b = producers.get(name)
+        if b is not None and accept(b):
+            return b
+    return None
+
+
 def trace_producers() -> _Producers:
     """The :class:`_Producers` of the computation trace being built (kept on the trace)."""
     from thunder.core.trace import get_tracectx
