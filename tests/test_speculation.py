@@ -116,6 +116,40 @@ def test_in_place_or_random_operations_before_the_value_are_not_speculated():
     assert jf.graph_breaks.regions == {}
 
 
+def test_a_value_after_an_in_place_change_of_a_fresh_tensor_it_does_not_read_is_speculated():
+    # transformers 4.57's mask: `kv_arange = torch.arange(n); kv_arange += offset`, then dynamic RoPE's branch on
+    # `position_ids`: the in-place change is to a tensor made from no tensor, which the value does not read
+    def f(x, offset: int):
+        kv = torch.arange(x.shape[0])
+        kv += offset
+        if x.max() + 1 > 2:
+            return x * 2 + kv
+        return x + kv
+
+    jf = thunder_subclass.jit(f, fullgraph=True)
+    for x in (torch.ones(3), torch.full((3,), 5.0), torch.ones(3)):
+        torch.testing.assert_close(jf(x, 1), f(x, 1))
+    assert (thunder.cache_misses(jf), thunder.cache_hits(jf)) == (2, 1)
+    assert "check_speculation(" in str(thunder.last_prologue_traces(jf)[0])
+
+
+def test_a_value_reading_a_view_of_a_fresh_tensor_changed_in_place_is_not_speculated():
+    # the view was made before the change: the prologue would compute it from the unchanged tensor
+    def f(x):
+        kv = torch.zeros(4)
+        head = kv[:2]
+        kv += 3
+        if head.sum() > 1:  # eager: 6 > 1
+            return x * 2
+        return x
+
+    with pytest.raises(NotImplementedError, match=r"casting a TensorProxy to a Python boolean is not supported"):
+        thunder_subclass.jit(f, fullgraph=True)(torch.ones(3))
+    jf = thunder_subclass.jit(f)
+    with pytest.warns(GraphBreakWarning, match=r"data dependency"):
+        torch.testing.assert_close(jf(torch.ones(3)), f(torch.ones(3)))
+
+
 def test_a_number_from_a_subclass_item_used_by_a_subclass_operation_is_a_break():
     def f(x):
         s = x.sum().item()

@@ -19,7 +19,9 @@ branch does not hold: no partial computation, no side effect, no wrong answer.
 The slice runs twice per call (in the prologue, and in the computation where the program uses its tensors); it is
 usually small (a reduction feeding a comparison). Not speculated, so that the program breaks the graph as before
 (the data-dependency error, then :mod:`~thunder_subclass.graph_breaks`): a value whose slice holds an in-place or
-random operation (running it in the prologue would change inputs or the random state), an operation without a torch
+random operation (running it in the prologue would change inputs or the random state), a value computed after an
+in-place change of anything but a tensor the trace made from no tensor (which aliases no input) and the value does not
+read, an operation without a torch
 function, a proxy made inside another operation's scope, or a value not reached from the inputs; and a source line
 that already speculated ``thunder_subclass.config.speculation_limit`` (default 4) values for the compiled function
 (a value that changes on every call, ``loss.item()`` style, would otherwise retrace every time).
@@ -329,14 +331,40 @@ def _size_sources(real_inputs: dict) -> dict:
     return sources
 
 
+def _changed_fresh_tensors(trace) -> set[str] | None:
+    """The names of the tensors the trace so far changed in place, when each is fresh: made in the trace by an
+    operation that reads no tensor (``torch.arange``, ``torch.zeros``), or a new version of such a tensor; None when an
+    in-place operation changes any other tensor (an input, a view, the result of an operation on tensors, which may
+    alias an input). A fresh tensor aliases no input, so a value that does not read it is unaffected by the change
+    (transformers 4.57's mask, ``kv_arange = torch.arange(n); kv_arange += offset``, before dynamic RoPE's branch)."""
+    fresh: set[str] = set()
+    changed: set[str] = set()
+    for bsym in trace.bound_symbols:
+        tensors = [a for a in bsym.flat_proxy_args if isinstance(a, TensorProxy)]
+        outs = [o.name for o in tree_flatten(bsym.output)[0] if isinstance(o, TensorProxy)]
+        if is_unsafe(bsym, random=False):
+            if not tensors or any(a.name not in fresh for a in tensors):
+                return None
+            changed.update(a.name for a in tensors)
+            changed.update(outs)
+            fresh.update(outs)
+        elif not tensors:
+            fresh.update(outs)
+    return changed
+
+
 def _slice(target, trace, real_inputs: dict) -> tuple | None:
     """(input names, steps, bound symbols, number inputs) computing ``target`` from the trace's inputs, or None when it
-    cannot be. None as soon as the trace so far changed any tensor in place: the trace reads a tensor by the proxy it
+    cannot be. None as soon as the trace so far changed in place a tensor other than a fresh one the value does not read
+    (:func:`_changed_fresh_tensors`): the trace reads a tensor by the proxy it
     had before the change (thunder makes operations functional only after tracing), so the operations a value depends
     on are not those of its producers alone (an input, or a view of it, changed before the branch would give the
     prologue's value of the unchanged one)."""
+    changed: set[str] = set()
     if _thunder_internals.trace_recorded(functools.partial(is_unsafe, random=False), "in_place_scan"):
-        return None
+        changed = _changed_fresh_tensors(trace)
+        if changed is None:
+            return None
     producers = {}
     for i, bsym in enumerate(trace.bound_symbols):
         for o in tree_flatten(bsym.output)[0]:
@@ -381,6 +409,8 @@ def _slice(target, trace, real_inputs: dict) -> tuple | None:
             return None
         needed.add(i)
         todo.extend(p.name for p in bsym.flat_proxy_args)
+    if changed & seen:
+        return None  # (a tensor changed in place that the value reads, by a view made before the change)
     steps = sizes
     for i in sorted(needed):
         step = _step_for(trace.bound_symbols[i])
