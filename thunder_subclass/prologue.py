@@ -109,39 +109,41 @@ class FusedChecks:
         return cls(namespace["fused_prologue_checks"], list(state["conditions"]), state["source"],
                    tuple(state["names"]))
 
-    def failure(self, values: tuple) -> str:
-        """The first check that ``values`` fail, in words (only built when a miss is explained: see
-        :class:`~thunder_subclass.guards.SubclassGuardFailure`)."""
+    def _first_failing(self, values: tuple) -> tuple[str | None, BaseException | None, dict]:
+        """``(condition, what it raised or None, namespace)`` of the first check that ``values`` fail; the condition
+        is None when all hold. The generated function's constants are its globals; the values and the names bound by
+        ``:=`` are locals, so that a later condition reads what an earlier one bound."""
         if self._compiled is None:
             self._compiled = [compile(c, "<thunder_subclass prologue check>", "eval") for c in self.conditions]
-        # the generated function's constants are its globals; the values and the names bound by `:=` are locals, so
-        # that a later condition reads what an earlier one bound
         namespace = {f"v{i}": v for i, v in enumerate(values)}
         for cond, code in zip(self.conditions, self._compiled):
             try:
                 ok = eval(code, self.fn.__globals__, namespace)
             except Exception as e:  # noqa: BLE001 - reported as the failing check
-                return f"prologue check `{cond}`{self._readable(cond)} raised {type(e).__name__}: {e}"
+                return cond, e, namespace
             if not ok:
-                return f"prologue check `{cond}`{self._readable(cond)} failed{self._explained(cond, namespace)}"
-        return "prologue check failed"
+                return cond, None, namespace
+        return None, None, namespace
+
+    def failure(self, values: tuple) -> str:
+        """The first check that ``values`` fail, in words (only built when a miss is explained: see
+        :class:`~thunder_subclass.guards.SubclassGuardFailure`)."""
+        cond, error, namespace = self._first_failing(values)
+        if cond is None:
+            return "prologue check failed"
+        if error is not None:
+            return f"prologue check `{cond}`{self._readable(cond)} raised {type(error).__name__}: {error}"
+        return f"prologue check `{cond}`{self._readable(cond)} failed{self._explained(cond, namespace)}"
 
     def first_failure_is_int_value(self, values: tuple) -> bool:
         """Whether the first check that ``values`` fail is an int compared by value (thunder's
         ``check_number_type_and_value`` of an int read while tracing: an attribute such as a cache layer's
         ``cumulative_length``), still an int: what automatic dynamic shapes takes as a size-like change."""
-        if self._compiled is None:
-            self._compiled = [compile(c, "<thunder_subclass prologue check>", "eval") for c in self.conditions]
-        namespace = {f"v{i}": v for i, v in enumerate(values)}
-        for cond, code in zip(self.conditions, self._compiled):
-            try:
-                ok = eval(code, self.fn.__globals__, namespace)
-            except Exception:  # noqa: BLE001 - a check that raises is not an int's
-                return False
-            if not ok:
-                value = _int_value_condition(cond, self.fn.__globals__)
-                return value is not None and type(namespace.get(value)) is int
-        return False
+        cond, error, namespace = self._first_failing(values)
+        if cond is None or error is not None:
+            return False
+        value = _int_value_condition(cond, self.fn.__globals__)
+        return value is not None and type(namespace.get(value)) is int
 
     def _explained(self, cond: str, namespace: dict) -> str:
         """What a failing check of a constant that can say it (``c3(v1)`` with an ``explain`` method) says."""
