@@ -203,3 +203,14 @@ def test_a_size_converted_to_a_python_number_is_never_a_stale_constant(convert):
     for n in SIZES:
         x = torch.ones(n)
         torch.testing.assert_close(jf(x), f(x))
+
+
+def test_dynamic_true_does_not_warn_that_symbolic_values_are_experimental():
+    # thunder warns "The 'symbolic values' cache option is highly experimental and for development only" for its own
+    # option; dynamic=True is thunder_subclass's supported one
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        jf = thunder_subclass.jit(lambda x: x.sin() * 3, dynamic=True)
+        for n in (2, 3):
+            torch.testing.assert_close(jf(torch.ones(n)), torch.ones(n).sin() * 3)
+    assert not [w for w in caught if "highly experimental" in str(w.message)]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import warnings
 from collections.abc import Callable, Sequence
 
 from thunder.core.recipe import Plugin, PluginPolicy
@@ -124,7 +125,12 @@ def jit(fn: Callable, /, *, fullgraph: bool = False, cache_size_limit: int | Non
     # 2-core CPU, a fifth of a small model's training step); without it thunder connects its autograd.Function the
     # classic way. Pass thunderfx_disable_split_autograd=False to get thunder's default back.
     kwargs.setdefault("thunderfx_disable_split_autograd", True)
-    jfn = thunder.jit(fn, executors=executors, transforms=transforms, **kwargs)
+    with warnings.catch_warnings():
+        if dynamic:
+            # thunder warns that its "symbolic values" cache option is "highly experimental": dynamic=True is the
+            # plugin's supported option (its gaps are the plugin's to fix or document), not a development switch
+            warnings.filterwarnings("ignore", message=r"The 'symbolic values' cache option is highly experimental")
+        jfn = thunder.jit(fn, executors=executors, transforms=transforms, **kwargs)
     if cache.config.disk_cache:  # entries also kept on disk, for other processes (thunder_subclass.disk_cache)
         from thunder_subclass import disk_cache
 
