@@ -990,3 +990,89 @@ def test_the_compiled_function_is_guarded_by_its_code_and_defaults():
         _scaled.__code__, _scaled.__defaults__ = code, defaults
     torch.testing.assert_close(jf(x), x * 2)
     assert thunder.cache_misses(jf) == 3 and thunder.cache_hits(jf) == 1
+
+
+# Issue 40 item 1: a trace made for one module is not reused for another whose parameters differ in kind. An empty
+# slot (bias=None, a buffer or submodule registered as None) was not guarded, under any cache option; flags and
+# sizes the trace read are guarded under symbolic values too.
+
+_DYNAMIC = [pytest.param(None, id="automatic"), pytest.param(True, id="dynamic"), pytest.param(False, id="static")]
+
+
+def _call_module(mod, x):
+    return mod(x)
+
+
+def _module_jit(dynamic, first, rows=(6, 7)):
+    """A jit of ``_call_module`` that has traced ``first`` (for ``dynamic=None``: at two sizes, so that its newest
+    trace has symbolic sizes, as after automatic dynamic shapes)."""
+    import warnings
+
+    jf = thunder_subclass.jit(_call_module, dynamic=dynamic)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # thunder: "symbolic values" is experimental
+        for n in rows if dynamic is None else rows[-1:]:
+            jf(first, torch.randn(n, 8))
+    return jf
+
+
+@pytest.mark.parametrize("dynamic", _DYNAMIC)
+@pytest.mark.parametrize("bias_first", [False, True])
+def test_a_trace_for_a_linear_without_bias_is_not_reused_for_one_with_bias(dynamic, bias_first):
+    plain, biased = torch.nn.Linear(8, 8, bias=False), torch.nn.Linear(8, 8)
+    first, second = (biased, plain) if bias_first else (plain, biased)
+    jf = _module_jit(dynamic, first)
+    misses = thunder.cache_misses(jf)
+    x = torch.randn(7, 8)
+    torch.testing.assert_close(jf(second, x), second(x))
+    assert thunder.cache_misses(jf) == misses + 1
+    torch.testing.assert_close(jf(first, x), first(x))  # each hits its own trace
+    torch.testing.assert_close(jf(second, x), second(x))
+    assert thunder.cache_misses(jf) == misses + 1
+    if not bias_first:
+        assert "the parameter 'bias' of a Linear is a Parameter; the trace was made for None" in \
+            "".join(thunder_subclass.last_miss_reasons(jf))
+
+
+def test_the_compiled_module_given_a_bias_after_compiling_uses_it():
+    m = torch.nn.Linear(8, 4, bias=False)
+    jm = thunder_subclass.jit(m)
+    x = torch.randn(6, 8)
+    torch.testing.assert_close(jm(x), m(x))
+    m.bias = torch.nn.Parameter(torch.randn(4))
+    torch.testing.assert_close(jm(x), m(x))
+    m.bias = None
+    torch.testing.assert_close(jm(x), m(x))
+    assert thunder.cache_misses(jm) == 2
+
+
+class _Gated(torch.nn.Module):
+    """A flag, a size, an optional buffer and an optional submodule, all read in ``forward``."""
+
+    def __init__(self, scale_on: bool, k: int, shift: bool = False, post: bool = False):
+        super().__init__()
+        self.scale_on, self.k = scale_on, k
+        self.w = torch.nn.Parameter(torch.randn(8, 8))
+        self.register_buffer("shift", torch.randn(8) if shift else None)
+        self.post = torch.nn.Tanh() if post else None
+
+    def forward(self, x):
+        y = x @ self.w
+        if self.scale_on:
+            y = y * 3
+        if self.shift is not None:
+            y = y + self.shift
+        if self.post is not None:
+            y = self.post(y)
+        return y[:, : self.k]
+
+
+@pytest.mark.parametrize("dynamic", _DYNAMIC)
+def test_flags_sizes_and_empty_slots_of_a_module_argument_are_guarded(dynamic):
+    first = _Gated(True, 4)
+    jf = _module_jit(dynamic, first)
+    others = [_Gated(False, 4), _Gated(True, 5), _Gated(True, 4, shift=True), _Gated(True, 4, post=True),
+              _Gated(False, 3, shift=True, post=True), first]
+    for m in others:
+        x = torch.randn(7, 8)
+        torch.testing.assert_close(jf(m, x), m(x))

@@ -23,7 +23,7 @@ above the stages, hands it one :class:`~thunder_subclass._thunder_internals.Hand
 * a thunder backward call -> ``tangents.replace_grads`` / ``tangents.run_backward`` (``.backward(grad)`` with
   gradients of another kind);
 * a Python object read from the inputs while tracing -> ``guards.guard_input_object`` (its type, identity or value
-  checked by the prologue), and the arguments of a function the interpreter runs natively ->
+  checked by the prologue; an empty parameter, buffer or submodule slot: ``state_guards.guard_module_slot``), and the arguments of a function the interpreter runs natively ->
   ``guards.guard_native_call_arguments`` (such objects then guarded by value; by identity for ``id``), and the
   operands of ``is``, ``==`` (and the other comparisons) and ``in`` -> ``guards.guard_compared_objects``;
 * the end of a trace -> ``guards.write_back_input_containers`` (input lists and dicts the traced code changed get
@@ -47,6 +47,7 @@ from thunder_subclass import (
     interpretation,
     module_calls,
     speculation,
+    state_guards,
     tangents,
     torch_function,
 )
@@ -131,6 +132,11 @@ def _lookaside(fn, wrapped_args: tuple):
     )
 
 
+def _input_object(obj, provenance) -> None:
+    if not state_guards.guard_module_slot(obj, provenance):
+        guards.guard_input_object(obj, provenance)
+
+
 def _end_of_trace() -> None:
     grad_modes.check_grad_mode_restored()  # (first: a graph break then runs the function eagerly, nothing written)
     guards.write_back_input_containers()
@@ -151,7 +157,7 @@ HANDLERS = _thunder_internals.Handlers(
     mutated_inputs=tangents.mutated_inputs,
     gradless_inputs=tangents.gradless_inputs,
     create_graph_backward=tangents.refuse_create_graph,
-    input_object=guards.guard_input_object,
+    input_object=_input_object,
     native_call=guards.guard_native_call_arguments,
     compared=guards.guard_compared_objects,
     end_of_trace=_end_of_trace,

@@ -103,6 +103,8 @@ from thunder_subclass._thunder_internals.thunder_state import (  # noqa: F401
     call_in_epilogue,
     constant_rooted_path,
     hooked_module_provenance,
+    module_slot_of,
+    user_module,
     compile_data_context,
     current_compile_data,
     input_attribute,
