@@ -14,6 +14,7 @@ import torch
 
 import thunder_subclass
 from subclasses import ScaledTensor, TwoTensor, quantize
+from thunder_subclass.errors import UnsupportedGlobalStateError
 
 
 def _f(t):
@@ -1076,3 +1077,157 @@ def test_flags_sizes_and_empty_slots_of_a_module_argument_are_guarded(dynamic):
     for m in others:
         x = torch.randn(7, 8)
         torch.testing.assert_close(jf(m, x), m(x))
+
+
+# Issue 40 item 3: Python state the trace reads is guarded (a new trace when it changes) or makes the read a graph
+# break; each compared with eager across calls where the state changes.
+
+def _same_as_eager_across(jf, f, steps, x=None):
+    x = torch.ones(3) if x is None else x
+    for step in steps:
+        step()
+        torch.testing.assert_close(jf(x), f(x))
+
+
+class _ClassScaled(torch.nn.Module):
+    scale = 2.0
+
+    def forward(self, x):
+        return x * type(self).scale
+
+
+def test_a_class_attribute_read_through_type_is_guarded():
+    m = _ClassScaled()
+    jm = thunder_subclass.jit(m)
+    try:
+        _same_as_eager_across(jm, m, [lambda: None, lambda: setattr(_ClassScaled, "scale", 3.0),
+                                      lambda: setattr(_ClassScaled, "scale", 2.0)])
+    finally:
+        _ClassScaled.scale = 2.0
+    assert thunder.cache_misses(jm) == 2 and thunder.cache_hits(jm) == 1
+    assert "type(obj).scale is 3.0, the trace was made for 2.0" in "".join(thunder_subclass.last_miss_reasons(jm))
+
+
+def _env_scaled(x):
+    import os
+
+    return x * float(os.environ.get("THUNDER_SUBCLASS_TEST_SCALE", "1"))
+
+
+def test_an_environment_variable_read_inside_is_guarded(monkeypatch):
+    jf = thunder_subclass.jit(_env_scaled)
+    _same_as_eager_across(jf, _env_scaled, [
+        lambda: monkeypatch.delenv("THUNDER_SUBCLASS_TEST_SCALE", raising=False),
+        lambda: monkeypatch.setenv("THUNDER_SUBCLASS_TEST_SCALE", "2"),
+        lambda: monkeypatch.setenv("THUNDER_SUBCLASS_TEST_SCALE", "5"),
+        lambda: monkeypatch.delenv("THUNDER_SUBCLASS_TEST_SCALE"),
+    ])
+    assert thunder.cache_misses(jf) == 3 and thunder.cache_hits(jf) == 1
+    assert "os.environ['THUNDER_SUBCLASS_TEST_SCALE'] is '5', the trace was made for '2'" in \
+        "".join(thunder_subclass.last_miss_reasons(jf))
+
+
+def _random_scaled(x):
+    import random
+
+    return x * random.random()
+
+
+def test_random_random_is_drawn_on_every_call_as_in_eager():
+    import random
+
+    jf = thunder_subclass.jit(_random_scaled)
+    x = torch.ones(3)
+    random.seed(0)
+    with pytest.warns(thunder_subclass.GraphBreakWarning, match=r"random\.random\(\) at .* returns another value"):
+        got = [jf(x) for _ in range(3)]
+    random.seed(0)
+    expected = [_random_scaled(x) for _ in range(3)]
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e)
+    assert not torch.equal(got[0], got[1])
+    with pytest.raises(UnsupportedGlobalStateError, match=r"random\.random\(\) at"):
+        thunder_subclass.jit(_random_scaled, fullgraph=True)(x)
+
+
+def _with_options(x, opts={}):  # noqa: B006 - the mutable default is the point
+    return x * opts.get("k", 1.0)
+
+
+def test_a_mutable_default_changed_in_place_is_guarded():
+    jf = thunder_subclass.jit(_with_options)
+    opts = _with_options.__defaults__[0]
+    try:
+        _same_as_eager_across(jf, _with_options, [lambda: None, lambda: opts.__setitem__("k", 4.0),
+                                                  lambda: opts.__setitem__("k", 5.0)])
+    finally:
+        opts.clear()
+    assert thunder.cache_misses(jf) == 3
+
+
+def _imported_inside(x):
+    import _guarded_settings
+
+    return x * _guarded_settings.factor
+
+
+def _imported_from_inside(x):
+    from _guarded_settings import factor
+
+    return x * factor
+
+
+@pytest.mark.parametrize("fn", [_imported_inside, _imported_from_inside])
+def test_a_module_imported_inside_the_function_is_guarded(fn):
+    import _guarded_settings
+
+    jf = thunder_subclass.jit(fn)
+    try:
+        _same_as_eager_across(jf, fn, [lambda: None, lambda: setattr(_guarded_settings, "factor", 7.0)])
+    finally:
+        _guarded_settings.factor = 2.0
+    assert thunder.cache_misses(jf) == 2
+    assert "_guarded_settings.factor is 7.0, the trace was made for 2.0" in \
+        "".join(thunder_subclass.last_miss_reasons(jf))
+
+
+class _Doubling(torch.nn.Module):
+    def forward(self, x):
+        return x * 2
+
+
+@pytest.mark.parametrize("where", ["compiled", "argument", "submodule"])
+def test_forward_replaced_on_the_instance_is_guarded(where):
+    m = _Doubling()
+    if where == "compiled":
+        jf, f = thunder_subclass.jit(m), m
+    elif where == "argument":
+        jf, f = functools.partial(thunder_subclass.jit(_call_module), m), functools.partial(_call_module, m)
+    else:
+        outer = torch.nn.Sequential(m)
+        jf, f = thunder_subclass.jit(outer), outer
+    _same_as_eager_across(jf, f, [lambda: None, lambda: setattr(m, "forward", lambda x: x * 9),
+                                  lambda: delattr(m, "forward")])
+    compiled = jf.func if where == "argument" else jf
+    assert thunder.cache_misses(compiled) == 2 and thunder.cache_hits(compiled) == 1
+    assert "the forward set on the _Doubling instance is <function" in \
+        "".join(thunder_subclass.last_miss_reasons(compiled))
+
+
+class _ShardAware(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(3))
+
+    def forward(self, x):
+        if getattr(self.w, "_is_sharded", False):
+            return x * self.w * 10
+        return x * self.w
+
+
+def test_a_flag_set_on_a_parameter_is_guarded():
+    m = _ShardAware()
+    jm = thunder_subclass.jit(m)
+    _same_as_eager_across(jm, m, [lambda: None, lambda: setattr(m.w, "_is_sharded", True),
+                                  lambda: setattr(m.w, "_is_sharded", False), lambda: delattr(m.w, "_is_sharded")])
+    assert thunder.cache_misses(jm) == 3 and thunder.cache_hits(jm) == 1

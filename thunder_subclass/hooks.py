@@ -129,12 +129,18 @@ def _lookaside(fn, wrapped_args: tuple):
         or interpretation.subclass_lookaside(fn, wrapped_args)
         or hf.lookaside(fn, wrapped_args)
         or grad_modes.inference_mode_lookaside(fn, wrapped_args)
+        or state_guards.lookaside(fn, wrapped_args)
     )
 
 
 def _input_object(obj, provenance) -> None:
-    if not state_guards.guard_module_slot(obj, provenance):
+    if not (state_guards.guard_module_slot(obj, provenance) or state_guards.guard_state_read(obj, provenance)):
         guards.guard_input_object(obj, provenance)
+
+
+def _attribute_absent(obj, provenance, name) -> None:
+    if not state_guards.guard_tensor_attribute_absent(obj, provenance, name):
+        guards.guard_attribute_absent(obj, provenance, name)
 
 
 def _end_of_trace() -> None:
@@ -161,7 +167,7 @@ HANDLERS = _thunder_internals.Handlers(
     native_call=guards.guard_native_call_arguments,
     compared=guards.guard_compared_objects,
     end_of_trace=_end_of_trace,
-    attribute_absent=guards.guard_attribute_absent,
+    attribute_absent=_attribute_absent,
     state_query=guards.guard_torch_state_query,
 )
 

@@ -24,7 +24,8 @@ Hooks (thunder 0.2.6 paths, relative to the installed ``thunder/``):
   copy) — its ``WRAP_CALLBACK`` sees every value the interpreter wraps; a value read from the inputs (arguments,
   attributes and items of them, attributes of the compiled module: a provenance the prologue can unpack) goes to
   ``Handlers.input_object`` too, which guards the Python objects thunder leaves unchecked (their type, identity or
-  value: ``thunder_subclass.guards.guard_input_object``).
+  value: ``thunder_subclass.guards.guard_input_object``), and so does a value read from lasting Python state the
+  prologue cannot unpack (``type(obj).name``, a module imported inside the traced code: :mod:`.state_reads`).
 * ``core/interpreter.py`` ``wrap`` — with provenance tracking thunder hands out the wrapper it made first for an
   object, whatever path reads it again (``f(x, (o, o))``: ``t[1]`` gets ``t[0]``'s wrapper and provenance), so the
   wrap callback sees one path per object; a read of an input object by another path goes to
@@ -58,6 +59,7 @@ from typing import Any
 import torch
 
 from thunder_subclass._thunder_internals import plugin_state
+from thunder_subclass._thunder_internals.state_reads import state_path_of
 from thunder_subclass._thunder_internals.interpreter_speed import PURE_NATIVE_FUNCTIONS, fast_getitem, speed_lookaside
 from thunder_subclass._thunder_internals.interpreter_fixes import (
     interpreter_fix_lookaside,
@@ -363,7 +365,8 @@ def _hook_general_jit_callbacks(original: dict) -> dict:
         provenance = value.provenance
         if provenance.inputs:
             if is_plugin_active() and (
-                    is_unpackable_provenance(provenance) or constant_rooted_path(provenance) is not None):
+                    is_unpackable_provenance(provenance) or constant_rooted_path(provenance) is not None
+                    or state_path_of(provenance) is not None):
                 plugin_state.handlers.input_object(value.value, provenance)
         elif provenance.inst is input_fn and type(value.value) is types.FunctionType and is_plugin_active():
             # the compiled function itself: its code, defaults and closure values were inlined
