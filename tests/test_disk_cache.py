@@ -24,9 +24,9 @@ from thunder_subclass import disk_cache
 _RUNNER = os.path.join(os.path.dirname(__file__), "_disk_cache_runner.py")
 
 
-def _run(cache_dir, *cases) -> dict:
+def _run(cache_dir, *cases, env=None) -> dict:
     env = {**os.environ, "THUNDER_SUBCLASS_DISK_CACHE": "1", "THUNDER_SUBCLASS_CACHE_DIR": str(cache_dir),
-           "CUDA_VISIBLE_DEVICES": ""}
+           "CUDA_VISIBLE_DEVICES": "", **(env or {})}
     out = subprocess.run([sys.executable, _RUNNER, *cases], capture_output=True, text=True, timeout=600, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads(out.stdout.strip().splitlines()[-1])
@@ -46,6 +46,34 @@ def test_second_process_loads_the_first_ones_compilation(tmp_path):
     assert second["stats"]["hits"] == len(cases), second["stats"]
     assert second["stats"]["misses"] == 0 and second["stats"]["stores"] == 0
     assert all(r["loaded"] for r in second["results"].values())
+
+
+def test_an_environment_variable_read_in_forward_is_checked_after_a_load(tmp_path):
+    # the value read is a prologue check of the stored entry: process 2 with another value did not get process 1's
+    first = _run(tmp_path, "environ_module", env={"THUNDER_SUBCLASS_TEST_FACTOR": "2"})
+    assert first["stats"]["stores"] == 1, first["stats"]
+    second = _run(tmp_path, "environ_module", env={"THUNDER_SUBCLASS_TEST_FACTOR": "5"})  # equal to eager (runner)
+    assert second["stats"]["hits"] == 0 and second["stats"]["rejected"] == 1, second["stats"]
+    assert not second["results"]["environ_module"]["loaded"]
+    third = _run(tmp_path, "environ_module", env={"THUNDER_SUBCLASS_TEST_FACTOR": "2"})
+    assert third["stats"]["hits"] == 1 and third["results"]["environ_module"]["loaded"], third["stats"]
+
+
+def test_a_helper_behind_lru_cache_edited_between_processes_is_a_miss(tmp_path):
+    # functools.lru_cache's wrapper is C: the interpreter runs it natively and never decoded the helper's code, so its
+    # file was not among the entry's recorded files and process 2 served process 1's factor
+    helper_dir = tmp_path / "helpers"
+    helper_dir.mkdir()
+    source = "import functools\n\n\n@functools.lru_cache\ndef factor():\n    return {}\n"
+    env = {"THUNDER_SUBCLASS_TEST_HELPER_DIR": str(helper_dir)}
+    (helper_dir / "disk_cache_lru_helper.py").write_text(source.format("2.0"))
+    first = _run(tmp_path / "cache", "lru_helper_module", env=env)
+    assert first["stats"]["stores"] == 1, first["stats"]
+    (helper_dir / "disk_cache_lru_helper.py").write_text(source.format("3.0 + 4.0"))
+    second = _run(tmp_path / "cache", "lru_helper_module", env=env)  # equal to eager with the new helper (runner)
+    assert second["stats"]["hits"] == 0 and second["stats"]["stale"] == 1, second["stats"]
+    third = _run(tmp_path / "cache", "lru_helper_module", env=env)
+    assert third["stats"]["hits"] == 1, third["stats"]
 
 
 def test_concurrent_first_processes_then_a_hit(tmp_path):
