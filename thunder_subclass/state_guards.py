@@ -26,7 +26,8 @@ for a value that differs on every call, a graph break. Each assumption and the c
   be still missing (``guards.check_attribute_absent`` on the tensor).
 * Calls whose answer differs on every call (Python's and NumPy's random generators, the clock, ``os.urandom``,
   ``uuid.uuid1/4``): no check can hold them, so such a call is a graph break (``UnsupportedGlobalStateError``): the
-  function runs eagerly and draws as eager does.
+  function runs eagerly and draws as eager does. The clock read by ``logging`` to stamp a record is not a break
+  (the record's time is the trace's; its message is not part of the result).
 """
 
 from __future__ import annotations
@@ -403,6 +404,10 @@ _TIME_FUNCTIONS = ("time", "time_ns", "perf_counter", "perf_counter_ns", "monoto
                    "process_time_ns", "thread_time", "thread_time_ns")
 
 
+# modules that read the clock to stamp what they emit (a log record's time), not to compute: no graph break there
+_TIMESTAMPING = frozenset({"logging", "warnings"})
+
+
 def _differs_every_call(fn, wrapped_args: tuple) -> str | None:
     """``module.name`` of a function whose answer differs on every call (a draw from Python's or NumPy's random number
     generators, the clock, ``os.urandom``, ``uuid.uuid1/4``), else None."""
@@ -420,7 +425,8 @@ def _differs_every_call(fn, wrapped_args: tuple) -> str | None:
     if np is not None and isinstance(owner, (np.random.RandomState, np.random.Generator)):
         return f"numpy.random.{getattr(fn, '__name__', '?')}"
     if owner is time or (getattr(fn, "__module__", None) == "time" and getattr(fn, "__name__", None) in _TIME_FUNCTIONS):
-        if getattr(fn, "__name__", None) in _TIME_FUNCTIONS:
+        caller = _thunder_internals.caller_module_name() or ""
+        if getattr(fn, "__name__", None) in _TIME_FUNCTIONS and caller.partition(".")[0] not in _TIMESTAMPING:
             return f"time.{fn.__name__}"
     if fn is os.urandom:
         return "os.urandom"

@@ -81,7 +81,7 @@ from thunder_subclass._thunder_internals.runtime import (  # noqa: F401
     with_call,
     with_fast_cache_hits,
 )
-from thunder_subclass._thunder_internals.state_reads import state_path_of  # noqa: F401
+from thunder_subclass._thunder_internals.state_reads import caller_module_name, state_path_of  # noqa: F401
 from thunder_subclass._thunder_internals.symbolic_values import (  # noqa: F401
     ShapeSymbols,
     SymbolicSizeError,

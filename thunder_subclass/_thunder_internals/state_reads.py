@@ -94,3 +94,14 @@ def _is_type_lookaside(fn) -> bool:
     # interpreter_needs_wrap wrapper, the record holds the function itself
     return getattr(fn, "__name__", None) == "_type_lookaside" and \
         getattr(fn, "__module__", None) == "thunder.core.interpreter"
+
+
+def caller_module_name() -> str | None:
+    """The ``__name__`` of the module whose interpreted code makes the call being looked aside (None when unknown)."""
+    from thunder.core.interpreter import get_interpreterruntimectx
+
+    try:
+        frame = get_interpreterruntimectx().peek_frame_stack()
+    except Exception:  # noqa: BLE001 - no interpreter running
+        return None
+    return None if frame is None else getattr(frame, "module", None)
