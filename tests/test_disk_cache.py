@@ -327,3 +327,43 @@ def test_off_by_default_and_location():
         mp.delenv("THUNDER_SUBCLASS_CACHE_DIR")
         mp.setenv("XDG_CACHE_HOME", "/xdg")
         assert str(disk_cache.default_cache_dir()) == "/xdg/thunder_subclass"
+
+
+# Issue 44 item 4: the cache is private to its user; an entry another user could have written is never read.
+
+def test_directories_and_entries_are_private(disk, model_module):
+    mod = model_module("2")
+    _call(mod.Model(), torch.randn(3, 4))
+    (entry,) = _entries(disk)
+    assert oct(entry.stat().st_mode & 0o777) == oct(0o600)
+    for d in (entry.parent, entry.parent.parent, disk):
+        assert oct(d.stat().st_mode & 0o777) == oct(0o700), d
+
+
+@pytest.mark.parametrize("where", ["cache directory", "key directory", "entry"])
+def test_an_entry_others_can_write_is_not_read(disk, model_module, where):
+    mod = model_module("2")
+    model, x = mod.Model(), torch.randn(3, 4)
+    _call(model, x)
+    (entry,) = _entries(disk)
+    target = {"cache directory": disk, "key directory": entry.parent, "entry": entry}[where]
+    os.chmod(target, 0o777 if target.is_dir() else 0o666)
+    with pytest.warns(thunder_subclass.DiskCacheWarning, match=r"is writable by other users \(mode 7*6*\)"):
+        jm, _ = _call(model, x)  # compiled, equal to eager (checked in _call)
+    assert not isinstance(thunder.last_traces(jm)[-1], disk_cache.LoadedTrace)
+    stats = disk_cache.disk_cache_stats()
+    assert stats["hits"] == 0 and stats["untrusted"] >= 1, stats
+    assert entry.exists()  # not ours to remove
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="chown to another user needs root")
+def test_an_entry_owned_by_another_user_is_not_read(disk, model_module):
+    mod = model_module("2")
+    model, x = mod.Model(), torch.randn(3, 4)
+    _call(model, x)
+    (entry,) = _entries(disk)
+    os.chown(entry, 12345, -1)
+    with pytest.warns(thunder_subclass.DiskCacheWarning, match=r"is owned by user id 12345, not by this process"):
+        jm, _ = _call(model, x)
+    assert not isinstance(thunder.last_traces(jm)[-1], disk_cache.LoadedTrace)
+    assert disk_cache.disk_cache_stats()["hits"] == 0
