@@ -338,6 +338,8 @@ def guard_state_read(obj, provenance) -> bool:
     if state is None or jit_ctx is None or isinstance(obj, torch.Tensor) or _is_made_per_read(obj):
         return True
     anchor, steps = found
+    if anchor[0] == "type" and _is_proxy_input(state, anchor[1]):
+        return True  # type() of a tensor input answers the proxy's class while tracing, not the tensor's: not named
     kind, expected = _value_guard(obj)
     key = (anchor[0], id(anchor[1]) if anchor[0] == "type" else anchor[1], steps)
     seen = state.setdefault("state_reads", {})
@@ -350,6 +352,13 @@ def guard_state_read(obj, provenance) -> bool:
     else:
         jit_ctx.add_constraint((check_state_read, None, StateRead(anchor, steps, kind, expected)))
     return True
+
+
+def _is_proxy_input(state: dict, record) -> bool:
+    from thunder.core.proxies import Proxy
+
+    seen = state.get("input_values", {}).get(id(record))  # (guards.guard_input_object's record of input values)
+    return seen is not None and seen[0] is record and isinstance(seen[1], Proxy)
 
 
 def _is_made_per_read(obj) -> bool:
