@@ -134,8 +134,10 @@ def _lookaside(fn, wrapped_args: tuple):
 
 
 def _input_object(obj, provenance) -> None:
-    if not (state_guards.guard_module_slot(obj, provenance) or state_guards.guard_state_read(obj, provenance)):
-        guards.guard_input_object(obj, provenance)
+    if state_guards.guard_state_read(obj, provenance):  # (a read the prologue cannot unpack: none of the others)
+        return
+    state_guards.guard_module_slot(obj, provenance)
+    guards.guard_input_object(obj, provenance)
 
 
 def _attribute_absent(obj, provenance, name) -> None:

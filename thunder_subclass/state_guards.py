@@ -47,8 +47,8 @@ from thunder_subclass.executor import subclass_executor
 from thunder_subclass.guards import SubclassGuardFailure, check_attribute_absent, is_same_value
 
 __all__ = ["EmptyModuleSlot", "ModuleForward", "StateRead", "check_module_forward", "check_module_slot_empty",
-           "check_state_read", "guard_module_forward", "guard_module_slot", "guard_state_read", "guard_tensor_attribute_absent",
-           "lookaside"]
+           "check_state_read", "guard_module_forward", "guard_module_slot", "guard_state_read",
+           "guard_tensor_attribute_absent", "lookaside"]
 
 _TABLE_KIND = {"_parameters": "parameter", "_buffers": "buffer", "_modules": "submodule"}
 
@@ -98,27 +98,25 @@ check_module_slot_empty = subclass_executor.register_operator(
 )
 
 
-def guard_module_slot(obj, provenance) -> bool:
-    """When ``provenance`` reads a module's parameter, buffer or submodule slot: guard it if it is empty (``obj`` is
-    None; a tensor or module there is thunder's to check) and return True; else False (not such a read)."""
+def guard_module_slot(obj, provenance) -> None:
+    """When ``provenance`` reads a module's parameter, buffer or submodule slot and finds it empty (``obj`` is None; a
+    tensor or module there is thunder's to check): guard that it stays empty (:class:`EmptyModuleSlot`)."""
     from thunder.core.proxies import AnyProxy
 
+    if obj is not None:
+        return
     slot = _thunder_internals.module_slot_of(provenance)
-    if slot is None:
-        return False
     state = _thunder_internals.jit_state()
     jit_ctx = _thunder_internals.jit_context()
-    if obj is not None or state is None or jit_ctx is None:
-        return True
+    if slot is None or state is None or jit_ctx is None:
+        return
     module_record, table, name = slot
-    seen = state.setdefault("empty_module_slots", set())
+    seen = state.setdefault("empty_module_slots", {})
     if (id(module_record), table, name) in seen:
-        return True
-    seen.add((id(module_record), table, name))
-    state.setdefault("empty_module_slot_records", []).append(module_record)  # its id stays its own
+        return
+    seen[(id(module_record), table, name)] = module_record  # (kept for the trace's lifetime, so its id stays its own)
     holder = AnyProxy(None, prefix="module_with_empty_slot", history=module_record)
     jit_ctx.add_constraint((check_module_slot_empty, holder, EmptyModuleSlot(table, name)))
-    return True
 
 
 class ModuleForward:
