@@ -1047,6 +1047,36 @@ def test_the_compiled_module_given_a_bias_after_compiling_uses_it():
     assert thunder.cache_misses(jm) == 2
 
 
+class _DenseMoE(torch.nn.Module):
+    """A bias-free router and biased experts of the same sizes, in a forward that breaks the graph: its children run
+    as regions, and regions of one module class share one compiled function."""
+
+    def __init__(self):
+        super().__init__()
+        self.router = torch.nn.Linear(8, 8, bias=False)
+        self.experts = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(3))
+
+    def forward(self, x):
+        logits = self.router(x)
+        out = torch.zeros_like(x)
+        for e in range(3):
+            if logits[:, e].sum().item() > -1e9:
+                out = out + self.experts[e](x)
+        return out[x.sum(1) > -1e9]  # a shape that depends on data: a graph break
+
+
+def test_graph_break_regions_of_one_class_do_not_share_a_trace_across_bias():
+    import warnings
+
+    m = _DenseMoE()
+    jm = thunder_subclass.jit(m)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the graph break's warning
+        for _ in range(3):
+            x = torch.randn(6, 8)
+            torch.testing.assert_close(jm(x), m(x))
+
+
 class _Gated(torch.nn.Module):
     """A flag, a size, an optional buffer and an optional submodule, all read in ``forward``."""
 
