@@ -35,6 +35,7 @@ from __future__ import annotations
 import copy
 import enum
 import functools
+import importlib
 import sys
 import types
 from typing import Any
@@ -265,8 +266,13 @@ class StateRead:
             obj = holder
         elif self.anchor[0] == "type":
             obj = type(_thunder_internals.user_module(holder))
-        else:
+        else:  # the traced function imports it on every call, as the check does (a new process: not yet imported)
             obj = sys.modules.get(self.anchor[1], _MISSING)
+            if obj is _MISSING:
+                try:
+                    obj = importlib.import_module(self.anchor[1])
+                except Exception:  # noqa: BLE001 - gone: not what the trace read
+                    obj = _MISSING
         for step, key in self.steps:
             if obj is _MISSING:
                 break
