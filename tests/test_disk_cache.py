@@ -87,7 +87,7 @@ def test_concurrent_first_processes_then_a_hit(tmp_path):
         assert json.loads(out.strip().splitlines()[-1])["results"]["twotensor_mlp"]["error"] is None
     assert not list(tmp_path.rglob("*.part"))  # no temporary file left behind
     report = _run(tmp_path, "twotensor_mlp")
-    assert report["stats"]["hits"] == 1 and report["results"]["twotensor_mlp"]["loaded"]
+    assert report["stats"]["hits"] == 1 and report["results"]["twotensor_mlp"]["loaded"], report["stats"]
 
 
 # ---------------------------------------------------------------------------------------------------------------
