@@ -58,6 +58,30 @@ def guarded_module():
     return _Scaler(), (torch.randn(3),)
 
 
+class _EnvironScaled(torch.nn.Module):
+    def forward(self, x):
+        return x * float(os.environ.get("THUNDER_SUBCLASS_TEST_FACTOR", "1"))  # read inside forward
+
+
+def environ_module():
+    return _EnvironScaled(), (torch.randn(3),)
+
+
+class _LruScaled(torch.nn.Module):
+    def forward(self, x):
+        return x * disk_cache_lru_helper.factor()  # noqa: F821 - a global set by lru_helper_module
+
+
+def lru_helper_module():
+    """A module whose forward calls a helper behind ``functools.lru_cache``, in a file of the directory
+    ``$THUNDER_SUBCLASS_TEST_HELPER_DIR`` (the test rewrites it between processes)."""
+    import importlib
+
+    sys.path.insert(0, os.environ["THUNDER_SUBCLASS_TEST_HELPER_DIR"])
+    globals()["disk_cache_lru_helper"] = importlib.import_module("disk_cache_lru_helper")
+    return _LruScaled(), (torch.randn(3),)
+
+
 def _flat(out):
     from torch.utils._pytree import tree_leaves
 

@@ -24,9 +24,9 @@ from thunder_subclass import disk_cache
 _RUNNER = os.path.join(os.path.dirname(__file__), "_disk_cache_runner.py")
 
 
-def _run(cache_dir, *cases) -> dict:
+def _run(cache_dir, *cases, env=None) -> dict:
     env = {**os.environ, "THUNDER_SUBCLASS_DISK_CACHE": "1", "THUNDER_SUBCLASS_CACHE_DIR": str(cache_dir),
-           "CUDA_VISIBLE_DEVICES": ""}
+           "CUDA_VISIBLE_DEVICES": "", **(env or {})}
     out = subprocess.run([sys.executable, _RUNNER, *cases], capture_output=True, text=True, timeout=600, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads(out.stdout.strip().splitlines()[-1])
@@ -48,6 +48,34 @@ def test_second_process_loads_the_first_ones_compilation(tmp_path):
     assert all(r["loaded"] for r in second["results"].values())
 
 
+def test_an_environment_variable_read_in_forward_is_checked_after_a_load(tmp_path):
+    # the value read is a prologue check of the stored entry: process 2 with another value did not get process 1's
+    first = _run(tmp_path, "environ_module", env={"THUNDER_SUBCLASS_TEST_FACTOR": "2"})
+    assert first["stats"]["stores"] == 1, first["stats"]
+    second = _run(tmp_path, "environ_module", env={"THUNDER_SUBCLASS_TEST_FACTOR": "5"})  # equal to eager (runner)
+    assert second["stats"]["hits"] == 0 and second["stats"]["rejected"] == 1, second["stats"]
+    assert not second["results"]["environ_module"]["loaded"]
+    third = _run(tmp_path, "environ_module", env={"THUNDER_SUBCLASS_TEST_FACTOR": "2"})
+    assert third["stats"]["hits"] == 1 and third["results"]["environ_module"]["loaded"], third["stats"]
+
+
+def test_a_helper_behind_lru_cache_edited_between_processes_is_a_miss(tmp_path):
+    # functools.lru_cache's wrapper is C: the interpreter runs it natively and never decoded the helper's code, so its
+    # file was not among the entry's recorded files and process 2 served process 1's factor
+    helper_dir = tmp_path / "helpers"
+    helper_dir.mkdir()
+    source = "import functools\n\n\n@functools.lru_cache\ndef factor():\n    return {}\n"
+    env = {"THUNDER_SUBCLASS_TEST_HELPER_DIR": str(helper_dir)}
+    (helper_dir / "disk_cache_lru_helper.py").write_text(source.format("2.0"))
+    first = _run(tmp_path / "cache", "lru_helper_module", env=env)
+    assert first["stats"]["stores"] == 1, first["stats"]
+    (helper_dir / "disk_cache_lru_helper.py").write_text(source.format("3.0 + 4.0"))
+    second = _run(tmp_path / "cache", "lru_helper_module", env=env)  # equal to eager with the new helper (runner)
+    assert second["stats"]["hits"] == 0 and second["stats"]["stale"] == 1, second["stats"]
+    third = _run(tmp_path / "cache", "lru_helper_module", env=env)
+    assert third["stats"]["hits"] == 1, third["stats"]
+
+
 def test_concurrent_first_processes_then_a_hit(tmp_path):
     env = {**os.environ, "THUNDER_SUBCLASS_DISK_CACHE": "1", "THUNDER_SUBCLASS_CACHE_DIR": str(tmp_path),
            "CUDA_VISIBLE_DEVICES": ""}
@@ -59,7 +87,7 @@ def test_concurrent_first_processes_then_a_hit(tmp_path):
         assert json.loads(out.strip().splitlines()[-1])["results"]["twotensor_mlp"]["error"] is None
     assert not list(tmp_path.rglob("*.part"))  # no temporary file left behind
     report = _run(tmp_path, "twotensor_mlp")
-    assert report["stats"]["hits"] == 1 and report["results"]["twotensor_mlp"]["loaded"]
+    assert report["stats"]["hits"] == 1 and report["results"]["twotensor_mlp"]["loaded"], report["stats"]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -299,3 +327,43 @@ def test_off_by_default_and_location():
         mp.delenv("THUNDER_SUBCLASS_CACHE_DIR")
         mp.setenv("XDG_CACHE_HOME", "/xdg")
         assert str(disk_cache.default_cache_dir()) == "/xdg/thunder_subclass"
+
+
+# Issue 44 item 4: the cache is private to its user; an entry another user could have written is never read.
+
+def test_directories_and_entries_are_private(disk, model_module):
+    mod = model_module("2")
+    _call(mod.Model(), torch.randn(3, 4))
+    (entry,) = _entries(disk)
+    assert oct(entry.stat().st_mode & 0o777) == oct(0o600)
+    for d in (entry.parent, entry.parent.parent, disk):
+        assert oct(d.stat().st_mode & 0o777) == oct(0o700), d
+
+
+@pytest.mark.parametrize("where", ["cache directory", "key directory", "entry"])
+def test_an_entry_others_can_write_is_not_read(disk, model_module, where):
+    mod = model_module("2")
+    model, x = mod.Model(), torch.randn(3, 4)
+    _call(model, x)
+    (entry,) = _entries(disk)
+    target = {"cache directory": disk, "key directory": entry.parent, "entry": entry}[where]
+    os.chmod(target, 0o777 if target.is_dir() else 0o666)
+    with pytest.warns(thunder_subclass.DiskCacheWarning, match=r"is writable by other users \(mode 7*6*\)"):
+        jm, _ = _call(model, x)  # compiled, equal to eager (checked in _call)
+    assert not isinstance(thunder.last_traces(jm)[-1], disk_cache.LoadedTrace)
+    stats = disk_cache.disk_cache_stats()
+    assert stats["hits"] == 0 and stats["untrusted"] >= 1, stats
+    assert entry.exists()  # not ours to remove
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="chown to another user needs root")
+def test_an_entry_owned_by_another_user_is_not_read(disk, model_module):
+    mod = model_module("2")
+    model, x = mod.Model(), torch.randn(3, 4)
+    _call(model, x)
+    (entry,) = _entries(disk)
+    os.chown(entry, 12345, -1)
+    with pytest.warns(thunder_subclass.DiskCacheWarning, match=r"is owned by user id 12345, not by this process"):
+        jm, _ = _call(model, x)
+    assert not isinstance(thunder.last_traces(jm)[-1], disk_cache.LoadedTrace)
+    assert disk_cache.disk_cache_stats()["hits"] == 0

@@ -14,6 +14,7 @@ import torch
 
 import thunder_subclass
 from subclasses import ScaledTensor, TwoTensor, quantize
+from thunder_subclass.errors import UnsupportedGlobalStateError
 
 
 def _f(t):
@@ -1177,3 +1178,273 @@ def test_a_container_a_submodule_holds_changed_by_the_trace_is_written_back_as_i
     # each call appends to the list, whose length the written-back trace rests on: a new trace per call (as
     # torch.compile, which guards a list's length), never a stale write-back
     assert thunder.cache_misses(jmodel) == 4
+
+
+# Issue 40 item 1: a trace made for one module is not reused for another whose parameters differ in kind. An empty
+# slot (bias=None, a buffer or submodule registered as None) was not guarded, under any cache option; flags and
+# sizes the trace read are guarded under symbolic values too.
+
+_DYNAMIC = [pytest.param(None, id="automatic"), pytest.param(True, id="dynamic"), pytest.param(False, id="static")]
+
+
+def _call_module(mod, x):
+    return mod(x)
+
+
+def _module_jit(dynamic, first, rows=(6, 7)):
+    """A jit of ``_call_module`` that has traced ``first`` (for ``dynamic=None``: at two sizes, so that its newest
+    trace has symbolic sizes, as after automatic dynamic shapes)."""
+    import warnings
+
+    jf = thunder_subclass.jit(_call_module, dynamic=dynamic)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # thunder: "symbolic values" is experimental
+        for n in rows if dynamic is None else rows[-1:]:
+            jf(first, torch.randn(n, 8))
+    return jf
+
+
+@pytest.mark.parametrize("dynamic", _DYNAMIC)
+@pytest.mark.parametrize("bias_first", [False, True])
+def test_a_trace_for_a_linear_without_bias_is_not_reused_for_one_with_bias(dynamic, bias_first):
+    plain, biased = torch.nn.Linear(8, 8, bias=False), torch.nn.Linear(8, 8)
+    first, second = (biased, plain) if bias_first else (plain, biased)
+    jf = _module_jit(dynamic, first)
+    misses = thunder.cache_misses(jf)
+    x = torch.randn(7, 8)
+    torch.testing.assert_close(jf(second, x), second(x))
+    assert thunder.cache_misses(jf) == misses + 1
+    torch.testing.assert_close(jf(first, x), first(x))  # each hits its own trace
+    torch.testing.assert_close(jf(second, x), second(x))
+    assert thunder.cache_misses(jf) == misses + 1
+    if not bias_first:
+        assert "the parameter 'bias' of a Linear is a Parameter; the trace was made for None" in \
+            "".join(thunder_subclass.last_miss_reasons(jf))
+
+
+def test_the_compiled_module_given_a_bias_after_compiling_uses_it():
+    m = torch.nn.Linear(8, 4, bias=False)
+    jm = thunder_subclass.jit(m)
+    x = torch.randn(6, 8)
+    torch.testing.assert_close(jm(x), m(x))
+    m.bias = torch.nn.Parameter(torch.randn(4))
+    torch.testing.assert_close(jm(x), m(x))
+    m.bias = None
+    torch.testing.assert_close(jm(x), m(x))
+    assert thunder.cache_misses(jm) == 2
+
+
+class _DenseMoE(torch.nn.Module):
+    """A bias-free router and biased experts of the same sizes, in a forward that breaks the graph: its children run
+    as regions, and regions of one module class share one compiled function."""
+
+    def __init__(self):
+        super().__init__()
+        self.router = torch.nn.Linear(8, 8, bias=False)
+        self.experts = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(3))
+
+    def forward(self, x):
+        logits = self.router(x)
+        out = torch.zeros_like(x)
+        for e in range(3):
+            if logits[:, e].sum().item() > -1e9:
+                out = out + self.experts[e](x)
+        return out[x.sum(1) > -1e9]  # a shape that depends on data: a graph break
+
+
+def test_graph_break_regions_of_one_class_do_not_share_a_trace_across_bias():
+    import warnings
+
+    m = _DenseMoE()
+    jm = thunder_subclass.jit(m)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the graph break's warning
+        for _ in range(3):
+            x = torch.randn(6, 8)
+            torch.testing.assert_close(jm(x), m(x))
+
+
+class _Gated(torch.nn.Module):
+    """A flag, a size, an optional buffer and an optional submodule, all read in ``forward``."""
+
+    def __init__(self, scale_on: bool, k: int, shift: bool = False, post: bool = False):
+        super().__init__()
+        self.scale_on, self.k = scale_on, k
+        self.w = torch.nn.Parameter(torch.randn(8, 8))
+        self.register_buffer("shift", torch.randn(8) if shift else None)
+        self.post = torch.nn.Tanh() if post else None
+
+    def forward(self, x):
+        y = x @ self.w
+        if self.scale_on:
+            y = y * 3
+        if self.shift is not None:
+            y = y + self.shift
+        if self.post is not None:
+            y = self.post(y)
+        return y[:, : self.k]
+
+
+@pytest.mark.parametrize("dynamic", _DYNAMIC)
+def test_flags_sizes_and_empty_slots_of_a_module_argument_are_guarded(dynamic):
+    first = _Gated(True, 4)
+    jf = _module_jit(dynamic, first)
+    others = [_Gated(False, 4), _Gated(True, 5), _Gated(True, 4, shift=True), _Gated(True, 4, post=True),
+              _Gated(False, 3, shift=True, post=True), first]
+    for m in others:
+        x = torch.randn(7, 8)
+        torch.testing.assert_close(jf(m, x), m(x))
+
+
+# Issue 40 item 3: Python state the trace reads is guarded (a new trace when it changes) or makes the read a graph
+# break; each compared with eager across calls where the state changes.
+
+def _same_as_eager_across(jf, f, steps, x=None):
+    x = torch.ones(3) if x is None else x
+    for step in steps:
+        step()
+        torch.testing.assert_close(jf(x), f(x))
+
+
+class _ClassScaled(torch.nn.Module):
+    scale = 2.0
+
+    def forward(self, x):
+        return x * type(self).scale
+
+
+def test_a_class_attribute_read_through_type_is_guarded():
+    m = _ClassScaled()
+    jm = thunder_subclass.jit(m)
+    try:
+        _same_as_eager_across(jm, m, [lambda: None, lambda: setattr(_ClassScaled, "scale", 3.0),
+                                      lambda: setattr(_ClassScaled, "scale", 2.0)])
+    finally:
+        _ClassScaled.scale = 2.0
+    assert thunder.cache_misses(jm) == 2 and thunder.cache_hits(jm) == 1
+    assert "type(obj).scale is 3.0, the trace was made for 2.0" in "".join(thunder_subclass.last_miss_reasons(jm))
+
+
+def _env_scaled(x):
+    import os
+
+    return x * float(os.environ.get("THUNDER_SUBCLASS_TEST_SCALE", "1"))
+
+
+def test_an_environment_variable_read_inside_is_guarded(monkeypatch):
+    jf = thunder_subclass.jit(_env_scaled)
+    _same_as_eager_across(jf, _env_scaled, [
+        lambda: monkeypatch.delenv("THUNDER_SUBCLASS_TEST_SCALE", raising=False),
+        lambda: monkeypatch.setenv("THUNDER_SUBCLASS_TEST_SCALE", "2"),
+        lambda: monkeypatch.setenv("THUNDER_SUBCLASS_TEST_SCALE", "5"),
+        lambda: monkeypatch.delenv("THUNDER_SUBCLASS_TEST_SCALE"),
+    ])
+    assert thunder.cache_misses(jf) == 3 and thunder.cache_hits(jf) == 1
+    assert "os.environ['THUNDER_SUBCLASS_TEST_SCALE'] is '5', the trace was made for '2'" in \
+        "".join(thunder_subclass.last_miss_reasons(jf))
+
+
+def _random_scaled(x):
+    import random
+
+    return x * random.random()
+
+
+def test_random_random_is_drawn_on_every_call_as_in_eager():
+    import random
+
+    jf = thunder_subclass.jit(_random_scaled)
+    x = torch.ones(3)
+    random.seed(0)
+    with pytest.warns(thunder_subclass.GraphBreakWarning, match=r"random\.random\(\) at .* returns another value"):
+        got = [jf(x) for _ in range(3)]
+    random.seed(0)
+    expected = [_random_scaled(x) for _ in range(3)]
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e)
+    assert not torch.equal(got[0], got[1])
+    with pytest.raises(UnsupportedGlobalStateError, match=r"random\.random\(\) at"):
+        thunder_subclass.jit(_random_scaled, fullgraph=True)(x)
+
+
+def _with_options(x, opts={}):  # noqa: B006 - the mutable default is the point
+    return x * opts.get("k", 1.0)
+
+
+def test_a_mutable_default_changed_in_place_is_guarded():
+    jf = thunder_subclass.jit(_with_options)
+    opts = _with_options.__defaults__[0]
+    try:
+        _same_as_eager_across(jf, _with_options, [lambda: None, lambda: opts.__setitem__("k", 4.0),
+                                                  lambda: opts.__setitem__("k", 5.0)])
+    finally:
+        opts.clear()
+    assert thunder.cache_misses(jf) == 3
+
+
+def _imported_inside(x):
+    import _guarded_settings
+
+    return x * _guarded_settings.factor
+
+
+def _imported_from_inside(x):
+    from _guarded_settings import factor
+
+    return x * factor
+
+
+@pytest.mark.parametrize("fn", [_imported_inside, _imported_from_inside])
+def test_a_module_imported_inside_the_function_is_guarded(fn):
+    import _guarded_settings
+
+    jf = thunder_subclass.jit(fn)
+    try:
+        _same_as_eager_across(jf, fn, [lambda: None, lambda: setattr(_guarded_settings, "factor", 7.0)])
+    finally:
+        _guarded_settings.factor = 2.0
+    assert thunder.cache_misses(jf) == 2
+    assert "_guarded_settings.factor is 7.0, the trace was made for 2.0" in \
+        "".join(thunder_subclass.last_miss_reasons(jf))
+
+
+class _Doubling(torch.nn.Module):
+    def forward(self, x):
+        return x * 2
+
+
+@pytest.mark.parametrize("where", ["compiled", "argument", "submodule"])
+def test_forward_replaced_on_the_instance_is_guarded(where):
+    m = _Doubling()
+    if where == "compiled":
+        jf, f = thunder_subclass.jit(m), m
+    elif where == "argument":
+        jf, f = functools.partial(thunder_subclass.jit(_call_module), m), functools.partial(_call_module, m)
+    else:
+        outer = torch.nn.Sequential(m)
+        jf, f = thunder_subclass.jit(outer), outer
+    _same_as_eager_across(jf, f, [lambda: None, lambda: setattr(m, "forward", lambda x: x * 9),
+                                  lambda: delattr(m, "forward")])
+    compiled = jf.func if where == "argument" else jf
+    assert thunder.cache_misses(compiled) == 2 and thunder.cache_hits(compiled) == 1
+    assert "the forward set on the _Doubling instance is <function" in \
+        "".join(thunder_subclass.last_miss_reasons(compiled))
+
+
+class _ShardAware(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(3))
+
+    def forward(self, x):
+        if getattr(self.w, "_is_sharded", False):
+            return x * self.w * 10
+        return x * self.w
+
+
+def test_a_flag_set_on_a_parameter_is_guarded():
+    m = _ShardAware()
+    jm = thunder_subclass.jit(m)
+    _same_as_eager_across(jm, m, [lambda: None, lambda: setattr(m.w, "_is_sharded", True),
+                                  lambda: setattr(m.w, "_is_sharded", False), lambda: delattr(m.w, "_is_sharded")])
+    assert thunder.cache_misses(jm) == 3 and thunder.cache_hits(jm) == 1

@@ -30,7 +30,9 @@ attributes, globals read) are the prologue's own, run on every candidate entry.
 
 Safety: a file is written to a temporary name in its directory and renamed into place (``os.replace``), so readers
 see a whole file or none; a file carries the SHA-256 of its payload, and one that does not parse or match it is
-corrupted: it is removed, with a :class:`~thunder_subclass.errors.DiskCacheWarning`, and the call compiles.
+corrupted: it is removed, with a :class:`~thunder_subclass.errors.DiskCacheWarning`, and the call compiles. The cache
+is private to its user (``thunder_subclass.disk_trust``): directories are made ``0700`` and entries ``0600``, and an
+entry owned by another user, or under a directory others can write, is never read (a ``DiskCacheWarning`` says why).
 An entry whose recorded files changed, or whose names no longer resolve to the same kind of object, is stale: it is
 removed silently. An entry's source runs only after these checks, and its prologue guards the call as any entry's.
 
@@ -73,6 +75,7 @@ from typing import Any
 import torch
 
 from thunder_subclass import _thunder_internals, aten_symbols, eager_calls, rules
+from thunder_subclass.disk_trust import make_private_dirs, untrusted_reason
 from thunder_subclass.errors import DiskCacheWarning
 from thunder_subclass.prologue import FusedChecks
 from thunder_subclass.subclass_symbols import FlattenContext
@@ -85,9 +88,10 @@ DEFAULT_SIZE_LIMIT = 256 * 2**20
 MAX_ENTRIES_TRIED = 8  # entries of one key tried at a miss (newest first)
 _SUFFIX = ".json"
 
-_STATS_KEYS = ("hits", "misses", "stores", "not_storable", "stale", "corrupted", "rejected")
+_STATS_KEYS = ("hits", "misses", "stores", "not_storable", "stale", "corrupted", "rejected", "untrusted")
 _stats = dict.fromkeys(_STATS_KEYS, 0)
 _last_not_storable: list[str] = []  # why the last entries were not stored (newest last, a few)
+_warned_untrusted: set[str] = set()  # paths an untrusted-entry warning was given for (once per path and process)
 _lock = threading.Lock()
 
 
@@ -96,7 +100,8 @@ def disk_cache_stats() -> dict:
     ``misses`` (nothing on disk accepted the call: it traced), ``stores`` (entries written), ``not_storable``
     (entries that could not be described on disk; ``"why_not_storable"`` lists the last reasons), ``stale`` (entries
     removed because a file they depend on changed or a name no longer resolves), ``corrupted`` (unreadable files
-    removed), ``rejected`` (intact entries whose prologue did not accept the call: another shape, type, ...)."""
+    removed), ``rejected`` (intact entries whose prologue did not accept the call: another shape, type, ...),
+    ``untrusted`` (entries or directories not read: owned by another user or writable by others)."""
     with _lock:
         out = dict(_stats)
         out["why_not_storable"] = list(_last_not_storable)
@@ -108,6 +113,7 @@ def reset_disk_cache_stats() -> None:
         for k in _STATS_KEYS:
             _stats[k] = 0
         _last_not_storable.clear()
+        _warned_untrusted.clear()
 
 
 def _count(name: str, n: int = 1) -> None:
@@ -451,7 +457,8 @@ class DiskCache:
     :meth:`store` after a new trace."""
 
     def __init__(self, root: str | os.PathLike, size_limit: int | None):
-        self.root = pathlib.Path(root) / f"v{FORMAT}"
+        self.base = pathlib.Path(root)  # the configured directory: trusted from here down (disk_trust)
+        self.root = self.base / f"v{FORMAT}"
         self.size_limit = size_limit
 
     # -- keys ----------------------------------------------------------------------------------------------------
@@ -515,11 +522,16 @@ class DiskCache:
         except Exception:  # noqa: BLE001 - not storable, so nothing to load
             return None
         directory = self.root / key
+        if self._untrusted(directory):
+            _count("misses")
+            return None
         try:
             paths = sorted(directory.glob(f"*{_SUFFIX}"), key=_mtime, reverse=True)[:MAX_ENTRIES_TRIED]
         except OSError:
             paths = []
         for path in paths:
+            if self._untrusted(path):
+                continue
             entry = self._try(path, parts, cd, cs, args, kwargs)
             if entry is not None:
                 _count("hits")
@@ -592,6 +604,24 @@ class DiskCache:
         return thunder.CacheEntry(fns["prologue"], traces["prologue"], fns["computation"], traces["computation"],
                                   fns["epilogue"], traces["epilogue"], None, [], payload["return_none_instead_of_grads"])
 
+    def _untrusted(self, path: pathlib.Path) -> bool:
+        """Whether ``path`` may have been written by another user (``disk_trust.untrusted_reason``): it is then never
+        read (counted as ``untrusted``, with one :class:`DiskCacheWarning` per path and process)."""
+        reason = untrusted_reason(path, self.base)
+        if reason is None:
+            return False
+        _count("untrusted")
+        with _lock:
+            first = str(path) not in _warned_untrusted
+            _warned_untrusted.add(str(path))
+        if first:
+            warnings.warn(DiskCacheWarning(
+                f"thunder_subclass: the disk cache entries under {path} are not used: {reason}. An entry is Python "
+                "code that is executed: the cache directory must be owned by you and writable by you only (chmod "
+                "700, or delete it: thunder_subclass makes it anew); the function is compiled instead."),
+                stacklevel=3)
+        return True
+
     def _corrupted(self, path: pathlib.Path, e: Exception) -> None:
         _count("corrupted")
         _remove(path)
@@ -618,6 +648,8 @@ class DiskCache:
         try:
             self._write(key, payload)
             _count("stores")
+        except NotStorable as e:
+            self._not_storable(str(e))
         except OSError as e:
             self._not_storable(f"cannot write to {self.root}: {e}")
 
@@ -675,7 +707,10 @@ class DiskCache:
 
     def _write(self, key: str, payload: dict) -> None:
         directory = self.root / key
-        directory.mkdir(parents=True, exist_ok=True)
+        make_private_dirs(directory)
+        reason = untrusted_reason(directory, self.base)
+        if reason is not None:
+            raise NotStorable(f"not written: {reason}")
         payload_text = json.dumps(payload, sort_keys=True)
         digest = hashlib.sha256(payload_text.encode()).hexdigest()
         text = json.dumps({"sha256": digest, "payload": payload_text})

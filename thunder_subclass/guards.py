@@ -1045,7 +1045,31 @@ def _function_snapshot(fn: types.FunctionType) -> tuple:
     the trace (the interpreter inlines its body): another function object with all of these the same behaves alike
     (a lambda made anew for each call)."""
     cells = tuple(c.cell_contents for c in fn.__closure__ or ())
-    return fn, fn.__code__, fn.__defaults__, fn.__kwdefaults__, cells
+    defaults = fn.__defaults__
+    if defaults and any(_is_mutable_default(d) for d in defaults):
+        defaults = tuple(_MutableDefault.of(d) if _is_mutable_default(d) else d for d in defaults)
+    return fn, fn.__code__, defaults, fn.__kwdefaults__, cells
+
+
+def _is_mutable_default(v) -> bool:
+    return type(v) in (list, dict, set) or _is_plain_instance(v)
+
+
+class _MutableDefault:
+    """A default value that can change in place (``def f(x, opts={})``, changed between calls): the same object, with
+    the state it had when traced (:func:`state_snapshot`; by identity alone past its size limit)."""
+
+    __slots__ = ("obj", "state")
+
+    def __init__(self, obj, state):
+        self.obj, self.state = obj, state
+
+    @classmethod
+    def of(cls, obj) -> "_MutableDefault":
+        return cls(obj, state_snapshot(obj))
+
+    def holds(self, v) -> bool:
+        return v is self.obj and (self.state is None or same_state(v, self.state))
 
 
 def _same_function(obj, snapshot: tuple) -> bool:
@@ -1063,7 +1087,9 @@ def _same_function(obj, snapshot: tuple) -> bool:
 
 
 def _same_values(a: tuple, b: tuple) -> bool:
-    return len(a) == len(b) and all(x is y or (type(x) in _SCALARS and is_same_value(x, y)) for x, y in zip(a, b))
+    return len(a) == len(b) and all(
+        y.holds(x) if type(y) is _MutableDefault else x is y or (type(x) in _SCALARS and is_same_value(x, y))
+        for x, y in zip(a, b))
 
 
 _SCALARS = frozenset({int, float, bool, complex, str, bytes, type(None)})

@@ -23,7 +23,7 @@ above the stages, hands it one :class:`~thunder_subclass._thunder_internals.Hand
 * a thunder backward call -> ``tangents.replace_grads`` / ``tangents.run_backward`` (``.backward(grad)`` with
   gradients of another kind);
 * a Python object read from the inputs while tracing -> ``guards.guard_input_object`` (its type, identity or value
-  checked by the prologue), and the arguments of a function the interpreter runs natively ->
+  checked by the prologue; an empty parameter, buffer or submodule slot: ``state_guards.guard_module_slot``), and the arguments of a function the interpreter runs natively ->
   ``guards.guard_native_call_arguments`` (such objects then guarded by value; by identity for ``id``), and the
   operands of ``is``, ``==`` (and the other comparisons) and ``in`` -> ``guards.guard_compared_objects``;
 * the end of a trace -> ``guards.write_back_input_containers`` (input lists and dicts the traced code changed get
@@ -49,6 +49,7 @@ from thunder_subclass import (
     module_calls,
     random_ops,
     speculation,
+    state_guards,
     tangents,
     torch_function,
 )
@@ -132,7 +133,20 @@ def _lookaside(fn, wrapped_args: tuple):
         or interpretation.subclass_lookaside(fn, wrapped_args)
         or hf.lookaside(fn, wrapped_args)
         or grad_modes.inference_mode_lookaside(fn, wrapped_args)
+        or state_guards.lookaside(fn, wrapped_args)
     )
+
+
+def _input_object(obj, provenance) -> None:
+    if state_guards.guard_state_read(obj, provenance):  # (a read the prologue cannot unpack: none of the others)
+        return
+    state_guards.guard_module_slot(obj, provenance)
+    guards.guard_input_object(obj, provenance)
+
+
+def _attribute_absent(obj, provenance, name) -> None:
+    if not state_guards.guard_tensor_attribute_absent(obj, provenance, name):
+        guards.guard_attribute_absent(obj, provenance, name)
 
 
 def _end_of_trace() -> None:
@@ -155,11 +169,11 @@ HANDLERS = _thunder_internals.Handlers(
     mutated_inputs=tangents.mutated_inputs,
     gradless_inputs=tangents.gradless_inputs,
     create_graph_backward=higher_order.create_graph_backward,
-    input_object=guards.guard_input_object,
+    input_object=_input_object,
     native_call=guards.guard_native_call_arguments,
     compared=guards.guard_compared_objects,
     end_of_trace=_end_of_trace,
-    attribute_absent=guards.guard_attribute_absent,
+    attribute_absent=_attribute_absent,
     state_query=guards.guard_torch_state_query,
 )
 

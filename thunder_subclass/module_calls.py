@@ -39,6 +39,7 @@ from thunder_subclass._thunder_internals import (
 )
 from thunder_subclass.errors import UnsupportedModuleHookError, format_location
 from thunder_subclass.guards import add_module_hooks_guard
+from thunder_subclass.state_guards import guard_module_forward
 
 __all__ = ["call_impl_lookaside"]
 
@@ -60,7 +61,9 @@ def call_impl_lookaside(fn, wrapped_args: tuple) -> Callable | None:
     if hooks is None or jit_ctx is None or not is_unpackable_provenance(wrapped_module.provenance):
         return None
     # the jitted module itself (the root) is reached in the prologue through thunder's ThunderModule wrapper
-    add_module_hooks_guard(jit_ctx, module, hooked_module_provenance(module, wrapped_module.provenance), hooks)
+    holder = hooked_module_provenance(module, wrapped_module.provenance)
+    add_module_hooks_guard(jit_ctx, module, holder, hooks)
+    guard_module_forward(jit_ctx, module, holder)  # (a forward set on the instance, or replaced on the class)
     pre, post = hooks
     return lambda wmodule, *wargs, **wkwargs: _call_module(pre, post, wmodule, wargs, wkwargs)
 

@@ -10,7 +10,7 @@ trace from the checks it replaces, each one an inline expression with the same m
   (``==``), ``check_len``, ``check_none``, ``check_type`` and ``check_instance``;
 * the plugin's ``check_subclass`` (:meth:`thunder_subclass.guards.SubclassSpec.matches`, inlined by
   :meth:`~thunder_subclass.guards.SubclassSpec.expression`), ``check_plain_tensor``, ``check_tensor_strides``,
-  ``check_no_dispatch_mode``, ``check_object`` (:meth:`thunder_subclass.guards.ObjectSpec.expression`) and
+  ``check_no_dispatch_mode``, ``check_module_slot_empty`` and ``check_module_forward`` (``state_guards``), ``check_object`` (:meth:`thunder_subclass.guards.ObjectSpec.expression`) and
   ``check_module_hooks`` (a module without hooks: its four hook dictionaries inline,
   and the global module hooks once per call: ``_thunder_internals.module_has_no_own_hooks_expression``).
 
@@ -58,6 +58,7 @@ from thunder_subclass.guards import (
     check_attribute_absent,
     inline_tensor_check,
 )
+from thunder_subclass.state_guards import check_module_forward, check_module_slot_empty
 from thunder_subclass._thunder_internals import (
     has_no_global_module_hooks,
     module_forward_hooks,
@@ -337,6 +338,8 @@ class _Builder:
         elif sid == check_subclass.id:
             cond = args[1].expression(self.value(args[0]), self.const, self.fresh, self.tensor)
         elif sid == check_object.id:
+            cond = args[1].expression(self.value(args[0]), self.const)
+        elif sid in (check_module_slot_empty.id, check_module_forward.id):  # state_guards
             cond = args[1].expression(self.value(args[0]), self.const)
         elif sid == check_attribute_absent.id:
             cond = f"(not hasattr({self.value(args[0])}, {self.const(args[1])}))"

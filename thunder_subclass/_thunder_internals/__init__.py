@@ -83,6 +83,7 @@ from thunder_subclass._thunder_internals.runtime import (  # noqa: F401
     with_call,
     with_fast_cache_hits,
 )
+from thunder_subclass._thunder_internals.state_reads import caller_module_name, state_path_of  # noqa: F401
 from thunder_subclass._thunder_internals.symbolic_values import (  # noqa: F401
     ShapeSymbols,
     SymbolicSizeError,
@@ -105,6 +106,8 @@ from thunder_subclass._thunder_internals.thunder_state import (  # noqa: F401
     call_in_epilogue,
     constant_rooted_path,
     hooked_module_provenance,
+    module_slot_of,
+    user_module,
     compile_data_context,
     current_compile_data,
     input_attribute,

@@ -20,7 +20,9 @@
 * the jit context (``jit_ext.get_jit_ctx``): a per-trace dict for the plugin (:func:`jit_state`), calls appended to
   the epilogue (:func:`call_in_epilogue`, run by :mod:`.interpreter_fixes`' ``process_recorded_modifications``
   hook), names and registration of input proxies, provenance records the prologue can unpack (the jitted module
-  itself through thunder's ``ThunderModule``: :func:`hooked_module_provenance`); calls that undo what a trace that
+  itself through thunder's ``ThunderModule``: :func:`hooked_module_provenance`; a module's parameter, buffer or
+  submodule slot read by ``nn.Module.__getattr__``: :func:`module_slot_of`; the user's module behind the
+  ``ThunderModule`` the prologue unpacks: :func:`user_module`); calls that undo what a trace that
   fails did to the caller's objects (:func:`undo_if_trace_fails`, run by :mod:`.runtime`'s ``acquire_initial_trace``
   through :func:`undoing_on_trace_failure`; owned by that call, per thread);
 * executors' operators: the implementation an operator registered with ``fn=`` runs (``extend/__init__.py``
@@ -538,6 +540,40 @@ def hooked_module_provenance(module, provenance):
     # (the constant's record as wrap_const makes it, also outside the interpreter: the epilogue's writes)
     name = ProvenanceRecord(PseudoInst.CONSTANT, inputs=[], value="_model")
     return ProvenanceRecord(PseudoInst.LOAD_ATTR, inputs=[provenance, name])
+
+
+def module_slot_of(record) -> tuple[Any, str, str] | None:
+    """``(module record, table, name)`` when ``record`` reads a module's parameter, buffer or submodule slot
+    (``<module>._parameters[name]``, ``._buffers[name]``, ``._modules[name]``: how ``nn.Module.__getattr__`` finds
+    ``self.bias``), else None. thunder unpacks a tensor or module found there itself (``core/jit_ext.py``
+    ``unpack_parameter_or_buffer_or_submodule``) but records nothing for an empty slot (``bias=None``)."""
+    from thunder.core.interpreter import PseudoInst
+    from thunder.core.jit_ext import EXT_FLAG_IS_MODULE
+
+    inst = record.inst.opname if isinstance(record.inst, dis.Instruction) else getattr(record.inst, "name", None)
+    if inst != "BINARY_SUBSCR" or len(record.inputs) != 2:
+        return None
+    table_read, key = record.inputs
+    if getattr(key, "inst", None) is not PseudoInst.CONSTANT or type(key.value) is not str:
+        return None
+    t_inst = table_read.inst.opname if isinstance(table_read.inst, dis.Instruction) else \
+        getattr(table_read.inst, "name", None)
+    if t_inst != "LOAD_ATTR" or len(table_read.inputs) != 2:
+        return None
+    module_record, table = table_read.inputs
+    if getattr(table, "value", None) not in ("_parameters", "_buffers", "_modules"):
+        return None
+    if not (getattr(module_record, "ext_flag", 0) & EXT_FLAG_IS_MODULE):
+        return None
+    return module_record, table.value, key.value
+
+
+def user_module(module):
+    """The user's module behind what the prologue unpacks for it: the jitted module is unpacked as thunder's
+    ``ThunderModule`` wrapper (``core/module.py`` ``get_thunder_module``), whose own tables are not the user's."""
+    from thunder.core.module import ThunderModule
+
+    return module._model if isinstance(module, ThunderModule) else module
 
 
 def attribute_provenance(history) -> Callable[[str], Any]:

@@ -24,7 +24,8 @@ Hooks (thunder 0.2.6 paths, relative to the installed ``thunder/``):
   copy) — its ``WRAP_CALLBACK`` sees every value the interpreter wraps; a value read from the inputs (arguments,
   attributes and items of them, attributes of the compiled module: a provenance the prologue can unpack) goes to
   ``Handlers.input_object`` too, which guards the Python objects thunder leaves unchecked (their type, identity or
-  value: ``thunder_subclass.guards.guard_input_object``).
+  value: ``thunder_subclass.guards.guard_input_object``), and so does a value read from lasting Python state the
+  prologue cannot unpack (``type(obj).name``, a module imported inside the traced code: :mod:`.state_reads`).
 * ``core/interpreter.py`` ``wrap`` — with provenance tracking thunder hands out the wrapper it made first for an
   object, whatever path reads it again (``f(x, (o, o))``: ``t[1]`` gets ``t[0]``'s wrapper and provenance), so the
   wrap callback sees one path per object; a read of an input object by another path goes to
@@ -42,7 +43,8 @@ Hooks (thunder 0.2.6 paths, relative to the installed ``thunder/``):
 * ``core/interpreter.py`` module global ``dis`` — the interpreter decodes the bytecode of every frame it runs
   (``_run_frame``); ``dis.get_instructions(code)`` is answered from a cache per code object
   (:class:`_CachedInstructionsDis`), the rest of ``dis`` is the module itself. The same call records the code
-  objects run within :func:`recording_interpreted_code` (for the on-disk cache).
+  objects run within :func:`recording_interpreted_code` (for the on-disk cache), and the code of the Python functions
+  that a natively run callable wraps (``functools.lru_cache``, ``functools.wraps`` decorators, ``partial``).
 * ``transforms/prune_prologue_checks.py`` ``PrunePrologueChecks.transform_traces_pre_prologue`` (in
   ``thunder.compile``'s ``BaseRecipe`` and thunder's ``HFTransformers`` recipe) — it asserts ("unexpected symbol
   check_torch_state without inputs") on a prologue symbol with no proxy input; the plugin's checks of global state
@@ -63,6 +65,7 @@ from typing import Any
 import torch
 
 from thunder_subclass._thunder_internals import plugin_state
+from thunder_subclass._thunder_internals.state_reads import state_path_of
 from thunder_subclass._thunder_internals.interpreter_speed import PURE_NATIVE_FUNCTIONS, fast_getitem, speed_lookaside
 from thunder_subclass._thunder_internals.module_dispatch import is_dispatch_hook, original_call_impl
 from thunder_subclass._thunder_internals.interpreter_fixes import (
@@ -248,7 +251,10 @@ def _hook_general_jit_lookaside(original):
             if lookaside is None and is_torch_state_setter(fn):
                 return _state_setter(fn)
             if lookaside is None and _is_opaque(fn):
-                # the interpreter will run fn natively: what it reads of its arguments is unknown to the trace
+                # the interpreter will run fn natively: what it reads of its arguments is unknown to the trace, and
+                # the Python code it wraps is not interpreted (recorded for the on-disk cache all the same)
+                if _code_recorder.codes is not None:
+                    _record_wrapped_code(fn, args, _code_recorder.codes)
                 plugin_state.handlers.native_call(fn, (*args, *kwargs.values()))
                 lists = [a for a in (*args, *kwargs.values()) if type(getattr(a, "value", None)) is list
                          and getattr(a, "item_wrappers", None) is not None]
@@ -387,7 +393,8 @@ def _hook_general_jit_callbacks(original: dict) -> dict:
         provenance = value.provenance
         if provenance.inputs:
             if is_plugin_active() and (
-                    is_unpackable_provenance(provenance) or constant_rooted_path(provenance) is not None):
+                    is_unpackable_provenance(provenance) or constant_rooted_path(provenance) is not None
+                    or state_path_of(provenance) is not None):
                 plugin_state.handlers.input_object(value.value, provenance)
         elif provenance.inst is input_fn and type(value.value) is types.FunctionType and is_plugin_active():
             # the compiled function itself: its code, defaults and closure values were inlined
@@ -562,6 +569,40 @@ class _CodeRecorder(threading.local):
 
 
 _code_recorder = _CodeRecorder()
+
+
+def _record_wrapped_code(fn, wrapped_args: tuple, codes: set) -> None:
+    """Add to ``codes`` the code of the Python functions that ``fn``, a callable the interpreter runs natively, wraps:
+    through ``__wrapped__`` (``functools.wraps``, ``functools.lru_cache`` / ``cache``), ``functools.partial``'s
+    ``func`` and a bound method's ``__func__``, to a small depth. Such a function runs (or ran, for a cache hit) out of
+    the interpreter's sight, but its file shapes what the trace holds as much as an interpreted one's. A call of a C
+    callable object reaches here as its type's ``__call__`` slot with the object first (``_lru_cache_wrapper``)."""
+    seen = 0
+    todo = [fn]
+    if getattr(fn, "__name__", None) == "__call__" and wrapped_args:
+        todo.append(getattr(wrapped_args[0], "value", None))
+    while todo and seen < 16:
+        f = todo.pop()
+        seen += 1
+        code = getattr(f, "__code__", None)
+        if isinstance(code, types.CodeType):
+            codes.add(code)
+        for attr in ("__wrapped__", "func", "__func__"):
+            try:
+                inner = _inspect_attr(f, attr)
+            except Exception:  # noqa: BLE001 - an object whose attribute lookup fails: nothing wrapped
+                inner = None
+            if inner is not None and callable(inner):
+                todo.append(inner)
+
+
+def _inspect_attr(obj, name: str):
+    """``obj.name`` read without running Python code of ``obj``'s class (a descriptor or ``__getattr__``): from its
+    instance dict or, for C callables, their attribute slots."""
+    d = getattr(type(obj), "__dict__", {})
+    if "__getattr__" in d or "__getattribute__" in d:
+        return None
+    return getattr(obj, name, None)
 
 
 @contextlib.contextmanager
