@@ -1448,3 +1448,19 @@ def test_a_flag_set_on_a_parameter_is_guarded():
     _same_as_eager_across(jm, m, [lambda: None, lambda: setattr(m.w, "_is_sharded", True),
                                   lambda: setattr(m.w, "_is_sharded", False), lambda: delattr(m.w, "_is_sharded")])
     assert thunder.cache_misses(jm) == 3 and thunder.cache_hits(jm) == 1
+
+
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_an_aliased_attribute_follows_a_changed_alias_table(dynamic):
+    # the attribute name read from attribute_map is a constant of the trace (under symbolic values it was a string
+    # proxy, printed into the prologue as `obj.<Proxy ...>`: a SyntaxError); the table entry it came from is checked
+    config = _ConfigWithGetattribute()
+    config.attribute_map = {"n_layer": "num_hidden_layers"}  # the instance's own table, changed below
+    f = lambda x, c: x * c.n_layer  # noqa: E731
+    jf = thunder_subclass.jit(f, dynamic=dynamic)
+    x = torch.ones(2)
+    torch.testing.assert_close(jf(x, config), f(x, config))
+    config.num_hidden_layers = 5
+    torch.testing.assert_close(jf(x, config), f(x, config))
+    config.attribute_map = {"n_layer": "_d"}
+    torch.testing.assert_close(jf(x, config), f(x, config))

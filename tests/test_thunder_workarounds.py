@@ -700,8 +700,9 @@ def test_writes_to_the_compiled_modules_own_attributes_happen_as_in_eager():
         torch.testing.assert_close(model.history[0], eager.history[0])
         torch.testing.assert_close(model.state.last, eager.state.last)
     assert not hasattr(jm, "hidden") or jm.hidden is model.hidden  # written to the user's module, not its wrapper
-    # each step count is a new trace (an int attribute is a constant of the trace, as in torch.compile)
-    assert thunder.cache_misses(jm) == 4
+    # the step count is a constant of the first trace; the second miss, on that int alone, traces with it symbolic
+    # (automatic dynamic shapes), and later counts hit
+    assert thunder.cache_misses(jm) == 3
 
     class Counts(torch.nn.Module):
         def __init__(self):

@@ -403,7 +403,7 @@ def _object_getattribute_lookaside(obj, name):
         wrap_const,
     )
 
-    name = name if isinstance(name, WrappedValue) else wrap_const(name)
+    name = _constant_attribute_name(name if isinstance(name, WrappedValue) else wrap_const(name))
     if not isinstance(obj, WrappedValue):
         obj = wrap_const(obj)
     known = obj.attribute_wrappers.get(name.value) if get_interpretercompilectx()._with_provenance_tracking else None
@@ -413,6 +413,27 @@ def _object_getattribute_lookaside(obj, name):
     if result is INTERPRETER_SIGNALS.EXCEPTION_RAISED or not get_interpretercompilectx()._with_provenance_tracking:
         return result
     return wrap_attribute(result, obj, name)
+
+
+def _constant_attribute_name(wrapped):
+    """An attribute name computed by traced code (``super().__getattribute__(self.attribute_map[key])`` in
+    transformers' ``PretrainedConfig``) as a constant, so that the value read is unpacked by the prologue as
+    ``obj.<name>``: under symbolic values the name was a string proxy, and the prologue printed
+    ``obj.<Proxy(name="subscr2")>`` (a SyntaxError). A string proxy is pinned to its value (a prologue check); a plain
+    string read from the inputs is guarded by value where it was read (``guards.guard_input_object``)."""
+    from thunder.core.interpreter import PseudoInst, wrap_const
+    from thunder.core.proxies import StringProxy
+
+    v = wrapped.value
+    if isinstance(v, StringProxy) and v.value is not None:
+        import thunder.clang as clang
+        from thunder.core.jit_ext import get_jit_ctx
+
+        get_jit_ctx().add_constraint((clang.check_string_value, v, v.value))
+        return wrap_const(v.value)
+    if type(v) is str and getattr(wrapped.provenance, "inst", None) is not PseudoInst.CONSTANT:
+        return wrap_const(v)
+    return wrapped
 
 
 def _has_own_instancecheck(cls) -> bool:
