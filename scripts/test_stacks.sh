@@ -58,8 +58,10 @@ build_stack() {  # build_stack NAME PY TORCH EXTRAS DIR
     echo "[$name] building $dir (Python $py, torch $torch, extras $extras)"
     [[ -x "$dir/bin/python" ]] || "$python" -m venv "$dir"
     rm -f "$dir/.stack-ok"
-    "$dir/bin/pip" install -q --disable-pip-version-check "torch==$torch"
-    (cd "$ROOT" && "$dir/bin/pip" install -q --disable-pip-version-check -e ".[$extras]")
+    # (PIP_CONFIG_FILE=/dev/null: a machine-wide pip constraint, such as a cap on torch's version for the wheels a
+    # machine keeps on disk, must not pick another torch than the stack's)
+    PIP_CONFIG_FILE=/dev/null "$dir/bin/pip" install -q --disable-pip-version-check "torch==$torch"
+    (cd "$ROOT" && PIP_CONFIG_FILE=/dev/null "$dir/bin/pip" install -q --disable-pip-version-check -e ".[$extras]")
     local got
     got="$("$dir/bin/python" -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null | tail -1)"
     if [[ "$got" != "$torch" ]]; then
@@ -72,7 +74,7 @@ build_stack() {  # build_stack NAME PY TORCH EXTRAS DIR
 use_transformers() {  # use_transformers DIR VERSION: install that transformers (5: the newest 5.x) into the stack
     local dir="$1" version="$2" spec
     if [[ "$version" == "5" ]]; then spec="transformers>=5,<6"; else spec="transformers==$version"; fi
-    "$dir/bin/pip" install -q --disable-pip-version-check "$spec"
+    PIP_CONFIG_FILE=/dev/null "$dir/bin/pip" install -q --disable-pip-version-check "$spec"
 }
 
 run_stack() {  # run_stack NAME DIR -> one table row on stdout's last line
