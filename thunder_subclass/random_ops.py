@@ -77,8 +77,11 @@ def _symbols_made() -> tuple:
     if not _symbols:
         from thunder_subclass.executor import subclass_executor, unique_operator_name
 
+        from thunder.core.prims import OpTags
+
+        # RANDOM_OP: it draws from torch's generator (never recomputed, never speculated, refused by create_graph)
         _symbols["forward"] = subclass_executor.register_operator(
-            unique_operator_name("eager_dropout"), meta=_dropout_meta, fn=_dropout)
+            unique_operator_name("eager_dropout"), meta=_dropout_meta, fn=_dropout, tags=[OpTags.RANDOM_OP])
         _symbols["backward"] = subclass_executor.register_operator(
             unique_operator_name("eager_dropout_backward"), meta=_dropout_backward_meta, fn=_dropout_backward)
     return _symbols["forward"], _symbols["backward"]
