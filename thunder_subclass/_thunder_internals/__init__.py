@@ -22,6 +22,7 @@ module                     concern
 :mod:`.autograd_hooks`     the flatten point before executors, gradients of inputs changed in place,
                            ``ThunderFunction`` forward/backward
 :mod:`.runtime`            the per-call path: cache info and the fast way to a cache hit
+:mod:`.automatic_dynamic`  automatic dynamic shapes: which cache misses trace with symbolic values
 :mod:`.module_dispatch`    per-thread module dispatch: submodules run a compiled ``forward`` while a graph-break
                            program runs their parent eagerly, without changing the user's modules
 :mod:`.executors`          thunder's torch_compile executor and the plugin's inductor regions
