@@ -383,7 +383,8 @@ def test_llama_with_dynamic_rope_forward_and_generate_is_one_program():
     assert thunder.cache_misses(jforward) <= 3, reasons  # forward; generate's prefill; its decode steps (symbolic)
     prologue = str(thunder.last_prologue_traces(jforward)[0])
     assert "check_speculation(" in prologue  # max_seq_len_cached and position_ids: the inputs the branch reads
-    assert "Int8Tensor[" in str(thunder.last_traces(jforward)[0])
+    # (torchao 0.18's weight type; 0.16, the torch 2.10 stack's, makes AffineQuantizedTensor)
+    assert any(f"{t}[" in str(thunder.last_traces(jforward)[0]) for t in ("Int8Tensor", "AffineQuantizedTensor"))
 
 
 def _eager_experts(config_name, model_name, **sizes):
