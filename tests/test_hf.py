@@ -86,7 +86,8 @@ def test_thunder_compile_with_the_hf_recipe_and_the_plugin():
     for kwargs in ({}, {"attention_mask": _left_padding_mask(ids)}):
         with torch.no_grad():
             torch.testing.assert_close(compiled(ids, **kwargs).logits, model(ids, **kwargs).logits)
-    assert "Int8Tensor[" in str(thunder.last_traces(compiled)[0])
+    # (torchao 0.18's weight type; 0.16, the torch 2.10 stack's, makes AffineQuantizedTensor)
+    assert any(f"{t}[" in str(thunder.last_traces(compiled)[0]) for t in ("Int8Tensor", "AffineQuantizedTensor"))
 
 
 def _generate_compiled(arch, jit_kwargs=None, **generate_kwargs):
