@@ -941,9 +941,9 @@ def _set_iter(wrapped_set):
 
 
 def _getattr_with_constant_name(obj, name, *default):
-    from thunder.core.interpreter import _interpret_call, unwrap, wrap_const
+    from thunder.core.interpreter import _interpret_call
 
-    return _interpret_call(getattr, obj, wrap_const(unwrap(name)), *default)
+    return _interpret_call(getattr, obj, _constant_attribute_name(name), *default)
 
 
 def interpreter_fix_lookaside(fn, wrapped_args: tuple = (), wrapped_kwargs: dict | None = None):
