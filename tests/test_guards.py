@@ -252,6 +252,42 @@ def test_object_guard_failure_names_the_object():
     assert spec.explain(Replicate()) == "the args[0] is a Replicate, the trace was made for a Shard"
 
 
+def test_each_object_guard_kind_is_a_guard_whose_expression_matches_as_it_does():
+    # one class per kind (ObjectSpec(kind, ...) makes it); a guard made stricter while tracing becomes another kind;
+    # the inline expression the fused prologue runs answers as matches does, for every kind
+    import types
+
+    from thunder_subclass.guards import Guard, ObjectSpec
+    from thunder_subclass.guards.values import function_snapshot, state_snapshot, value_snapshot
+
+    def fn(x):
+        return x
+
+    obj = Shard(3)
+    specs = [ObjectSpec("identity", Shard, obj), ObjectSpec("type", Shard), ObjectSpec("same", int, 3),
+             ObjectSpec("equal", Shard, value_snapshot(obj)), ObjectSpec("state", Shard, state_snapshot(obj)),
+             ObjectSpec("length", list, 2), ObjectSpec("keys", dict, ("a",)),
+             ObjectSpec("function", types.FunctionType, function_snapshot(fn))]
+    assert len({type(s) for s in specs}) == len(specs) and all(isinstance(s, (ObjectSpec, Guard)) for s in specs)
+    assert [s.kind for s in specs] == ["identity", "type", "same", "equal", "state", "length", "keys", "function"]
+    for spec in specs:
+        constants = {}
+
+        def const(c):
+            constants[f"c{len(constants)}"] = c
+            return f"c{len(constants) - 1}"
+
+        code = spec.expression("v", const)
+        for value in (obj, Shard(3), Shard(4), Replicate(), 3, 4, [1, 2], [1], {"a": 1}, {"b": 1}, fn, lambda x: x):
+            assert bool(eval(code, dict(constants), {"v": value})) == spec.matches(value), (spec, value)
+            if not spec.matches(value):
+                assert spec.explain(value)
+    spec = ObjectSpec("type", Shard, where="args[0]")
+    spec.become("identity", obj)
+    assert type(spec) is type(specs[0]) and spec.matches(obj) and not spec.matches(Shard(3))
+    assert spec.explain(Shard(3)).startswith("the args[0] is ")
+
+
 def test_object_read_by_a_native_call_is_guarded_by_value():
     import datetime
 

@@ -25,7 +25,7 @@ def _imports() -> dict[str, set[str]]:
     the internals subpackage is named ``_thunder_internals.<module>``, one of the subclass checker ``check.<module>``."""
     graph, private = {}, []
     paths = sorted(PACKAGE.glob("*.py")) + sorted((PACKAGE / INTERNALS).glob("*.py")) + sorted(
-        (PACKAGE / "check").glob("*.py"))
+        (PACKAGE / "check").glob("*.py")) + sorted((PACKAGE / "guards").glob("*.py"))
     for path in paths:
         name, deps = _module_name(path), set()
         for node in ast.walk(ast.parse(path.read_text())):
@@ -95,3 +95,26 @@ def test_the_checker_uses_the_pipeline_from_above():
 def test_no_module_imports_private_names_of_another():
     _, private = _imports()
     assert private == []
+
+
+def test_guards_are_one_protocol_in_files_by_concern():
+    # every guard kind is a Guard whose check symbol register_check made (none registered by hand), in files of at
+    # most 600 lines named by concern
+    from thunder_subclass import guards
+    from thunder_subclass.guards import protocol
+
+    folder = PACKAGE / "guards"
+    assert {p.stem for p in folder.glob("*.py")} == {
+        "__init__", "protocol", "values", "tensors", "objects", "inputs", "object_reads", "write_backs"}
+    for path in folder.glob("*.py"):
+        source = path.read_text()
+        assert len(source.splitlines()) <= 600, path.name
+        if path.stem != "protocol":
+            assert "register_operator" not in source, f"{path.name} registers a symbol by hand"
+    checks = [getattr(guards, n) for n in dir(guards) if n.startswith("check_") and n != "check_function"]
+    assert len(checks) >= 13
+    for sym in checks:
+        assert sym.id in protocol._GUARD_OF, sym.name
+    state_guards = __import__("thunder_subclass.state_guards", fromlist=["x"])
+    for sym in (state_guards.check_module_slot_empty, state_guards.check_module_forward, state_guards.check_state_read):
+        assert sym.id in protocol._GUARD_OF, sym.name

@@ -272,7 +272,9 @@ class _Encoder:
         if t is FusedChecks:
             return ["fused_checks", self.encode(v.state())]
         if callable(getattr(t, "disk_state", None)) and callable(getattr(t, "from_disk_state", None)):
-            return ["object", self.ref(t), self.encode(v.disk_state())]  # the plugin's own value types
+            state = v.disk_state()  # the plugin's own value types and guards (thunder_subclass.guards.Guard)
+            if state is not NotImplemented:
+                return ["object", self.ref(t), self.encode(state)]
         if callable(v) or isinstance(v, type):
             origin = _thunder_internals.symbol_origin(v)
             if origin is not None:

@@ -45,24 +45,10 @@ from thunder.core.trace import from_trace, TraceProvenance
 from thunder.core.transform_common import Transform
 
 from thunder_subclass.executor import subclass_executor
-from thunder_subclass.guards import (
-    MISSING,
-    SubclassGuardFailure,
-    is_same_value,
-    check_no_dispatch_mode,
-    check_plain_tensor,
-    check_module_hooks,
-    check_tensor_strides,
-    check_subclass,
-    check_object,
-    check_attribute_absent,
-    inline_tensor_check,
-)
-from thunder_subclass.state_guards import check_module_forward, check_module_slot_empty
+from thunder_subclass.guards import MISSING, SubclassGuardFailure, guard_of, inline_tensor_check, is_same_value
 from thunder_subclass._thunder_internals import (
     has_no_global_module_hooks,
     module_forward_hooks,
-    module_has_no_own_hooks_expression,
     tensor_metadata_guard,
 )
 from thunder_subclass.proxy import PLAIN_TENSOR_TYPES
@@ -289,7 +275,7 @@ class _Builder:
         self.slot_of: dict[str, _TensorSlot] = {}  # argument name -> its first slot (for a later stride check)
         self.checks = 0
         self.locals = 0
-        self.global_hooks_checked = False
+        self.asked: set[str] = set()
 
     def fresh(self) -> str:
         self.locals += 1
@@ -318,66 +304,40 @@ class _Builder:
         self.slot_of.setdefault(x, slot)
         return ""
 
+    def __call__(self, c: Any) -> str:
+        """``const``, as a guard's ``expression`` gets it (:class:`thunder_subclass.guards.Guard`)."""
+        return self.const(c)
+
+    def strides(self, x: str, strides: tuple) -> bool:
+        """Checks ``strides`` of tensor ``x`` with its other metadata when it has a slot without strides yet."""
+        slot = self.slot_of.get(x)
+        if slot is None or slot.strides is not None:
+            return False
+        slot.strides = strides
+        return True
+
+    def once(self, key: str) -> bool:
+        """True the first time ``key`` is asked (a condition one prologue needs once, as the global hooks')."""
+        if key in self.asked:
+            return False
+        self.asked.add(key)
+        return True
+
     def add(self, bsym) -> bool:
-        """The check as an expression, or False when it is not one this module fuses."""
-        sid, args = bsym.sym.id, bsym.args
+        """The check as an expression, or False when it is not one this module fuses: a plugin check asks its guard
+        (:func:`thunder_subclass.guards.guard_of`), thunder's own checks are in ``_THUNDER_CHECKS``."""
+        args = bsym.args
         if not args or not isinstance(args[0], Proxy) or any(isinstance(a, Proxy) for a in args[1:]):
             return False
-        cond = None
-        if sid == check_module_hooks.id:  # guards.check_module_hooks
-            v, hooks, module_type = self.value(args[0]), args[1].hooks, args[1].module_type
-            if module_type is not None:
-                self.conditions.append(f"(type({v}) is {self.const(module_type)})")
-            if hooks == ((), ()):
-                if not self.global_hooks_checked:
-                    self.conditions.append("_no_global_hooks()")
-                    self.global_hooks_checked = True
-                cond = module_has_no_own_hooks_expression(v)
-            else:
-                cond = f"(_hooks({v}) == {self.const(hooks)})"
-        elif sid == check_subclass.id:
-            cond = args[1].expression(self.value(args[0]), self.const, self.fresh, self.tensor)
-        elif sid == check_object.id:
-            cond = args[1].expression(self.value(args[0]), self.const)
-        elif sid in (check_module_slot_empty.id, check_module_forward.id):  # state_guards
-            cond = args[1].expression(self.value(args[0]), self.const)
-        elif sid == check_attribute_absent.id:
-            cond = f"(not hasattr({self.value(args[0])}, {self.const(args[1])}))"
-        elif sid == check_plain_tensor.id:
-            cond = f"type({self.value(args[0])}) in _plain"
-        elif sid == check_tensor_strides.id:
-            v = self.value(args[0])
-            slot = self.slot_of.get(v)
-            if slot is not None and slot.strides is None:
-                slot.strides = tuple(args[1])
-            else:
-                cond = f"({v}.stride() == {self.const(tuple(args[1]))})"
-        elif sid == check_no_dispatch_mode.id:
-            cond = f"not ({self.const(args[1])}.involves_subclasses and _dispatch_depth())"
-        elif sid == _P.CHECK_TENSOR_SHAPE_AND_METADATA:
-            t, shape, device, dtype, requires_grad = args
-            if not all(type(s) is int for s in shape) or not isinstance(device, str) or not isinstance(dtype, torch.dtype):
-                return False
-            self.tensor(self.value(t), torch.Size(shape), dtype, torch.device(device), requires_grad, False,
-                        instance=True)
-        elif sid == _P.CHECK_NUMBER_TYPE_AND_VALUE:
-            if not isinstance(args[1], Number):
-                return False
-            cond = _same_value_expr(self.value(args[0]), self.const(args[1]), self.const(type(args[1])), args[1])
-        elif sid in (_P.CHECK_STRING_VALUE, _P.CHECK_LITERAL_LIKE):
-            cond = f"({self.value(args[0])} == {self.const(args[1])})"
-        elif sid == _P.CHECK_LEN:
-            cond = f"(len({self.value(args[0])}) == {self.const(args[1])})"
-        elif sid == _P.CHECK_NONE:
-            cond = f"({self.value(args[0])} is None)"
-        elif sid == _P.CHECK_TYPE:
-            cond = f"(type({self.value(args[0])}) is {self.const(args[1])})"
-        elif sid == _P.CHECK_INSTANCE:
-            cond = f"isinstance({self.value(args[0])}, {self.const(args[1])})"
+        guard = guard_of(bsym)
+        if guard is not None:
+            cond = guard.expression(self.value(args[0]), self)
         else:
+            render = _THUNDER_CHECKS.get(bsym.sym.id)
+            cond = render(self, *args) if render is not None else None
+        if cond is None or cond is False:
             return False
-        if cond:
-            self.conditions.append(cond)
+        self.conditions.extend(c for c in ((cond,) if isinstance(cond, str) else cond) if c)
         self.checks += 1
         return True
 
@@ -401,6 +361,33 @@ class _Builder:
             namespace["_tensor_checks"] = _TensorChecks(namespace["tensor_checks"],
                                                         [slot.strides for slot in self.slots], namespace)
         return FusedChecks(namespace["fused_prologue_checks"], shown, source, tuple(p.name for p in self.values))
+
+
+def _tensor_metadata(b: _Builder, t, shape, device, dtype, requires_grad):
+    if not all(type(s) is int for s in shape) or not isinstance(device, str) or not isinstance(dtype, torch.dtype):
+        return None
+    b.tensor(b.value(t), torch.Size(shape), dtype, torch.device(device), requires_grad, False, instance=True)
+    return ""
+
+
+def _number(b: _Builder, n, value):
+    if not isinstance(value, Number):
+        return None
+    return _same_value_expr(b.value(n), b.const(value), b.const(type(value)), value)
+
+
+# thunder's own prologue checks: symbol id -> (builder, *args) -> expression ("": checked with the tensors; None: not
+# fused)
+_THUNDER_CHECKS = {
+    _P.CHECK_TENSOR_SHAPE_AND_METADATA: _tensor_metadata,
+    _P.CHECK_NUMBER_TYPE_AND_VALUE: _number,
+    _P.CHECK_STRING_VALUE: lambda b, x, value: f"({b.value(x)} == {b.const(value)})",
+    _P.CHECK_LITERAL_LIKE: lambda b, x, value: f"({b.value(x)} == {b.const(value)})",
+    _P.CHECK_LEN: lambda b, x, n: f"(len({b.value(x)}) == {b.const(n)})",
+    _P.CHECK_NONE: lambda b, x: f"({b.value(x)} is None)",
+    _P.CHECK_TYPE: lambda b, x, typ: f"(type({b.value(x)}) is {b.const(typ)})",
+    _P.CHECK_INSTANCE: lambda b, x, typ: f"isinstance({b.value(x)}, {b.const(typ)})",
+}
 
 
 def fuse_prologue_checks(trace):

@@ -41,11 +41,9 @@ import types
 from typing import Any
 
 import torch
-import thunder.core.prims as prims
 
 from thunder_subclass import _thunder_internals
-from thunder_subclass.executor import subclass_executor
-from thunder_subclass.guards import SubclassGuardFailure, check_attribute_absent, is_same_value
+from thunder_subclass.guards import Guard, check_attribute_absent, is_same_value, register_check
 
 __all__ = ["EmptyModuleSlot", "ModuleForward", "StateRead", "check_module_forward", "check_module_slot_empty",
            "check_state_read", "guard_module_forward", "guard_module_slot", "guard_state_read",
@@ -54,7 +52,7 @@ __all__ = ["EmptyModuleSlot", "ModuleForward", "StateRead", "check_module_forwar
 _TABLE_KIND = {"_parameters": "parameter", "_buffers": "buffer", "_modules": "submodule"}
 
 
-class EmptyModuleSlot:
+class EmptyModuleSlot(Guard):
     """The guard of one empty slot: a module's ``table`` (``"_parameters"``, ``"_buffers"``, ``"_modules"``) holds
     None at ``name``. Called on the module it answers whether that still holds (the fused prologue calls it so);
     :meth:`explain` says what is there instead; stored on disk by its table and name."""
@@ -66,6 +64,9 @@ class EmptyModuleSlot:
 
     def __repr__(self) -> str:
         return f"EmptyModuleSlot({self.table}[{self.name!r}])"
+
+    def matches(self, module) -> bool:
+        return self(module)
 
     def __call__(self, module) -> bool:
         slots = vars(_thunder_internals.user_module(module)).get(self.table)
@@ -88,15 +89,7 @@ class EmptyModuleSlot:
         return cls(*state)
 
 
-def _check_module_slot_empty_impl(module, slot: EmptyModuleSlot) -> None:
-    if not slot(module):
-        raise SubclassGuardFailure(slot.explain(module))
-
-
-check_module_slot_empty = subclass_executor.register_operator(
-    "check_module_slot_empty", meta=lambda module, slot: None, fn=_check_module_slot_empty_impl,
-    tags=[prims.OpTags.DONT_DCE],
-)
+check_module_slot_empty = register_check("check_module_slot_empty", ("module", "slot"))
 
 
 def guard_module_slot(obj, provenance) -> None:
@@ -120,7 +113,7 @@ def guard_module_slot(obj, provenance) -> None:
     jit_ctx.add_constraint((check_module_slot_empty, holder, EmptyModuleSlot(table, name)))
 
 
-class ModuleForward:
+class ModuleForward(Guard):
     """The guard of the ``forward`` a module call ran: the function set on the instance (``model.forward = f``, as
     libraries patch it; None: none set) and the class's ``forward``, each the same object as when traced. thunder reads
     ``forward`` as part of ``nn.Module``'s machinery, which the object guards leave to the module's type (a type check
@@ -138,6 +131,9 @@ class ModuleForward:
     def _now(module) -> tuple:
         m = _thunder_internals.user_module(module)
         return vars(m).get("forward"), getattr(type(m), "forward", None)
+
+    def matches(self, module) -> bool:
+        return self(module)
 
     def __call__(self, module) -> bool:
         instance, cls = self._now(module)
@@ -162,15 +158,7 @@ class ModuleForward:
         return cls(*state)
 
 
-def _check_module_forward_impl(module, spec: ModuleForward) -> None:
-    if not spec(module):
-        raise SubclassGuardFailure(explain=lambda: spec.explain(module))
-
-
-check_module_forward = subclass_executor.register_operator(
-    "check_module_forward", meta=lambda module, spec: None, fn=_check_module_forward_impl,
-    tags=[prims.OpTags.DONT_DCE],
-)
+check_module_forward = register_check("check_module_forward", ("module", "spec"))
 
 
 def guard_module_forward(jit_ctx, module, provenance) -> None:
@@ -233,7 +221,7 @@ def _is_literal(v, depth: int = 0) -> bool:
     return False
 
 
-class StateRead:
+class StateRead(Guard):
     """One read of lasting Python state that traced code made and thunder baked in unchecked (see
     ``_thunder_internals.state_path_of``): from ``anchor`` (``("type",)``: the type of the checked object, the user's
     module for a jitted one; ``("self",)``: the checked object itself; ``("import", name)``: ``sys.modules[name]``;
@@ -282,7 +270,11 @@ class StateRead:
                 obj = _MISSING
         return obj
 
-    def matches(self, value) -> bool:
+    def matches(self, holder=None) -> bool:
+        return self(holder)
+
+    def holds(self, value) -> bool:
+        """Whether ``value``, read where the trace read it, is what the trace depends on."""
         if self.kind == "value":
             return is_same_value(value, self.expected)
         if self.kind == "identity":
@@ -290,7 +282,7 @@ class StateRead:
         return type(value) is self.expected
 
     def __call__(self, holder=None) -> bool:
-        return self.matches(self.read(holder))
+        return self.holds(self.read(holder))
 
     def explain(self, holder=None) -> str:
         value = self.read(holder)
@@ -319,14 +311,7 @@ class _Missing:
 _MISSING = _Missing()
 
 
-def _check_state_read_impl(holder, read: StateRead) -> None:
-    if not read(holder):
-        raise SubclassGuardFailure(explain=lambda: read.explain(holder))
-
-
-check_state_read = subclass_executor.register_operator(
-    "check_state_read", meta=lambda holder, read: None, fn=_check_state_read_impl, tags=[prims.OpTags.DONT_DCE],
-)
+check_state_read = register_check("check_state_read", ("holder", "read"))
 
 
 def guard_state_read(obj, provenance) -> bool:
