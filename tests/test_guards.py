@@ -838,7 +838,7 @@ def test_state_snapshots_record_state_and_fall_back_for_big_objects():
 
 def test_the_python_versions_of_itertools_give_cpythons_results():
     # the interpreted stand-ins (_thunder_internals.interpreter_fixes) on plain data, run directly, against itertools
-    from thunder_subclass._thunder_internals import interpreter_fixes as fx
+    from thunder_subclass._thunder_internals import fixes_iteration as fx
 
     for data in ([], [3], [1, 2, 3], "abcd"):
         assert list(fx._chain(data, data[:1])) == list(itertools.chain(data, data[:1]))

@@ -153,3 +153,26 @@ def test_tracebacks_from_interpreted_code_show_the_user_lines_in_a_fresh_process
     f_line = 1 + lines.index("    return helper({}) + x")
     assert eager[-2:] == [(f_line, "f", "return helper({}) + x"), (helper_line, "helper", 'return d["missing"] + 1')]
     assert plugin == plain and plain[-2:] == eager[-2:], (plugin, plain)
+
+
+def test_interpreter_fixes_are_parts_by_concern_each_with_its_table():
+    # each part: its own hook targets and lookaside table (a dict keyed by function), at most 600 lines; the merged
+    # lookaside finds a part's fix by the function (or the callable's type), thunder's own call otherwise
+    import inspect
+    import itertools
+    import operator
+
+    from thunder_subclass._thunder_internals import fixes_iteration, interpreter_fixes
+
+    assert len(interpreter_fixes.PARTS) == 7
+    targets = []
+    for part in interpreter_fixes.PARTS:
+        assert len(inspect.getsource(part).splitlines()) <= 600, part.__name__
+        assert isinstance(part.lookasides(), dict), part.__name__
+        targets += part.hook_targets()
+    assert [t[:2] for t in targets] == [t[:2] for t in interpreter_fixes.hook_targets()] and len(targets) == 20
+    assert itertools.chain in fixes_iteration.lookasides()
+    assert interpreter_fixes.interpreter_fix_lookaside(itertools.chain, (), {}) is not None
+    assert interpreter_fixes.interpreter_fix_lookaside(operator.itemgetter(1), (object(),), {}) is not None
+    assert interpreter_fixes.interpreter_fix_lookaside(len, (object(),), {}) is None
+    assert interpreter_fixes.interpreter_fix_lookaside([].append, (), {}) is None  # (a method: not a fix)

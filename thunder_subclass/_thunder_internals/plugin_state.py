@@ -152,6 +152,15 @@ def remember_symbol_origin(sym: Any, fn: Callable, factory: Callable, args: tupl
     _implementations[sym.id] = fn
 
 
+def is_hashable(x) -> bool:
+    """Whether ``x`` can be a dict key (a lookaside table's)."""
+    try:
+        hash(x)
+    except TypeError:
+        return False
+    return True
+
+
 def symbol_origin(fn: Any) -> tuple[Callable, tuple] | None:
     """``(factory, args)`` recorded for the symbol implementation ``fn``, else None."""
     try:
