@@ -11,11 +11,8 @@ from torch import nn
 
 import thunder_subclass
 from subclasses import TwoTensor
+from helpers import two
 from thunder_subclass.errors import CacheLimitWarning
-
-
-def _two(*shape):
-    return TwoTensor(torch.randn(*shape), torch.randn(*shape))
 
 
 def _f(t):
@@ -41,7 +38,7 @@ def test_entries_never_exceed_the_bound_and_values_stay_eager():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CacheLimitWarning)
         for n in range(1, 10):
-            x = _two(n, 2)
+            x = two(n, 2)
             out = jf(x)
             assert _entries(jf) == min(n, 3)
             assert type(out) is TwoTensor
@@ -49,7 +46,7 @@ def test_entries_never_exceed_the_bound_and_values_stay_eager():
             torch.testing.assert_close(out.b, _f(x).b)
     # calls that an entry accepts still run compiled
     hits = thunder.cache_hits(jf)
-    jf(_two(2, 2))
+    jf(two(2, 2))
     assert thunder.cache_hits(jf) == hits + 1
 
 
@@ -109,10 +106,10 @@ def test_eager_fallback_of_a_module_runs_the_module():
 def test_explain_recompiles_lists_the_failing_guard():
     jf = thunder_subclass.jit(_f, dynamic=False)
     assert thunder_subclass.explain_recompiles(jf) == [] and thunder_subclass.last_miss_reasons(jf) == ()
-    jf(_two(2, 2))
-    jf(_two(2, 2))
+    jf(two(2, 2))
+    jf(two(2, 2))
     assert thunder_subclass.explain_recompiles(jf) == []  # a hit
-    jf(_two(3, 2))
+    jf(two(3, 2))
     (text,) = thunder_subclass.explain_recompiles(jf)
     assert text.startswith("call 3 (a cache miss; 1 entry checked):")
     (reason,) = thunder_subclass.last_miss_reasons(jf)

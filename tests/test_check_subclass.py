@@ -377,6 +377,7 @@ def test_report_table_and_raise_on_failure():
         check_subclass(lambda seed: torch.ones(2))
 
 
+@pytest.mark.slow
 def test_command_line_exits_nonzero_on_findings():
     tests = os.path.dirname(__file__)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(tests), tests]), PYTHONWARNINGS="ignore")

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import thunder_subclass
+from helpers import two
 import thunder
 from torch.testing._internal.two_tensor import TwoTensor
 
@@ -31,8 +32,7 @@ def _nvfuser_available() -> bool:
 
 
 def _two(*shape, requires_grad=True):
-    t = TwoTensor(torch.randn(*shape, device="cuda"), torch.randn(*shape, device="cuda"))
-    return t.requires_grad_(requires_grad)
+    return two(*shape, requires_grad=requires_grad, device="cuda")
 
 
 class _TwoTensorMLP(torch.nn.Module):

@@ -4,12 +4,15 @@ mismatch with eager."""
 import subprocess
 import sys
 
+import pytest
+
 import torch
 from torch.testing._internal.two_tensor import TwoTensor
 
 from thunder_subclass import demo
 
 
+@pytest.mark.slow
 def test_demo_prints_traces_on_request():
     run = subprocess.run([sys.executable, "-m", "thunder_subclass.demo", "--traces"], capture_output=True, text=True,
                          timeout=300)

@@ -35,6 +35,7 @@ def _run(cache_dir, *cases, env=None) -> dict:
     return report
 
 
+@pytest.mark.slow
 def test_second_process_loads_the_first_ones_compilation(tmp_path):
     # (guarded_module: its prologue checks a method's function and a torch state query, both stored)
     cases = ("plain_function", "twotensor_mlp", "int8_mlp", "guarded_module")
@@ -48,6 +49,7 @@ def test_second_process_loads_the_first_ones_compilation(tmp_path):
     assert all(r["loaded"] for r in second["results"].values())
 
 
+@pytest.mark.slow
 def test_an_environment_variable_read_in_forward_is_checked_after_a_load(tmp_path):
     # the value read is a prologue check of the stored entry: process 2 with another value did not get process 1's
     first = _run(tmp_path, "environ_module", env={"THUNDER_SUBCLASS_TEST_FACTOR": "2"})
@@ -59,6 +61,7 @@ def test_an_environment_variable_read_in_forward_is_checked_after_a_load(tmp_pat
     assert third["stats"]["hits"] == 1 and third["results"]["environ_module"]["loaded"], third["stats"]
 
 
+@pytest.mark.slow
 def test_a_helper_behind_lru_cache_edited_between_processes_is_a_miss(tmp_path):
     # functools.lru_cache's wrapper is C: the interpreter runs it natively and never decoded the helper's code, so its
     # file was not among the entry's recorded files and process 2 served process 1's factor
@@ -76,6 +79,7 @@ def test_a_helper_behind_lru_cache_edited_between_processes_is_a_miss(tmp_path):
     assert third["stats"]["hits"] == 1, third["stats"]
 
 
+@pytest.mark.slow
 def test_concurrent_first_processes_then_a_hit(tmp_path):
     env = {**os.environ, "THUNDER_SUBCLASS_DISK_CACHE": "1", "THUNDER_SUBCLASS_CACHE_DIR": str(tmp_path),
            "CUDA_VISIBLE_DEVICES": ""}

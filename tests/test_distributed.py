@@ -54,6 +54,7 @@ def test_tensor_parallel_and_fsdp2_on_a_2d_mesh():
     cases.run(cases.tp_fsdp_2d, 4, args=("gloo",))
 
 
+@pytest.mark.slow
 def test_example_runs_under_torchrun():
     # torchrun is `python -m torch.distributed.run`
     pytest.importorskip("torchao.float8")

@@ -88,6 +88,7 @@ def block_runs(request):
         yield {(p["doc"], p["line"]): pool.submit(_run_block, p["code"]) for p in selected}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("doc, line, code", PYTHON_BLOCKS, ids=[f"{doc}:{line}" for doc, line, _ in PYTHON_BLOCKS])
 def test_python_block_runs(doc, line, code, block_runs):
     future = block_runs.get((doc, line))

@@ -9,6 +9,7 @@ import torch
 
 import thunder_subclass
 from subclasses import TwoTensor
+from helpers import cache_counts
 
 SIZES = (2, 3, 4, 5, 6)
 
@@ -30,7 +31,7 @@ def test_new_batch_sizes_trace_twice_then_hit():
     for n in SIZES:
         x, y = torch.randn(n, 4), torch.randn(4)
         torch.testing.assert_close(jf(x, y), f(x, y))
-    assert (thunder.cache_misses(jf), thunder.cache_hits(jf)) == (2, 3)
+    assert cache_counts(jf) == (2, 3)
     assert _state(jf) == "symbolic"
     # the symbolic trace's shapes hold number proxies, the first (exact) trace's do not
     assert "IntegerProxy" in str(thunder.last_traces(jf)[0])
@@ -143,7 +144,7 @@ def test_subclass_sizes_become_symbolic_after_a_size_driven_miss():
         assert type(out) is TwoTensor
         torch.testing.assert_close(out.a, t.a * 2)
         torch.testing.assert_close(out.b, t.b * 2)
-    assert (thunder.cache_misses(jf), thunder.cache_hits(jf)) == (2, 1)
+    assert cache_counts(jf) == (2, 1)
     assert _state(jf) == "symbolic"
 
 

@@ -23,6 +23,7 @@ def fresh_results():
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", fresh_examples.EXAMPLES)
 def test_first_call_in_fresh_process(name, fresh_results):
     error = fresh_results[name]

@@ -13,6 +13,7 @@ import thunder
 import thunder_subclass
 from thunder_subclass import GraphBreakWarning, SubclassDispatchError, UnsupportedSubclassOperationError
 from subclasses import TwoTensor
+from helpers import tiny_causal_lm
 
 
 def _item_branch(x, w):
@@ -345,13 +346,9 @@ def test_break_location_is_the_line_that_raised_through_with_and_finally(fn, bre
 # Hugging Face models: tiny random configs, no download
 
 def _llama_dynamic_rope():
-    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("transformers")
     tq = pytest.importorskip("torchao.quantization")
-    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
-                                      rope_scaling={"rope_type": "dynamic", "factor": 2.0})
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config).eval()
+    model = tiny_causal_lm("llama", rope_scaling={"rope_type": "dynamic", "factor": 2.0})
     tq.quantize_(model, tq.Int8WeightOnlyConfig())
     return model
 
@@ -360,6 +357,7 @@ def _input_ids(batch=2, seq=8):
     return torch.randint(0, 256, (batch, seq), generator=torch.Generator().manual_seed(1))
 
 
+@pytest.mark.slow
 def test_llama_with_dynamic_rope_forward_and_generate_is_one_program():
     # `if torch.max(position_ids) + 1 > self.max_seq_len_cached:` (transformers' dynamic RoPE update) is speculated:
     # the whole forward is one trace whose prologue checks the comparison (torch.compile: 6 graphs, 6 breaks)
@@ -417,6 +415,7 @@ def _routing_line(experts_class) -> str:
     return f"{inspect.getsourcefile(experts_class)}:{first + offset}"
 
 
+@pytest.mark.slow
 def test_mixtral_with_data_dependent_routing_forward_and_generate():
     model = _mixtral_eager_experts()
     ids = _input_ids()
@@ -532,6 +531,7 @@ def test_an_item_used_as_a_number_in_tensor_code_still_compiles():
         torch.testing.assert_close(jf(x), f(x))
 
 
+@pytest.mark.slow
 def test_qwen2_moe_with_data_dependent_routing_forward_and_generate():
     model = _qwen2_moe_eager_experts()
     ids = _input_ids()

@@ -14,6 +14,7 @@ import torch
 
 import thunder_subclass
 from subclasses import ScaledTensor, TwoTensor, quantize
+from helpers import cache_counts
 from thunder_subclass.errors import UnsupportedGlobalStateError
 
 
@@ -30,7 +31,7 @@ def test_identical_call_is_a_cache_hit():
     x = _two()
     jf(x)
     out = jf(_two())
-    assert (thunder.cache_misses(jf), thunder.cache_hits(jf)) == (1, 1)
+    assert cache_counts(jf) == (1, 1)
     assert type(out) is TwoTensor
 
 
@@ -95,7 +96,7 @@ def test_metadata_guard_ignores_what_the_class_says_does_not_matter():
     data = torch.randn(4)
     jf(ScaledTensor(data, 2.0, tag="a"))
     out = jf(ScaledTensor(data, 2.0, tag="b"))  # __metadata_guard__ compares the factor only
-    assert (thunder.cache_misses(jf), thunder.cache_hits(jf)) == (1, 1)
+    assert cache_counts(jf) == (1, 1)
     torch.testing.assert_close(out, data * 2.0 + 1)
 
 
@@ -151,7 +152,7 @@ def test_placement_type_is_guarded():
     assert [jf(p) for p in placements] == [_placement_branch(p) for p in placements] == [2, 1, 2, 1, 2]
     # is_replicate is a pybind11 method (native: it may read anything of the placement), so the placement is guarded
     # by value: Shard(1) is a miss, an equal Replicate() or Shard(0) a hit
-    assert (thunder.cache_misses(jf), thunder.cache_hits(jf)) == (3, 2)
+    assert cache_counts(jf) == (3, 2)
     specs = [b.args[1] for b in thunder.last_prologue_traces(jf)[0].bound_symbols if b.sym.name == "check_object"]
     assert sorted((spec.kind, spec.where) for spec in specs) == [("equal", "args[0]"),
                                                                  ("function", "the compiled callable")]
@@ -177,7 +178,7 @@ def test_user_class_method_is_guarded_by_type():
         out = jf(x, op)
         torch.testing.assert_close(out.a, op.apply(x.a))
         assert type(out) is TwoTensor
-    assert (thunder.cache_misses(jf), thunder.cache_hits(jf)) == (2, 1)
+    assert cache_counts(jf) == (2, 1)
 
 
 def test_enum_member_is_guarded_by_identity():
@@ -188,7 +189,7 @@ def test_enum_member_is_guarded_by_identity():
     x = torch.randn(3)
     for mode in (_Mode.DOUBLE, _Mode.KEEP, _Mode.DOUBLE):
         torch.testing.assert_close(jf(x, mode), f(x, mode))
-    assert (thunder.cache_misses(jf), thunder.cache_hits(jf)) == (2, 1)
+    assert cache_counts(jf) == (2, 1)
 
 
 def test_dataclass_fields_and_type_are_guarded():
@@ -199,7 +200,7 @@ def test_dataclass_fields_and_type_are_guarded():
     x = _two()
     for cfg in (_Cfg(2.0, _Mode.DOUBLE), _Cfg(3.0, _Mode.DOUBLE), _Cfg(3.0, _Mode.KEEP), _Cfg(2.0, _Mode.DOUBLE)):
         torch.testing.assert_close(jf(x, cfg).a, f(x, cfg).a)
-    assert (thunder.cache_misses(jf), thunder.cache_hits(jf)) == (3, 1)
+    assert cache_counts(jf) == (3, 1)
 
 
 def test_function_argument_is_guarded_by_identity():
@@ -207,7 +208,7 @@ def test_function_argument_is_guarded_by_identity():
     x = torch.randn(4)
     for act in (torch.relu, torch.sigmoid, torch.relu, torch.tanh):
         torch.testing.assert_close(jf(x, act), act(x))
-    assert (thunder.cache_misses(jf), thunder.cache_hits(jf)) == (3, 1)
+    assert cache_counts(jf) == (3, 1)
 
 
 def test_none_or_tensor_keyword_is_guarded():
@@ -299,7 +300,7 @@ def test_object_read_by_a_native_call_is_guarded_by_value():
     for seconds in (2, 3, 2):
         d = datetime.timedelta(seconds=seconds)
         torch.testing.assert_close(jf(x, d), f(x, d))
-    assert (thunder.cache_misses(jf), thunder.cache_hits(jf)) == (2, 1)
+    assert cache_counts(jf) == (2, 1)
     torch.testing.assert_close(jf(x, datetime.timedelta(seconds=3)), x * 3.0)  # an equal copy: a hit
     assert thunder.cache_hits(jf) == 2
 
@@ -310,7 +311,7 @@ def test_python_function_argument_is_guarded_by_code_and_closure():
     for scale in (2.0, 2.0, 3.0, 2.0):
         f = lambda t, s=scale: t * s  # noqa: E731 - a new function object per call, as in a loop
         torch.testing.assert_close(jf(x, f), x * scale)
-    assert (thunder.cache_misses(jf), thunder.cache_hits(jf)) == (2, 2)
+    assert cache_counts(jf) == (2, 2)
 
     def make(k):
         return lambda t: t + k
@@ -375,7 +376,7 @@ def test_one_object_reached_by_two_paths_is_guarded_at_both():
     x = torch.randn(3)
     for pair in ((_MARKER, _MARKER), (_MARKER, object()), (object(), _MARKER), (_MARKER, _MARKER)):
         torch.testing.assert_close(jf(x, pair), f(x, pair))
-    assert (thunder.cache_misses(jf), thunder.cache_hits(jf)) == (3, 1)
+    assert cache_counts(jf) == (3, 1)
 
     def g(x, t):
         return t[1].scale(x)  # the method comes from the second path's type
@@ -400,7 +401,7 @@ def test_compared_object_with_value_equality_hits_for_an_equal_copy():
     x = torch.randn(3)
     jf(x, _Token())
     torch.testing.assert_close(jf(x, _Token()), x * 2)  # another object, equal: the same trace
-    assert (thunder.cache_misses(jf), thunder.cache_hits(jf)) == (1, 1)
+    assert cache_counts(jf) == (1, 1)
 
 
 class _Key:
@@ -478,7 +479,7 @@ def test_state_read_from_dict_key_objects_is_guarded(fn, table, change):
     try:
         torch.testing.assert_close(jf(x, table), f(x, table))
         torch.testing.assert_close(jf(x, table), f(x, table))
-        assert (thunder.cache_misses(jf), thunder.cache_hits(jf)) == (1, 1)
+        assert cache_counts(jf) == (1, 1)
         change(table)
         torch.testing.assert_close(jf(x, table), f(x, table))
         assert thunder.cache_misses(jf) == 2
@@ -501,7 +502,7 @@ def test_state_read_from_the_items_of_a_set_is_guarded(kind):
     jf = thunder_subclass.jit(_sum_set)
     torch.testing.assert_close(jf(x, s), _sum_set(x, s))
     torch.testing.assert_close(jf(x, s), _sum_set(x, s))
-    assert (thunder.cache_misses(jf), thunder.cache_hits(jf)) == (1, 1)
+    assert cache_counts(jf) == (1, 1)
     next(iter(s)).n = 7
     torch.testing.assert_close(jf(x, s), _sum_set(x, s))
     assert thunder.cache_misses(jf) == 2
@@ -1038,7 +1039,7 @@ def test_attribute_reads_are_recorded_and_guarded_as_eager_sees_them(config_cls,
     jf = thunder_subclass.jit(f)
     torch.testing.assert_close(jf(x, config), f(x, config))  # the call a trace was made from runs
     torch.testing.assert_close(jf(x, config), f(x, config))
-    assert (thunder.cache_misses(jf), thunder.cache_hits(jf)) == (1, 1)
+    assert cache_counts(jf) == (1, 1)
     before = f(x, config)
     _ATTRIBUTES[attribute](config)
     expected = f(x, config)

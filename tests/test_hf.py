@@ -7,23 +7,13 @@ import torch
 
 import thunder
 import thunder_subclass
+from helpers import tiny_causal_lm
 
 transformers = pytest.importorskip("transformers")
 tq = pytest.importorskip("torchao.quantization")
 
-_CONFIGS = {
-    "llama": ("LlamaConfig", "LlamaForCausalLM"),
-    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),  # q/k/v Linears with bias
-    "mistral": ("MistralConfig", "MistralForCausalLM"),  # sliding-window cache layers
-}
-
-
 def _model(arch, num_hidden_layers=1):
-    config_cls, model_cls = (getattr(transformers, n) for n in _CONFIGS[arch])
-    config = config_cls(hidden_size=64, intermediate_size=128, num_hidden_layers=num_hidden_layers,
-                        num_attention_heads=4, num_key_value_heads=2, vocab_size=256)
-    torch.manual_seed(0)
-    return model_cls(config).eval()
+    return tiny_causal_lm(arch, num_hidden_layers)
 
 
 def _quantized(arch, config_name):
@@ -106,6 +96,7 @@ def _generate_compiled(arch, jit_kwargs=None, **generate_kwargs):
     return jforward
 
 
+@pytest.mark.slow
 def test_generate_with_static_cache_compiles_prefill_and_decode_once():
     jforward = _generate_compiled("llama", max_new_tokens=16, cache_implementation="static")
     # one trace for the prefill, one for every decode step (the static cache keeps every shape fixed)
@@ -113,6 +104,7 @@ def test_generate_with_static_cache_compiles_prefill_and_decode_once():
     assert thunder.cache_hits(jforward) == 14
 
 
+@pytest.mark.slow
 def test_generate_with_dynamic_cache_and_padding():
     jforward = _generate_compiled("mistral", max_new_tokens=2, padding=True)
     # the DynamicCache grows by one position per token: a trace per step (subclass operations are unrolled on
@@ -120,6 +112,7 @@ def test_generate_with_dynamic_cache_and_padding():
     assert thunder.cache_misses(jforward) == 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["llama", "mistral"])  # mistral: sliding-window cache layers
 def test_generate_with_dynamic_cache_at_default_settings_stops_retracing(arch):
     # automatic dynamic shapes: the first decode step misses on sizes only, so its trace makes them symbolic
@@ -128,6 +121,7 @@ def test_generate_with_dynamic_cache_at_default_settings_stops_retracing(arch):
     assert thunder.cache_hits(jforward) == 14
 
 
+@pytest.mark.slow
 def test_generate_with_dynamic_cache_and_symbolic_values_compiles_prefill_and_decode_once():
     jforward = _generate_compiled("llama", {"cache": "symbolic values"}, max_new_tokens=4, padding=True)
     # the cache length grows but never reaches a subclass operation: it stays symbolic
@@ -189,6 +183,7 @@ def _gemma(config_name, model_name, **config):
     return getattr(transformers, model_name)(config).eval()
 
 
+@pytest.mark.slow
 def test_gemma2_generates_past_its_sliding_window():
     # the static cache's sliding-window layer (StaticSlidingWindowLayer.update) rolls with torch.tensor([-1],
     # dtype=int) once the window is full: plain thunder 0.2.6 "<class 'int'> had an unexpected type"
@@ -289,6 +284,7 @@ def test_family_forward_at_default_arguments(name):
     assert thunder.cache_misses(jmodel) == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
 @pytest.mark.parametrize("name", _GENERATING)
 def test_family_generate(name, cache):

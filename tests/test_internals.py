@@ -3,6 +3,8 @@
 import subprocess
 import sys
 
+import pytest
+
 import thunder
 import torch
 
@@ -11,12 +13,14 @@ from thunder_subclass import _thunder_internals
 from subclasses import TwoTensor
 
 
+@pytest.mark.slow
 def test_import_in_fresh_interpreter_leaves_thunder_importable():
     code = "import thunder_subclass, thunder; import torch; print(thunder.jit(lambda x: x + 1)(torch.ones(2)).tolist())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().endswith("[2.0, 2.0]")
 
 
+@pytest.mark.slow
 def test_import_hides_only_thunders_transformer_engine_warning():
     # thunder 0.2.6 warns "transformer_engine module not found!" at import; thunder_subclass's own import of thunder
     # filters exactly that warning, and removes its filter afterwards (other warnings, later ones, still show)
@@ -139,6 +143,7 @@ print(repr((eager, plain, plugin)))
 '''
 
 
+@pytest.mark.slow
 def test_tracebacks_from_interpreted_code_show_the_user_lines_in_a_fresh_process(tmp_path):
     # thunder's interpreter puts a made-up frame per interpreted function into the traceback (the hook on
     # InterpreterFrame.get_or_make_python_frame makes it without thunder's 5 ms busy wait): the user's file, line, function

@@ -12,11 +12,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import thunder_subclass
 from thunder_subclass import SubclassGradRuleError, SubclassProtocolError, TensorSubclassError
 from subclasses import TwoTensor
+from helpers import cache_counts, two
 from test_training import _clone_leaf, assert_same
-
-
-def _two(*shape, requires_grad=False):
-    return TwoTensor(torch.randn(*shape), torch.randn(*shape)).requires_grad_(requires_grad)
 
 
 # -- isinstance / type / attributes ----------------------------------------------------------------------------
@@ -26,7 +23,7 @@ def test_isinstance_parameter_of_a_subclass_takes_eagers_branch():
     def f(w):
         return w + 1 if isinstance(w, nn.Parameter) else w + 2
 
-    p, t = nn.Parameter(_two(3)), _two(3)
+    p, t = nn.Parameter(two(3)), two(3)
     jf = thunder_subclass.jit(f)
     for x in (p, t):
         assert_same(jf(x).detach(), f(x).detach())
@@ -39,7 +36,7 @@ def test_type_issubclass_and_class_attribute_as_eager():
                   isinstance(x, torch.Tensor), isinstance(x, TwoTensor), isinstance(x, nn.Parameter))
         return x * sum(2 ** i for i, c in enumerate(checks) if c)
 
-    x = _two(3)
+    x = two(3)
     assert_same(thunder_subclass.jit(f)(x), f(x))
 
 
@@ -59,7 +56,7 @@ def test_non_tensor_attribute_in_flatten_context_reads_eagers_value_and_is_guard
 
 
 def test_attribute_set_on_a_parameter_subclass_is_read_and_guarded():
-    p = nn.Parameter(_two(3))
+    p = nn.Parameter(two(3))
     p.quant_type = "int8"
 
     def f(w):
@@ -110,7 +107,7 @@ def test_in_place_on_a_non_leaf_subclass_that_requires_grad():
         b.mul_(3)
         return b + 1
 
-    x = _two(3, requires_grad=True)
+    x = two(3, requires_grad=True)
     ex = _clone_leaf(x)
     out, eout = thunder_subclass.jit(f)(x), f(ex)
     assert_same(out.detach(), eout.detach())
@@ -131,7 +128,7 @@ def test_in_place_on_a_non_leaf_input_that_requires_grad(kind):
 
     def leaves():
         torch.manual_seed(0)
-        make = (lambda: torch.randn(3, 3)) if kind == "plain" else (lambda: _two(3, 3))
+        make = (lambda: torch.randn(3, 3)) if kind == "plain" else (lambda: two(3, 3))
         return [make().requires_grad_() for _ in range(2)]
 
     bases, ebases = leaves(), leaves()
@@ -185,7 +182,7 @@ def test_in_place_on_a_non_leaf_input_that_requires_grad(kind):
 
 
 def test_in_place_on_a_leaf_that_requires_grad_fails_as_in_eager():
-    x = _two(3, requires_grad=True)
+    x = two(3, requires_grad=True)
     with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
         x.clone().detach().requires_grad_().mul_(2)  # eager
     with pytest.raises(TensorSubclassError, match="leaf Variable that requires grad"):
@@ -197,7 +194,7 @@ def test_requires_grad_of_each_output_is_eagers():
         y = x * 2
         return y, y.a, (w > 0), w.detach() * 3, w.sum(), x.a + 1, torch.ones(2)
 
-    x = _two(3, requires_grad=True)  # the TwoTensor is the leaf; its inner tensors do not require grad
+    x = two(3, requires_grad=True)  # the TwoTensor is the leaf; its inner tensors do not require grad
     w = torch.randn(3, requires_grad=True)
     outs, expected = thunder_subclass.jit(f)(x, w), f(x, w)
     assert [o.requires_grad for o in outs] == [e.requires_grad for e in expected] == [
@@ -305,7 +302,7 @@ def test_torch_dispatch_mode_around_the_call_sees_eagers_operations(fullgraph):
     def f(t, w):
         return ((t * w).sin() + 1).sum()
 
-    x, w = _two(3).requires_grad_(), _two(3)
+    x, w = two(3).requires_grad_(), two(3)
     ex = _clone_leaf(x)
     jf = thunder_subclass.jit(f, fullgraph=fullgraph)
     with _LogMode() as expected_ops:
@@ -328,7 +325,7 @@ def test_torch_dispatch_mode_around_the_call_sees_eagers_operations(fullgraph):
 
 def test_torch_dispatch_mode_around_a_compiled_module():
     model = torch.nn.Linear(3, 2)
-    model.weight = torch.nn.Parameter(_two(2, 3))
+    model.weight = torch.nn.Parameter(two(2, 3))
     jm = thunder_subclass.jit(model)
     x = torch.randn(4, 3)
     with _LogMode() as expected_ops:
@@ -347,7 +344,7 @@ def test_dispatch_mode_that_asks_to_be_compiled_under_is_a_typed_error():
     def f(t):
         return (t * 2).sin()
 
-    x = _two(3)
+    x = two(3)
     jf = thunder_subclass.jit(f)
     assert_same(jf(x), f(x))  # compiled outside the mode
     line = f.__code__.co_firstlineno + 1
@@ -505,7 +502,7 @@ def test_module_prepared_with_unwrap_tensor_subclass_parameters():
     from torch._functorch._aot_autograd.subclass_parametrization import unwrap_tensor_subclass_parameters
 
     m = nn.Linear(4, 3)
-    m.weight = nn.Parameter(_two(3, 4))
+    m.weight = nn.Parameter(two(3, 4))
     unwrap_tensor_subclass_parameters(m)  # parametrizations rebuild the TwoTensor from plain parameters
     em = copy.deepcopy(m)
     x = torch.randn(2, 4)
@@ -532,7 +529,7 @@ def test_in_place_view_ops(op):
         getattr(p, op)(*args)
         return p * 2 + getattr(y, op.rstrip("_"))(*args).a
 
-    x, y = _two(3, 4), _two(3, 4)
+    x, y = two(3, 4), two(3, 4)
     out, expected = thunder_subclass.jit(on_intermediate)(x, y), on_intermediate(x, y)
     assert_same(out[0], expected[0])
     p, ep = torch.randn(3, 4), None
@@ -569,7 +566,7 @@ def test_in_place_view_ops_on_an_input_change_the_callers_object(kind):
         a[0].mul_(2)
         return a.view(a.shape)
 
-    make = (lambda *s: _two(*s)) if kind == "subclass" else (lambda *s: torch.randn(*s))
+    make = (lambda *s: two(*s)) if kind == "subclass" else (lambda *s: torch.randn(*s))
     for f, shape in ((chain, (1, 2, 4)), (data_and_metadata, (3, 3))):
         jf = thunder_subclass.jit(f)
         for _ in range(2):  # the second call is a cache hit that changes the caller's object too
@@ -581,7 +578,7 @@ def test_in_place_view_ops_on_an_input_change_the_callers_object(kind):
             assert_same(x, ex)
             _assert_same_metadata(x, ex)
             assert_same(x * 1, ex * 1)  # later eager uses read the new view
-        assert (thunder.cache_misses(jf), thunder.cache_hits(jf)) == (1, 1)
+        assert cache_counts(jf) == (1, 1)
 
 
 def test_in_place_view_op_on_a_non_leaf_subclass_input_that_requires_grad():
@@ -591,7 +588,7 @@ def test_in_place_view_op_on_a_non_leaf_subclass_input_that_requires_grad():
         a.t_()
         return a * 3
 
-    base = _two(2, 3, requires_grad=True)
+    base = two(2, 3, requires_grad=True)
     ebase = _clone_leaf(base)
     x, ex = base * 2, ebase * 2
     out, expected = thunder_subclass.jit(f)(x), f(ex)
@@ -612,21 +609,21 @@ def test_in_place_view_op_on_a_leaf_that_requires_grad_fails_as_in_eager():
         return x * 2
 
     with pytest.raises(RuntimeError, match="a leaf Variable that requires grad"):
-        f(_two(3, 4, requires_grad=True))  # eager
+        f(two(3, 4, requires_grad=True))  # eager
     line = f.__code__.co_firstlineno + 1
     with pytest.raises(UnsupportedSubclassOperationError,
                        match=rf"torch\.Tensor\.transpose_ on the TwoTensor input at .*test_parity\.py:{line}: the "
                              r"input is a leaf that requires grad.*out-of-place transpose"):
-        thunder_subclass.jit(f)(_two(3, 4, requires_grad=True))
+        thunder_subclass.jit(f)(two(3, 4, requires_grad=True))
     # a trace made for a non-leaf, reused for a leaf: the same error, before the caller's object changes
     jf = thunder_subclass.jit(f)
-    jf(_two(3, 4, requires_grad=True) * 1)
-    leaf = _two(3, 4, requires_grad=True)
+    jf(two(3, 4, requires_grad=True) * 1)
+    leaf = two(3, 4, requires_grad=True)
     with pytest.raises(UnsupportedSubclassOperationError, match=rf"test_parity\.py:{line}: the input is a leaf"):
         jf(leaf)
     assert leaf.shape == (3, 4)
     with torch.no_grad():  # eager allows it under no_grad
-        x = _two(3, 4, requires_grad=True)
+        x = two(3, 4, requires_grad=True)
         ex = _clone_leaf(x)
         assert_same(thunder_subclass.jit(f)(x), f(ex))
         _assert_same_metadata(x, ex)
@@ -639,7 +636,7 @@ def test_distinct_views_of_one_storage_are_not_merged():
 
     x, ex = torch.randn(3, 4), None
     ex = x.clone()
-    y = _two(3, 2)
+    y = two(3, 2)
     out, expected = thunder_subclass.jit(f)(x[:, :2], x[:, 2:], y), f(ex[:, :2], ex[:, 2:], y)
     for o, e in zip(out, expected):
         assert_same(o, e)
@@ -663,7 +660,7 @@ def test_input_mutated_inside_autograd_function_forward_is_visible():
         def backward(ctx, g):
             return g * 2, None
 
-    x = _two(3, requires_grad=True)
+    x = two(3, requires_grad=True)
     ex = _clone_leaf(x)
     counter, ecounter = torch.zeros(1), torch.zeros(1)
     out = thunder_subclass.jit(lambda x, c: CountingDouble.apply(x, c))(x, counter)
@@ -683,16 +680,16 @@ def test_autograd_inside_compiled_code_is_a_typed_error():
         (g,) = torch.autograd.grad(loss, [w])
         return g
 
-    w = _two(3, requires_grad=True)
+    w = two(3, requires_grad=True)
     with pytest.raises(UnsupportedSubclassOperationError,
                        match=r"torch.autograd.grad called inside a thunder_subclass-compiled function at "
                              r".*test_parity.py:\d+.*call .backward\(\) / torch.autograd.grad on its output outside"):
-        thunder_subclass.jit(step)(w, _two(3))
+        thunder_subclass.jit(step)(w, two(3))
 
 
 def test_multi_output_torch_function_returning_a_structseq():
     # torch.max(t, dim=1) on a TwoTensor: thunder 0.2.6's generated epilogue could not rebuild torch.return_types.max
-    t = _two(3, 4)
+    t = two(3, 4)
     values, indices = thunder_subclass.jit(lambda t: torch.max(t, dim=1))(t)
     expected = torch.max(t, dim=1)
     assert_same(values, expected.values)

@@ -8,6 +8,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 import thunder_subclass
 from thunder_subclass import SubclassProtocolError, UnsupportedSubclassOperationError
 from subclasses import ElemTensor, TwoTensor
+from helpers import two
 from test_training import _clone_leaf, assert_same, check_training
 
 aten = torch.ops.aten
@@ -62,10 +63,6 @@ def test_custom_op_without_fake_impl_names_it():
         thunder_subclass.jit(lambda x: x * 2)(x)
 
 
-def _two(*shape):
-    return TwoTensor(torch.randn(*shape), torch.randn(*shape))
-
-
 @pytest.mark.parametrize(
     "fn",
     [
@@ -76,7 +73,7 @@ def _two(*shape):
     ids=["add_-mul_", "copy_-plain", "copy_-subclass"],
 )
 def test_in_place_ops_change_the_callers_subclass(fn):
-    x, y = _two(4), _two(4)
+    x, y = two(4), two(4)
     ex, ey = _clone_leaf(x), _clone_leaf(y)
     out = thunder_subclass.jit(fn)(x, y)
     assert_same(out, fn(ex, ey))
@@ -90,7 +87,7 @@ def test_sgd_style_update_under_no_grad():
             w.add_(g, alpha=-0.1)
             return w * 1
 
-    w, g = _two(4).requires_grad_(), _two(4)
+    w, g = two(4).requires_grad_(), two(4)
     ew = _clone_leaf(w)
     out = thunder_subclass.jit(step)(w, g)
     assert_same(out, step(ew, g))
@@ -104,8 +101,8 @@ def test_optimizer_step_of_subclass_parameters():
             for p, g in zip(params, grads):
                 p.add_(g, alpha=-0.5)
 
-    params = [_two(3, 3).requires_grad_(), _two(3).requires_grad_()]
-    grads = [_two(3, 3), _two(3)]
+    params = [two(3, 3).requires_grad_(), two(3).requires_grad_()]
+    grads = [two(3, 3), two(3)]
     eparams = [_clone_leaf(p) for p in params]
     thunder_subclass.jit(sgd_step)(params, grads)
     sgd_step(eparams, grads)
@@ -184,7 +181,7 @@ def test_view_then_in_place_updates_base_as_eager():
         v.mul_(2)
         return v, x + 0
 
-    x = _two(4, 4)
+    x = two(4, 4)
     ex = _clone_leaf(x)
     out, eout = thunder_subclass.jit(f)(x), f(ex)
     for a, e in zip(out, eout):
@@ -220,7 +217,7 @@ def test_symbolic_values_cache_reuses_one_trace_for_new_batch_sizes():
     f = lambda t: (t * 2).sum(0)  # noqa: E731
     jf = thunder_subclass.jit(f, cache="symbolic values")
     for n in (3, 5, 3):
-        x = _two(n, 4)
+        x = two(n, 4)
         assert_same(jf(x), f(x))
     assert thunder.cache_misses(jf) == 1 and thunder.cache_hits(jf) == 2
 
@@ -646,13 +643,13 @@ def test_coerce_tangent_metadata_to_another_subclass():
     assert_same(x.grad.b, eg)
 
 
-@pytest.mark.parametrize("grad", [lambda: torch.ones(4), lambda: TwoTensor(_two(4), _two(4))], ids=["plain", "nested"])
+@pytest.mark.parametrize("grad", [lambda: torch.ones(4), lambda: TwoTensor(two(4), two(4))], ids=["plain", "nested"])
 def test_gradient_of_another_kind_passing_straight_through(grad):
     # x + 1: the input's gradient is the incoming one itself; a gradient of another kind than the output's runs a
     # backward made for it, in which that gradient is an argument returned as is (was a KeyError)
     torch.manual_seed(0)
     g = grad()
-    x = _two(4).requires_grad_()
+    x = two(4).requires_grad_()
     ex = _clone_leaf(x)
     thunder_subclass.jit(lambda x: x + 1)(x).backward(g)
     (ex + 1).backward(g)

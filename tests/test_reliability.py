@@ -16,6 +16,7 @@ from thunder_subclass import (
     UnsupportedSubclassOperationError,
 )
 from subclasses import NoFlattenTensor, ScaledTensor, TwoTensor, nested_two_tensor
+from helpers import two
 from test_protocol import Mesh, MeshTensor, needs_opaque_attributes
 from test_training import assert_same
 
@@ -52,10 +53,6 @@ class MaybeScaled(torch.Tensor):
         return func(*args, **kwargs)
 
 
-def _two(*shape, **kw):
-    return TwoTensor(torch.randn(*shape, **kw), torch.randn(*shape, **kw))
-
-
 def _detach_all(t):
     """Detached, inner tensors too (an inner tensor that requires grad makes inner results require grad)."""
     if type(t) is torch.Tensor:
@@ -67,19 +64,19 @@ def _detach_all(t):
 
 # each scenario: (first input, second input that must not reuse the first trace)
 SCENARIOS = {
-    "subclass type": lambda: (_two(3, 3), ScaledTensor(torch.randn(3, 3), 0.5)),
+    "subclass type": lambda: (two(3, 3), ScaledTensor(torch.randn(3, 3), 0.5)),
     "flatten context": lambda: (ScaledTensor(torch.randn(3, 3), 0.5), ScaledTensor(torch.randn(3, 3), 2.0)),
     "attribute names": lambda: (MaybeScaled(torch.randn(3, 3)), MaybeScaled(torch.randn(3, 3), torch.randn(3, 3))),
-    "inner dtype": lambda: (_two(3, 3), _two(3, 3, dtype=torch.float64)),
-    "shape": lambda: (_two(3, 3), _two(2, 3)),
-    "device": lambda: (_two(3, 3), _two(3, 3, device="meta")),
-    "requires_grad": lambda: (_two(3, 3), _two(3, 3).requires_grad_()),
+    "inner dtype": lambda: (two(3, 3), two(3, 3, dtype=torch.float64)),
+    "shape": lambda: (two(3, 3), two(2, 3)),
+    "device": lambda: (two(3, 3), two(3, 3, device="meta")),
+    "requires_grad": lambda: (two(3, 3), two(3, 3).requires_grad_()),
     "inner requires_grad": lambda: (
         MaybeScaled(torch.randn(3, 3), torch.randn(3, 3)),
         MaybeScaled(torch.randn(3, 3), torch.randn(3, 3).requires_grad_()),
     ),
     "opaque guard_fn value": lambda: (MeshTensor(torch.randn(3, 3), Mesh(2)), MeshTensor(torch.randn(3, 3), Mesh(3))),
-    "nesting structure": lambda: (_two(3, 3), nested_two_tensor(*(torch.randn(3, 3) for _ in range(4)))),
+    "nesting structure": lambda: (two(3, 3), nested_two_tensor(*(torch.randn(3, 3) for _ in range(4)))),
 }
 
 
@@ -212,7 +209,7 @@ def test_data_dependent_op_inside_dispatch(mode):
 
 
 def test_aten_op_without_thunder_mapping_runs_through_fallback():
-    x = _two(3, 4)
+    x = two(3, 4)
     f = lambda t: torch.special.erfcx(t.abs())  # noqa: E731
     jf = thunder_subclass.jit(f)
     assert_same(jf(x), f(x))
@@ -231,6 +228,7 @@ def _plain_trace_text():
     return re.sub(r"took \d+ milliseconds", "", text)
 
 
+@pytest.mark.slow
 def test_plain_thunder_is_unchanged_after_using_and_removing_the_plugin():
     import subprocess
     import sys
@@ -241,7 +239,7 @@ def test_plain_thunder_is_unchanged_after_using_and_removing_the_plugin():
         "print(t._plain_trace_text())" % __file__.rsplit("/", 1)[0]
     )
     never = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
-    thunder_subclass.jit(_f)(_two(3, 3))  # used in this process
+    thunder_subclass.jit(_f)(two(3, 3))  # used in this process
     assert _plain_trace_text() == never  # hooks installed but inactive for plain jits
     thunder_subclass.uninstall_hooks()
     try:
@@ -407,7 +405,7 @@ def _second_order(t):
 @pytest.mark.parametrize("how", ["autograd.grad", "backward"])
 @pytest.mark.filterwarnings("ignore:Using backward\\(\\) with create_graph=True")
 def test_create_graph_through_compiled_backward_equals_eager(kind, how):
-    x = (torch.randn(4) if kind == "plain" else _two(4)).requires_grad_()
+    x = (torch.randn(4) if kind == "plain" else two(4)).requires_grad_()
     ex = x.detach().clone().requires_grad_()
     jf = thunder_subclass.jit(_second_order)
     grads = []

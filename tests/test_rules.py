@@ -12,6 +12,7 @@ from thunder.extend import OperatorExecutor
 import thunder_subclass
 from thunder_subclass import SubclassGradRuleError, make_subclass, register_grad_rule, register_implementation
 from subclasses import QuantizedWeight, TwoTensor, quantize
+from helpers import two
 
 # an executor of the tests' own, with one symbol the rules call
 rules_ex = OperatorExecutor("test_rules_ex")
@@ -27,10 +28,6 @@ int8_linear = rules_ex.register_operator(
     meta=lambda x, data, scale: TensorProxy(like=x, shape=(*x.shape[:-1], data.shape[0])),
     fn=int8_linear_impl,
 )
-
-
-def _two(*shape):
-    return TwoTensor(torch.randn(*shape), torch.randn(*shape)).requires_grad_()
 
 
 def mul_rule(a, b):
@@ -54,7 +51,7 @@ def _f(x, w):
 
 
 def test_rule_is_used_and_remove_restores_default():
-    x, w = _two(4), _two(4)
+    x, w = two(4, requires_grad=True), two(4, requires_grad=True)
     handle = register_grad_rule(TwoTensor, torch.mul, mul_rule)
     try:
         jf = thunder_subclass.jit(_f)
@@ -75,7 +72,7 @@ def test_rule_is_used_and_remove_restores_default():
 
 
 def test_one_rule_covers_function_method_and_operator():
-    x, w = _two(4), _two(4)
+    x, w = two(4, requires_grad=True), two(4, requires_grad=True)
     with register_grad_rule(TwoTensor, torch.Tensor.mul, mul_rule):  # registered through the method
         for f in (lambda a, b: torch.mul(a, b), lambda a, b: a.mul(b), lambda a, b: a * b):
             gx, _ = _grads(thunder_subclass.jit(f), x, w)
@@ -83,7 +80,7 @@ def test_one_rule_covers_function_method_and_operator():
 
 
 def test_decorator_and_scoped_forms_leave_no_rule_behind():
-    x, w = _two(4), _two(4)
+    x, w = two(4, requires_grad=True), two(4, requires_grad=True)
 
     @register_grad_rule(TwoTensor, ltorch.mul)  # the thunder symbol works too
     def rule(a, b):
@@ -111,7 +108,7 @@ def test_rule_for_base_class_applies_to_subclasses():
 
 
 def test_executor_scoped_rule_is_inactive_without_its_executor():
-    x, w = _two(4), _two(4)
+    x, w = two(4, requires_grad=True), two(4, requires_grad=True)
     with register_grad_rule(TwoTensor, torch.mul, mul_rule, executor=rules_ex):
         gx, _ = _grads(thunder_subclass.jit(_f), x, w)  # rules_ex not among the executors
         torch.testing.assert_close(gx.a, w.a.detach())
@@ -133,7 +130,7 @@ def test_duplicate_registration_raises_and_override_replaces():
         with pytest.raises(ValueError, match=r"grad rule for \(TwoTensor, mul\) is already registered \(mul_rule\)"):
             register_grad_rule(TwoTensor, torch.mul, other)
         with register_grad_rule(TwoTensor, torch.mul, other, allow_override=True):
-            x, w = _two(4), _two(4)
+            x, w = two(4, requires_grad=True), two(4, requires_grad=True)
             gx, _ = _grads(thunder_subclass.jit(_f), x, w)
             torch.testing.assert_close(gx.a, torch.zeros(4))
 
@@ -144,7 +141,7 @@ def test_rule_that_raises_gives_typed_error():
 
     with register_grad_rule(TwoTensor, torch.mul, broken):
         with pytest.raises(SubclassGradRuleError, match=r"grad rule .*broken for \(TwoTensor, mul\) raised KeyError"):
-            thunder_subclass.jit(_f)(_two(4), _two(4))
+            thunder_subclass.jit(_f)(two(4, requires_grad=True), two(4, requires_grad=True))
 
 
 def test_unknown_op_is_refused():

@@ -11,6 +11,7 @@ import torch
 import thunder_subclass
 from thunder_subclass import GraphBreakWarning, disk_cache
 from subclasses import TwoTensor
+from helpers import cache_counts
 
 
 def _no_breaks():
@@ -55,7 +56,7 @@ def test_tolist_of_a_computed_tensor_is_guarded_per_list():
     b = torch.tensor([[1.0, 1.0], [1.0, 1.0], [-1.0, 1.0]])  # counts [2, 3]
     for x in (a, a * 2, b, a):
         torch.testing.assert_close(jf(x), f(x))
-    assert (thunder.cache_misses(jf), thunder.cache_hits(jf)) == (2, 2)
+    assert cache_counts(jf) == (2, 2)
     checks = [b.args[0] for b in thunder.last_prologue_traces(jf)[-1].bound_symbols
               if b.sym.name == "check_speculation"]
     assert [(c.conversion, c.expected) for c in checks] == [("tolist", [3, 1])]  # the last call's entry
@@ -129,7 +130,7 @@ def test_a_value_after_an_in_place_change_of_a_fresh_tensor_it_does_not_read_is_
     jf = thunder_subclass.jit(f, fullgraph=True)
     for x in (torch.ones(3), torch.full((3,), 5.0), torch.ones(3)):
         torch.testing.assert_close(jf(x, 1), f(x, 1))
-    assert (thunder.cache_misses(jf), thunder.cache_hits(jf)) == (2, 1)
+    assert cache_counts(jf) == (2, 1)
     assert "check_speculation(" in str(thunder.last_prologue_traces(jf)[0])
 
 

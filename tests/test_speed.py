@@ -9,6 +9,7 @@ from torch.testing._internal.custom_tensor import ConstantExtraMetadataTensor
 from torch.testing._internal.two_tensor import TwoTensor
 
 import thunder_subclass
+from helpers import cache_counts
 from thunder_subclass.prologue import check_prologue, fuse_prologue_checks
 
 
@@ -295,7 +296,7 @@ def test_tensor_metadata_runs_as_torch_cpp_guard_after_the_first_hit():
         m[1].weight.a.requires_grad_(False)
         m[1].weight.b.requires_grad_(False)
         _exact(jm(x), m(x))
-        assert (thunder.cache_misses(jm), thunder.cache_hits(jm)) == (2, 2)  # the first entry again
+        assert cache_counts(jm) == (2, 2)  # the first entry again
 
 
 def test_tensors_the_cpp_guard_rejects_but_thunder_accepts_still_hit():
@@ -311,7 +312,7 @@ def test_tensors_the_cpp_guard_rejects_but_thunder_accepts_still_hit():
             x = torch.randn(2, 16)
             _exact(jm(x), m(x))
             _exact(jm(xi), m(xi))
-    assert (thunder.cache_misses(jm), thunder.cache_hits(jm)) == (1, 11)
+    assert cache_counts(jm) == (1, 11)
 
 
 def test_a_tensor_reached_twice_keeps_the_cpp_guard_and_untying_is_seen():

@@ -90,6 +90,7 @@ def test_autograd_function_in_eager_after_the_apply_shim():
     assert type(Exp.apply(x).grad_fn).__name__ == "ExpBackward"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("nvfuser_direct") is None, reason="nvfuser_direct is not installed")
 def test_nvfuser_direct_wheel_gives_thunder_the_nvfuser_function_it_imports():
     """With only nvfuser_direct installed (nvfuser-cu128-torch210), thunder 0.2.6's nvFuser executor imports

@@ -10,19 +10,11 @@ import torch
 
 import thunder_subclass
 from subclasses import ElemTensor, ScaledTensor, TwoTensor
+from helpers import assert_same
 
 
 def _two(n: int, m: int = 4, requires_grad: bool = False) -> TwoTensor:
     return TwoTensor(torch.randn(n, m, requires_grad=requires_grad), torch.randn(n, m, requires_grad=requires_grad))
-
-
-def _same(out, expected) -> None:
-    assert type(out) is type(expected)
-    if isinstance(expected, TwoTensor):
-        torch.testing.assert_close(out.a, expected.a)
-        torch.testing.assert_close(out.b, expected.b)
-    else:
-        torch.testing.assert_close(out, expected)
 
 
 def _counts(jf) -> tuple[int, int]:
@@ -35,7 +27,7 @@ def _counts_over_sizes(f, sizes, make=_two) -> tuple[int, int]:
     jf = thunder_subclass.jit(f, cache="symbolic values")
     for n in sizes:
         x = make(n)
-        _same(jf(x), f(x))
+        assert_same(jf(x), f(x))
     return _counts(jf)
 
 
@@ -55,7 +47,7 @@ def test_the_plain_weight_may_change_size_too():
     jf = thunder_subclass.jit(f, cache="symbolic values")
     for n, k in ((3, 6), (5, 2), (7, 9)):
         x, w = _two(n), torch.randn(4, k)
-        _same(jf(x, w), f(x, w))
+        assert_same(jf(x, w), f(x, w))
     assert _counts(jf) == (1, 2)
 
 
@@ -86,10 +78,10 @@ def test_training_with_backward_traces_once():
         x_ref = TwoTensor(a.clone().requires_grad_(), b.clone().requires_grad_())
         w1, w_ref = w.clone().requires_grad_(), w.clone().requires_grad_()
         out, expected = jf(x, w1), f(x_ref, w_ref)
-        _same(out, expected)
+        assert_same(out, expected)
         out.backward()
         expected.backward()
-        _same(x.grad, x_ref.grad)
+        assert_same(x.grad, x_ref.grad)
         torch.testing.assert_close(w1.grad, w_ref.grad)
     assert _counts(jf) == (1, 2)
 
@@ -108,10 +100,10 @@ def test_backward_through_a_view_of_computed_size_traces_once(jit_kwargs, flat):
         x = TwoTensor(a.clone().requires_grad_(), b.clone().requires_grad_())
         x_ref = TwoTensor(a.clone().requires_grad_(), b.clone().requires_grad_())
         out, expected = jf(x), f(x_ref)
-        _same(out, expected)
+        assert_same(out, expected)
         out.backward()
         expected.backward()
-        _same(x.grad, x_ref.grad)
+        assert_same(x.grad, x_ref.grad)
     assert _counts(jf) == (1, 2)
 
 
@@ -122,7 +114,7 @@ def test_a_size_of_one_is_a_new_trace():
     jf = thunder_subclass.jit(f, cache="symbolic values")
     for n in (3, 5, 1, 1, 6):
         x, y = _two(n), _two(n)
-        _same(jf(x, y), f(x, y))
+        assert_same(jf(x, y), f(x, y))
     assert _counts(jf) == (2, 3)
 
 
@@ -130,11 +122,11 @@ def test_a_non_contiguous_input_is_a_new_trace():
     f = lambda x: x * 2  # noqa: E731
     jf = thunder_subclass.jit(f, cache="symbolic values")
     x = _two(3)
-    _same(jf(x), f(x))
+    assert_same(jf(x), f(x))
     a, b = torch.randn(4, 5), torch.randn(4, 5)
     transposed = TwoTensor(a.t(), b.t())  # (5, 4), strides (1, 5): its fakes would have other strides
     out = jf(transposed)
-    _same(out, f(transposed))
+    assert_same(out, f(transposed))
     assert out.stride() == f(transposed).stride()
     assert _counts(jf) == (2, 0)
 
@@ -203,7 +195,7 @@ def test_automatic_and_explicit_dynamic_shapes(dynamic_kwargs):
     jf = thunder_subclass.jit(f, **dynamic_kwargs)
     for n in (2, 3, 4, 5):
         x = _two(n)
-        _same(jf(x), f(x))
+        assert_same(jf(x), f(x))
     # automatic: the first trace is exact, the second (after a size-driven miss) symbolic
     assert _counts(jf) == ((2, 2) if not dynamic_kwargs else (1, 3))
 
@@ -219,12 +211,12 @@ def test_a_module_trained_on_subclass_inputs_of_new_batch_sizes_traces_once():
         x = TwoTensor(a.clone().requires_grad_(), b.clone().requires_grad_())
         x_ref = TwoTensor(a.clone().requires_grad_(), b.clone().requires_grad_())
         out, expected = jmodel(x), reference(x_ref)
-        _same(out, expected)
+        assert_same(out, expected)
         out.sum().backward()
         expected.sum().backward()
-        _same(x.grad, x_ref.grad)
+        assert_same(x.grad, x_ref.grad)
     for p, q in zip(model.parameters(), reference.parameters()):
-        _same(p.grad, q.grad)
+        assert_same(p.grad, q.grad)
     assert _counts(jmodel) == (1, 2)
 
 
@@ -237,7 +229,7 @@ def test_nested_subclass_inputs_trace_once():
         out, expected = jf(x), f(x)
         assert type(out) is type(expected)
         for attr in ("a", "b"):
-            _same(getattr(out, attr), getattr(expected, attr))
+            assert_same(getattr(out, attr), getattr(expected, attr))
     assert _counts(jf) == (1, 2)
 
 
@@ -251,7 +243,7 @@ def test_a_quantized_weight_argument_of_new_sizes_traces_once():
         x, w = torch.randn(n, 8), quantize(torch.randn(out_features, 8))
         out, expected = jf(x, w), f(x, w)
         assert out.dtype == expected.dtype
-        _same(out, expected)
+        assert_same(out, expected)
     assert _counts(jf) == (1, 3)
 
 
@@ -303,5 +295,5 @@ def test_a_module_flag_that_is_a_number_proxy_is_passed_as_its_value():
     jm = thunder_subclass.jit(m, cache="symbolic values")
     for n in (3, 5, 7):
         x = _two(n)
-        _same(jm(x), m(x))
+        assert_same(jm(x), m(x))
     assert _counts(jm) == (1, 2)

@@ -11,7 +11,7 @@ import thunder
 import torch
 
 import thunder_subclass
-from subclasses import TwoTensor
+from helpers import two
 from test_training import assert_same
 
 N_THREADS = 4
@@ -52,10 +52,6 @@ def _f(x, w):
     return (x @ w).relu() * 2 + 1
 
 
-def _two(*shape, requires_grad=False):
-    return TwoTensor(torch.randn(*shape), torch.randn(*shape)).requires_grad_(requires_grad)
-
-
 @pytest.mark.parametrize("dynamic", [False, None])
 def test_first_calls_and_new_shapes_traced_concurrently(short_switch_interval, dynamic):
     """Every thread makes its first calls at the same time, with two shapes and both grad modes (four input
@@ -63,7 +59,7 @@ def test_first_calls_and_new_shapes_traced_concurrently(short_switch_interval, d
     signature is traced once (a thread that waited for the trace finds it in the cache); with automatic dynamic
     shapes (``dynamic=None``, the default) a symbolic trace may serve both shapes."""
     jf = thunder_subclass.jit(_f, dynamic=dynamic)
-    inputs = {(n, grad): (_two(n, 8), torch.randn(8, 8)) for n in (2, 3) for grad in (False, True)}
+    inputs = {(n, grad): (two(n, 8), torch.randn(8, 8)) for n in (2, 3) for grad in (False, True)}
     flips = []
 
     def work(k):
@@ -103,7 +99,7 @@ def test_module_with_parameters_from_threads(short_switch_interval):
     reference = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 4))
     reference.load_state_dict(model.state_dict())
     jm = thunder_subclass.jit(model, dynamic=False)
-    inputs = [torch.randn(n, 8) if i % 2 else _two(n, 8) for i, n in enumerate((2, 3, 3, 2))]
+    inputs = [torch.randn(n, 8) if i % 2 else two(n, 8) for i, n in enumerate((2, 3, 3, 2))]
     outputs: dict[tuple, torch.Tensor] = {}
 
     def work(k):
@@ -157,7 +153,7 @@ def test_traces_of_different_functions_in_threads(short_switch_interval):
     results = {}
 
     def work(k):
-        x = _two(3, 3)
+        x = two(3, 3)
         results[k] = (thunder_subclass.jit(fns[k])(x), fns[k](x))
 
     errors = _run_threads(work)
