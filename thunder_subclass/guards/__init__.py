@@ -20,75 +20,17 @@ Every check is one guard kind, a small class following :class:`~thunder_subclass
 * ``write_backs``: input lists and dicts the traced code changed, written back by the epilogue.
 """
 
-from thunder_subclass.guards.protocol import (
-    MISSING,
-    Guard,
-    SubclassGuardFailure,
-    check_function,
-    guard_of,
-    is_same_value,
-    register_check,
-)
-from thunder_subclass.guards.values import STATE_LIMIT, same_state, state_difference, state_snapshot
-from thunder_subclass.guards.tensors import (
-    InputValuesSpec,
-    NestedSizesSpec,
-    SubclassSpec,
-    TensorTypeSpec,
-    TraceFlags,
-    check_buffer_flag,
-    check_input_values,
-    check_nested_sizes,
-    check_no_dispatch_mode,
-    check_plain_tensor,
-    check_subclass,
-    check_tensor_strides,
-    check_tensor_type,
-    inline_tensor_check,
-    is_contiguous_layout,
-)
-from thunder_subclass.guards.objects import (
-    ConstantPath,
-    ModuleHooksSpec,
-    ObjectSpec,
-    TorchStateQuery,
-    check_attribute_absent,
-    check_constant_path,
-    check_module_hooks,
-    check_object,
-    check_torch_state,
-)
-from thunder_subclass.guards.inputs import (
-    add_nested_sizes_guard,
-    add_plain_tensor_guard,
-    add_subclass_guards,
-    add_tensor_type_guard,
-    guard_buffer_flag,
-    guard_python_attribute,
-    guard_tensor_type_attribute,
-    mark_involves_subclasses,
-    proxify_input,
-    require_no_dispatch_mode,
-)
-from thunder_subclass.guards.object_reads import (
-    add_module_hooks_guard,
-    guard_attribute_absent,
-    guard_compared_objects,
-    guard_input_object,
-    guard_native_call_arguments,
-    guard_object_by_identity,
-    guard_object_by_value,
-    guard_torch_state_query,
-    is_guardable_provenance,
-    object_guard_kind,
-)
-from thunder_subclass.guards.write_backs import write_back_container, write_back_input_containers
+from thunder_subclass.guards import inputs, object_reads, objects, protocol, tensors, values, write_backs
+from thunder_subclass.guards.protocol import *  # noqa: F401,F403
+from thunder_subclass.guards.values import *  # noqa: F401,F403
+from thunder_subclass.guards.tensors import *  # noqa: F401,F403
+from thunder_subclass.guards.objects import *  # noqa: F401,F403
+from thunder_subclass.guards.inputs import *  # noqa: F401,F403
+from thunder_subclass.guards.object_reads import *  # noqa: F401,F403
+from thunder_subclass.guards.write_backs import *  # noqa: F401,F403
 
-_STATE_LIMIT = STATE_LIMIT  # (the names this package had as one module)
-_check_attribute_absent_impl = check_function(check_attribute_absent)
+_STATE_LIMIT = values.STATE_LIMIT  # (the names this package had as one module)
+_check_attribute_absent_impl = protocol.check_function(objects.check_attribute_absent)
 
-__all__ = ["Guard", "register_check", "guard_of", "check_function", "SubclassSpec", "add_subclass_guards",
-           "check_subclass", "proxify_input", "add_module_hooks_guard", "ObjectSpec", "check_object",
-           "guard_input_object", "guard_object_by_value", "guard_object_by_identity", "guard_native_call_arguments",
-           "guard_compared_objects", "is_guardable_provenance", "write_back_input_containers", "write_back_container",
-           "check_attribute_absent", "guard_attribute_absent"]
+__all__ = [name for part in (protocol, values, tensors, objects, inputs, object_reads, write_backs)
+           for name in part.__all__]

@@ -55,6 +55,10 @@ from thunder_subclass.proxy import (
     subclass_proxy_from_tensor,
 )
 
+__all__ = ["proxify_input", "add_subclass_guards", "add_plain_tensor_guard", "add_tensor_type_guard",
+           "add_nested_sizes_guard", "guard_buffer_flag", "guard_python_attribute", "guard_tensor_type_attribute",
+           "mark_involves_subclasses", "require_no_dispatch_mode", "trace_flags"]
+
 
 def guard_python_attribute(p: SubclassTensorProxy, name: str) -> None:
     """Traced code read instance attribute ``name`` of ``p``: if ``p`` is an input (or inside one), a call whose input

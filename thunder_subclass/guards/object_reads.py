@@ -407,6 +407,10 @@ _PROTOCOL_METHODS = frozenset(
         "radd rsub rmul rmatmul rtruediv rfloordiv rmod rdivmod rpow rlshift rrshift rand ror rxor").split()
 )
 
+__all__ = ["add_module_hooks_guard", "guard_attribute_absent", "guard_compared_objects", "guard_input_object",
+           "guard_native_call_arguments", "guard_object_by_identity", "guard_object_by_value",
+           "guard_torch_state_query", "is_guardable_provenance", "object_guard_kind", "object_spec"]
+
 
 def _may_call_back(obj) -> bool:
     """Whether C code given ``obj`` may run Python code of it: a class of its type (a Python class) defines a protocol

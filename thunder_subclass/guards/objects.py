@@ -26,6 +26,11 @@ from thunder_subclass.guards.values import (
     state_difference,
 )
 
+__all__ = ["ModuleHooksSpec", "ObjectSpec", "Pending", "StateCheck", "FunctionCheck", "AttributeAbsent",
+           "TorchStateQuery", "TorchStateAnswer", "ConstantPath", "ObjectAtPath", "INPUT_FN_WHERE",
+           "check_module_hooks", "check_object", "check_attribute_absent", "check_torch_state", "check_constant_path",
+           "describe_provenance", "guarded_object_names"]
+
 
 class ModuleHooksSpec(Guard):
     """The forward hooks of a module called in traced code, as the trace ran them (``(pre, post)`` of
@@ -188,34 +193,36 @@ class _Type(ObjectSpec):
         return self._wrong_type(obj) or f"{self._what()} is {obj!r}"
 
 
-class _Equal(ObjectSpec):
+class _Compared(ObjectSpec):
+    """An object of the same type that ``compare(obj, value)`` finds the same as ``value``."""
+
+    __slots__ = ()
+    compare = staticmethod(is_same_value)
+
+    def matches(self, obj) -> bool:
+        return type(obj) is self.typ and self.compare(obj, self.value)
+
+    def expression(self, v: str, const) -> str:
+        return self._typed(v, const, f"{const(self.compare)}({v}, {const(self.value)})")
+
+
+class _Equal(_Compared):
     """An object of the same type equal (``==``) to a copy taken when traced (an object passed to a native call,
     which may read any of its state, when its type defines value equality)."""
 
     __slots__ = ()
     kind = "equal"
-
-    def matches(self, obj) -> bool:
-        return type(obj) is self.typ and equal_to_snapshot(obj, self.value)
-
-    def expression(self, v: str, const) -> str:
-        return self._typed(v, const, f"{const(equal_to_snapshot)}({v}, {const(self.value)})")
+    compare = staticmethod(equal_to_snapshot)
 
     def explain(self, obj) -> str:
         return self._wrong_type(obj) or f"{self._what()} is {obj!r}, not equal to {self.value!r} as when traced"
 
 
-class _Same(ObjectSpec):
+class _Same(_Compared):
     """A scalar (number, string, slice, device) read from a dict key object: the same value (:func:`is_same_value`)."""
 
     __slots__ = ()
     kind = "same"
-
-    def matches(self, obj) -> bool:
-        return type(obj) is self.typ and is_same_value(obj, self.value)
-
-    def expression(self, v: str, const) -> str:
-        return self._typed(v, const, f"{const(is_same_value)}({v}, {const(self.value)})")
 
     def explain(self, obj) -> str:
         return self._wrong_type(obj) or f"{self._what()} is {obj!r}, the trace was made for {self.value!r}"

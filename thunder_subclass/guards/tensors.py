@@ -55,6 +55,12 @@ from thunder_subclass.proxy import (
     size_values,
 )
 
+__all__ = ["SubclassSpec", "PlainTensor", "TensorStrides", "TraceFlags", "TensorTypeSpec", "InputValuesSpec",
+           "NestedSizesSpec", "SharedRaggedSizes", "BufferFlag", "SPEC_ATTR", "check_subclass", "check_plain_tensor",
+           "check_tensor_strides", "check_no_dispatch_mode", "check_tensor_type", "check_input_values",
+           "check_nested_sizes", "check_buffer_flag", "inline_tensor_check", "is_contiguous_layout",
+           "is_ragged_source_candidate", "ragged_sizes_equal"]
+
 
 def _tensor_meta(p) -> tuple:
     if isinstance(p, SubclassTensorProxy) and p.nested_sizes:

@@ -16,6 +16,9 @@ import torch
 
 from thunder_subclass.guards.protocol import is_same_value
 
+__all__ = ["STATE_LIMIT", "SCALARS", "HEAPTYPE", "function_snapshot", "same_function", "equal_to_snapshot",
+           "is_plain_instance", "state_snapshot", "same_state", "state_difference", "value_snapshot"]
+
 
 def function_snapshot(fn: types.FunctionType) -> tuple:
     """``(fn, code, defaults, keyword defaults, closure values)``: what a Python function passed to traced code is, for

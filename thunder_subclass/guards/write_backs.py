@@ -16,6 +16,8 @@ from thunder_subclass.errors import format_location
 from thunder_subclass.guards.objects import ObjectSpec, Pending, check_object, describe_provenance, guarded_object_names
 from thunder_subclass.guards.protocol import register_epilogue_op
 
+__all__ = ["write_back_input_containers", "write_back_container", "is_held_container", "restore_container"]
+
 
 _LITERAL_TYPES = (int, float, bool, str, type(None))
 
