@@ -140,7 +140,9 @@ def _first_line(text: str) -> str:
 
 
 def _policy(jfn) -> CachePolicy:
-    policy = getattr(jfn, "_thunder_subclass_cache_policy", None)
+    from thunder_subclass._thunder_internals.runtime import POLICY_ATTR
+
+    policy = getattr(jfn, POLICY_ATTR, None)
     if policy is None:
         raise TypeError(f"{jfn!r} is not a function or module compiled by thunder_subclass.jit")
     return policy
