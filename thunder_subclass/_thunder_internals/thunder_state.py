@@ -678,6 +678,33 @@ def differentiating(trace):
         stack.pop()
 
 
+_entries = threading.local()  # .stack: per cache entry being built (innermost last), the traces autodiff differentiated
+
+
+@contextlib.contextmanager
+def building_entry():
+    """While thunder builds one cache entry (``apply_transforms_and_build_cache_entry``): the computation traces its
+    autodiff differentiated are kept (:func:`remember_differentiated`) for the passes after it."""
+    stack = _entries.__dict__.setdefault("stack", [])
+    stack.append([])
+    try:
+        yield
+    finally:
+        stack.pop()
+
+
+def remember_differentiated(trace) -> None:
+    stack = getattr(_entries, "stack", None)
+    if stack:
+        stack[-1].append(trace)
+
+
+def differentiated_in_entry() -> tuple:
+    """The computation traces autodiff differentiated for the cache entry being built (none outside one)."""
+    stack = getattr(_entries, "stack", None)
+    return tuple(stack[-1]) if stack else ()
+
+
 def number_producer(name: str, accept: Callable = lambda b: True):
     """The bound symbol producing the proxy ``name`` that ``accept`` accepts: in the computation trace being built,
     else in the traces being differentiated (:func:`differentiating`; the trace being built may hold only a ``shape``
