@@ -368,3 +368,44 @@ def test_a_call_breaking_what_the_backward_assumed_is_a_new_trace():
     assert not assumed[0](*(2 if p.value == 4 and n == "i6" else p.value for n, p in assumed[0].proxies.items()))
     _check_training(jf, _floor_division_view, ((5, 4),), lambda n, m: torch.randn(2, 4))
     assert _counts(jf) == (2, 1)
+
+
+def _redistributed(mesh):
+    from torch.distributed.tensor import Replicate
+
+    return lambda x: (x.redistribute(mesh, [Replicate()]) * 2).sin()
+
+
+def _from_local(mesh):
+    from torch.distributed.tensor import DTensor, Shard
+
+    return lambda t: DTensor.from_local(t * 2, mesh, [Shard(0)], run_check=False).sin()
+
+
+@pytest.mark.parametrize("case", ["redistribute", "from_local", "cat"])
+def test_dtensor_results_with_a_backward_trace_once_under_dynamic_sizes(mesh, case):
+    # a DTensor result that requires grad: its gradient's flatten context differs only in requires_grad, so the
+    # backward is compiled for the result's symbolic sizes (it raised "coerced to another kind" before)
+    from torch.distributed.tensor import DTensor, Shard
+
+    if case == "cat":
+        f = lambda a, b: torch.cat([a, b]) * 2  # noqa: E731
+    else:
+        f = _redistributed(mesh) if case == "redistribute" else _from_local(mesh)
+    jf = thunder_subclass.jit(f, dynamic=True)
+    for n in (3, 5, 7):
+        tensors = [torch.randn(n + i, 4) for i in range(2 if case == "cat" else 1)]
+        leaves, leaves_ref = ([t.clone().requires_grad_() for t in tensors] for _ in range(2))
+
+        def args(ls):
+            return ls if case == "from_local" else [DTensor.from_local(t, mesh, [Shard(0)], run_check=False)
+                                                     for t in ls]
+
+        out, expected = jf(*args(leaves)), f(*args(leaves_ref))
+        assert type(out) is DTensor and out.placements == expected.placements and out.shape == expected.shape
+        torch.testing.assert_close(out.to_local(), expected.to_local())
+        (out.to_local() * torch.arange(out.numel()).view(out.shape)).sum().backward()
+        (expected.to_local() * torch.arange(expected.numel()).view(expected.shape)).sum().backward()
+        for leaf, ref in zip(leaves, leaves_ref):
+            torch.testing.assert_close(leaf.grad, ref.grad)
+    assert _counts(jf) == (1, 2)

@@ -92,6 +92,7 @@ from thunder_subclass._thunder_internals.symbolic_values import (  # noqa: F401
     guard_equal_sizes,
     pin_input_numbers,
     pin_numbers,
+    size_computation,
     symbolic_values_active,
     symbolic_values_lookaside,
 )

@@ -625,6 +625,33 @@ class ShapeSymbols:
         return list(self._proxy.values())
 
 
+def size_computation(name: str, defined: set, depth: int = 8) -> list | None:
+    """The bound symbols (``add`` / ``sub`` / ``mul`` / ``py_floordiv`` of numbers) that compute size number ``name``
+    from the numbers in ``defined``, as the trace being built or the traces being differentiated hold them
+    (``number_producer``), in order; None where it is not computed that way."""
+    from thunder.core.prims import PrimIDs
+    from thunder.core.proxies import NumberProxy
+
+    ids = (PrimIDs.ADD, PrimIDs.SUB, PrimIDs.MUL, PrimIDs.PY_FLOORDIV)
+    try:
+        b = number_producer(name, lambda b: b.sym.id in ids)
+    except Exception:  # noqa: BLE001 - no trace being built
+        return None
+    if b is None or depth <= 0 or b.kwargs:
+        return None
+    out: list = []
+    for a in b.flat_proxy_args:
+        if not isinstance(a, NumberProxy):
+            return None
+        if a.name in defined or any(o.name == a.name for c in out for o in c.flat_proxy_outs):
+            continue
+        sub = size_computation(a.name, defined, depth - 1)
+        if sub is None:
+            return None
+        out.extend(sub)
+    return [*out, b]
+
+
 @functools.cache
 def _computed_ops_table() -> dict:
     import operator

@@ -709,7 +709,10 @@ def number_producer(name: str, accept: Callable = lambda b: True):
     """The bound symbol producing the proxy ``name`` that ``accept`` accepts: in the computation trace being built,
     else in the traces being differentiated (:func:`differentiating`; the trace being built may hold only a ``shape``
     query that unpacks the number again); None if none."""
-    for producers in (trace_producers(), *reversed(getattr(_differentiated, "traces", ()))):
+    from thunder.core.trace import get_tracectx
+
+    building = (trace_producers(),) if get_tracectx() is not None else ()
+    for producers in (*building, *reversed(getattr(_differentiated, "traces", ()))):
         b = producers.get(name)
         if b is not None and accept(b):
             return b
