@@ -98,6 +98,7 @@ from thunder_subclass._thunder_internals.symbolic_values import (  # noqa: F401
 )
 from thunder_subclass._thunder_internals.transform_speed import meta_signature, printed_trace  # noqa: F401
 from thunder_subclass._thunder_internals.thunder_state import (  # noqa: F401
+    checkpoint_scopes,
     trace_recorded,
     trace_wrote_integer_tensors,
     SetItems,

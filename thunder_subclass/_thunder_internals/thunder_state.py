@@ -173,6 +173,27 @@ def jit_state() -> dict | None:
     return ctx.__dict__.setdefault("_thunder_subclass_state", {})
 
 
+@contextlib.contextmanager
+def checkpoint_scope():
+    """While thunder's ``torch.utils.checkpoint.checkpoint`` lookaside runs: one more open scope of the computation
+    trace belongs to user code, not to a symbol (:func:`checkpoint_scopes`)."""
+    state = jit_state()
+    if state is None:
+        yield
+        return
+    state["checkpoint_scopes"] = state.get("checkpoint_scopes", 0) + 1
+    try:
+        yield
+    finally:
+        state["checkpoint_scopes"] -= 1
+
+
+def checkpoint_scopes() -> int:
+    """How many of the computation trace's open scopes are checkpointed regions of user code."""
+    state = jit_state()
+    return 0 if state is None else state.get("checkpoint_scopes", 0)
+
+
 def trace_wrote_integer_tensors() -> bool:
     """Whether the trace being interpreted has recorded, so far, an operation that changes an integer tensor in place
     (thunder's ``_is_inplace_op``, in every open scope and their subsymbols): after ``o[1] = 4`` on an offsets input
