@@ -226,8 +226,8 @@ def _is_checkpoint(fn) -> bool:
 
 
 def _in_checkpoint_scope(lookaside):
-    """thunder's lookaside of ``torch.utils.checkpoint.checkpoint`` (``jit_ext._general_jit_torch_checkpoint_lookaside``)
-    interprets the checkpointed function inside a scope it pushes on the computation trace; the plugin tells user
+    """thunder's lookaside of ``torch.utils.checkpoint.checkpoint``
+    (``jit_ext._general_jit_torch_checkpoint_lookaside``) interprets the checkpointed function inside a scope it pushes on the computation trace; the plugin tells user
     code's own symbol calls from those inside a symbol by the number of open scopes, so that scope is counted
     (``thunder_state.checkpoint_scopes``) while it is open."""
 
