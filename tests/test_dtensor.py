@@ -128,3 +128,32 @@ def test_fake_runs_leave_dtensor_mask_buffers_as_they_found_them():
     thunder_subclass.uninstall_hooks()
     assert not getattr(buffer_class.materialize_mask, "_thunder_subclass_hook", False)
     thunder_subclass.install_hooks()
+
+
+_global_mesh = _global_placement = None
+
+
+def _from_local_with_globals(x):
+    from torch.distributed.tensor import DTensor
+
+    return DTensor.from_local(x, _global_mesh, [_global_placement], run_check=False) * 2
+
+
+def test_equal_mesh_and_placement_in_globals_reuse_the_trace_another_placement_is_a_new_one(mesh):
+    # PyTorch's test_dtensor_dont_recompile_on_same_placement_devicemesh: the mesh and placement are globals rebound
+    # to equal new objects between calls; a different placement must not reuse the trace (it returned the old
+    # placement's result before: the globals DTensor.from_local received were not guarded)
+    import thunder
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import DTensor, Shard
+
+    global _global_mesh, _global_placement
+    jf = thunder_subclass.jit(_from_local_with_globals)
+    x = torch.randn(4, 4, requires_grad=True)
+    for dim in (1, 1, 0, 0):
+        _global_mesh, _global_placement = DeviceMesh("cpu", torch.arange(1)), Shard(dim)
+        out, expected = jf(x), _from_local_with_globals(x)
+        assert type(out) is DTensor and out.placements == expected.placements == (Shard(dim),)
+        torch.testing.assert_close(out.to_local(), expected.to_local())
+    assert (thunder.cache_misses(jf), thunder.cache_hits(jf)) == (2, 2)
+    _global_mesh = _global_placement = None

@@ -182,11 +182,11 @@ def test_dispatch_that_reads_a_size_as_an_int_pins_it():
     assert _counts(jf) == (2, 2)
 
 
-def test_a_size_that_is_not_a_sum_or_product_falls_back_to_pinned_sizes():
-    # view(-1, 2) of an (n, 4) value has n * 4 // 2 rows: no number proxy stands for a floor division, so the
-    # operation runs on fakes of the current sizes, which are pinned (one trace per size), with eager's values
+def test_a_size_that_is_a_floor_division_of_sizes_traces_once():
+    # view(-1, 2) of an (n, 4) value has n * 4 // 2 rows: a number computed by py_floordiv of the sizes (the
+    # ShapeEnv's guard that n * 4 is even is a prologue check), one trace for all sizes, with eager's values
     f = lambda x: x.view(-1, 2) + 1  # noqa: E731
-    assert _counts_over_sizes(f, (3, 5, 3, 5, 7)) == (3, 2)
+    assert _counts_over_sizes(f, (3, 5, 3, 5, 7)) == (1, 4)
 
 
 @pytest.mark.parametrize("dynamic_kwargs", [{}, {"dynamic": True}])
@@ -297,3 +297,107 @@ def test_a_module_flag_that_is_a_number_proxy_is_passed_as_its_value():
         x = _two(n)
         assert_same(jm(x), m(x))
     assert _counts(jm) == (1, 2)
+
+
+def _train_step(f, x_parts, w):
+    """``f(x, w)`` compiled result, eager result, and both gradients of ``x`` (a TwoTensor of ``x_parts``, or the
+    plain ``x_parts[0]``) and ``w``."""
+    def leaves():
+        xs = [p.clone().requires_grad_() for p in x_parts]
+        return (TwoTensor(*xs) if len(xs) == 2 else xs[0]), w.clone().requires_grad_()
+
+    return leaves(), leaves()
+
+
+def _check_training(jf, f, sizes, make_w, two: bool = True):
+    for n, m in sizes:
+        parts = [torch.randn(n, m) for _ in range(2 if two else 1)]
+        (x, w), (x_ref, w_ref) = _train_step(f, parts, make_w(n, m))
+        out, expected = jf(x, w), f(x_ref, w_ref)
+        assert_same(out, expected)
+        out.backward()
+        expected.backward()
+        assert_same(x.grad, x_ref.grad)
+        torch.testing.assert_close(w.grad, w_ref.grad)
+
+
+def _floor_division_view(x, w):
+    return (x.view(-1, 2) @ w.view(2, -1)).sum()
+
+
+def _repeat_by_a_size(x, w):
+    return (x.view(-1) * w.view(-1).repeat(x.shape[0])).sum()
+
+
+@pytest.mark.parametrize("two", [True, False], ids=["TwoTensor", "plain"])
+@pytest.mark.parametrize("jit_kwargs", [{"dynamic": True}, {"cache": "symbolic values"}])
+def test_backward_through_a_floor_division_view_traces_once(jit_kwargs, two):
+    # x.view(-1, 2) has (n * m) // 2 rows and w.view(2, -1) a floor-divided size too: the forward keeps them
+    # symbolic (py_floordiv of the sizes), and what the backward's fake runs rely on about them (view's stride
+    # arithmetic) is added to the prologue's checks of this trace
+    jf = thunder_subclass.jit(_floor_division_view, **jit_kwargs)
+    _check_training(jf, _floor_division_view, ((3, 4), (5, 4), (2, 6)), lambda n, m: torch.randn(4, 2), two)
+    assert _counts(jf) == (1, 2)
+
+
+@pytest.mark.parametrize("two", [True, False], ids=["TwoTensor", "plain"])
+def test_backward_through_repeat_by_a_size_traces_once_per_row_length(two):
+    jf = thunder_subclass.jit(_repeat_by_a_size, dynamic=True)
+    _check_training(jf, _repeat_by_a_size, ((3, 4), (5, 4), (7, 4)), lambda n, m: torch.randn(m), two)
+    assert _counts(jf) == (1, 2)
+
+
+def test_a_call_breaking_what_the_backward_assumed_is_a_new_trace():
+    # the first trace's backward relied on relations of w's sizes (view's stride arithmetic for w.view(2, -1) in
+    # the backward, where w's first size is not 2): a w of shape (2, 4) is a cache miss and a new trace, as eager
+    from thunder_subclass._thunder_internals.symbolic_values import AssumedSizes
+
+    jf = thunder_subclass.jit(_floor_division_view, dynamic=True)
+    _check_training(jf, _floor_division_view, ((3, 4), (5, 4)), lambda n, m: torch.randn(4, 2))
+    assumed = [a for b in thunder.last_prologue_traces(jf)[-1].bound_symbols for a in b.args
+               if isinstance(a, AssumedSizes)]
+    assert len(assumed) == 1 and assumed[0].exprs
+    assert not assumed[0](*(2 if p.value == 4 and n == "i6" else p.value for n, p in assumed[0].proxies.items()))
+    _check_training(jf, _floor_division_view, ((5, 4),), lambda n, m: torch.randn(2, 4))
+    assert _counts(jf) == (2, 1)
+
+
+def _redistributed(mesh):
+    from torch.distributed.tensor import Replicate
+
+    return lambda x: (x.redistribute(mesh, [Replicate()]) * 2).sin()
+
+
+def _from_local(mesh):
+    from torch.distributed.tensor import DTensor, Shard
+
+    return lambda t: DTensor.from_local(t * 2, mesh, [Shard(0)], run_check=False).sin()
+
+
+@pytest.mark.parametrize("case", ["redistribute", "from_local", "cat"])
+def test_dtensor_results_with_a_backward_trace_once_under_dynamic_sizes(mesh, case):
+    # a DTensor result that requires grad: its gradient's flatten context differs only in requires_grad, so the
+    # backward is compiled for the result's symbolic sizes (it raised "coerced to another kind" before)
+    from torch.distributed.tensor import DTensor, Shard
+
+    if case == "cat":
+        f = lambda a, b: torch.cat([a, b]) * 2  # noqa: E731
+    else:
+        f = _redistributed(mesh) if case == "redistribute" else _from_local(mesh)
+    jf = thunder_subclass.jit(f, dynamic=True)
+    for n in (3, 5, 7):
+        tensors = [torch.randn(n + i, 4) for i in range(2 if case == "cat" else 1)]
+        leaves, leaves_ref = ([t.clone().requires_grad_() for t in tensors] for _ in range(2))
+
+        def args(ls):
+            return ls if case == "from_local" else [DTensor.from_local(t, mesh, [Shard(0)], run_check=False)
+                                                     for t in ls]
+
+        out, expected = jf(*args(leaves)), f(*args(leaves_ref))
+        assert type(out) is DTensor and out.placements == expected.placements and out.shape == expected.shape
+        torch.testing.assert_close(out.to_local(), expected.to_local())
+        (out.to_local() * torch.arange(out.numel()).view(out.shape)).sum().backward()
+        (expected.to_local() * torch.arange(expected.numel()).view(expected.shape)).sum().backward()
+        for leaf, ref in zip(leaves, leaves_ref):
+            torch.testing.assert_close(leaf.grad, ref.grad)
+    assert _counts(jf) == (1, 2)

@@ -643,8 +643,14 @@ def _is_nested_api(fn: Any) -> bool:
 def _nested_api() -> dict:
     """``id(f) -> f`` for torch.nested's functions (by identity: some callables are unhashable)."""
     import torch.nested
+    import torch.nested._internal.nested_tensor as njt
 
-    return {id(f): f for f in (getattr(torch.nested, name) for name in torch.nested.__all__)}
+    fns = [getattr(torch.nested, name) for name in torch.nested.__all__]
+    # the module's own constructors that torch's jagged ops and PyTorch's tests call (nested_from_padded: the dense ->
+    # jagged conversion), which reach the same dummy through _nt_view_dummy
+    fns += [getattr(njt, name) for name in ("nested_from_padded", "nested_view_from_values_offsets",
+                                            "nested_view_from_values_offsets_lengths") if hasattr(njt, name)]
+    return {id(f): f for f in fns}
 
 
 def involves_subclass(cls: type, args: tuple, kwargs: dict) -> bool:

@@ -112,6 +112,13 @@ def lookaside(fn, wrapped_args: tuple) -> Callable | None:
         return None
     from thunder.core.interpreter import interpreter_needs_wrap
 
+    from thunder_subclass.guards import guard_lookaside_arguments, guard_native_call_arguments
+
+    # the call runs natively on fakes: the device mesh and placements it is given (read from arguments, globals,
+    # closures, attributes) are guarded by value, as for any native call (an equal mesh or placement reuses the
+    # trace; another placement is a new trace, not the old one's result)
+    guard_native_call_arguments(fn, wrapped_args)
+    guard_lookaside_arguments(wrapped_args)
     if name == "distribute_tensor":
         return interpreter_needs_wrap(_record_distribute_tensor)
     return interpreter_needs_wrap(functools.partial(record_function_call, fn, name, what))

@@ -33,7 +33,7 @@ from thunder.core.proxies import NumberProxy, Proxy, TensorProxy, variableify
 from thunder.core.pytree import tree_flatten
 from thunder.core.trace import TraceProvenance, from_trace, tracectx
 
-from thunder_subclass._thunder_internals import is_torch_level_symbol, new_trace
+from thunder_subclass._thunder_internals import is_torch_level_symbol, new_trace, size_computation
 from thunder_subclass.autograd import (
     grad_recipe_of,
     is_container_bsym,
@@ -285,7 +285,8 @@ def _define_size_numbers(trace, bsyms: list) -> list:
     """Under symbolic sizes (``cache="symbolic values"``), flattened symbols name size numbers (an aten ``expand``
     to an input's size, the outer size of an ``unflatten_<Cls>``) that were defined only inside the subsymbols they
     came from (thunder's ``prims.shape`` in a torch symbol's decomposition, which does not run): each such number
-    gets a ``tensor_sizes`` of a tensor that has it as a size, just before its first use."""
+    gets a ``tensor_sizes`` of a tensor that has it as a size, just before its first use; one no tensor had yet but
+    the forward computed from defined numbers (``prims.add`` of two sizes for a ``cat``) gets that computation."""
     defined: set[str] = set()
     holder: dict[str, tuple] = {}  # number name -> (tensor proxy, dim)
 
@@ -303,6 +304,13 @@ def _define_size_numbers(trace, bsyms: list) -> list:
     out: list = []
     changed = False
     for b in bsyms:
+        for a in b.flat_proxy_args:  # a size the forward computed from defined numbers (a cat's i0 + i8): again
+            if isinstance(a, NumberProxy) and a.name not in defined and a.name not in holder:
+                computation = size_computation(a.name, defined)
+                for c in computation or ():
+                    out.append(c)
+                    defined.update(o.name for o in c.flat_proxy_outs)
+                    changed = True
         missing = [a for a in b.flat_proxy_args if isinstance(a, NumberProxy) and a.name not in defined
                    and a.name in holder]
         by_tensor: dict[str, tuple] = {}

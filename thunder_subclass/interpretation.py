@@ -36,6 +36,7 @@ from thunder.core.trace import get_tracectx
 
 from thunder_subclass._thunder_internals import (
     call_in_epilogue,
+    checkpoint_scopes,
     input_attribute,
     interpret_call,
     jit_state,
@@ -81,7 +82,8 @@ def set_requires_grad_as_eager(sym: Symbol, args: tuple, kwargs: dict, result: A
     reads ``requires_grad=False`` in traced code; fakes made from it would too, so a subclass built from it would not
     match eager's). While interpreting user code, a torch-level symbol's tensor results require grad as autograd
     decides: grad mode on, a tensor argument that requires grad, a floating-point result, not ``detach``."""
-    if not is_interpreting() or len(get_tracectx().scopes) > 1:  # user code's own calls, not those inside a symbol
+    # user code's own calls (also inside a checkpointed region, whose scope thunder opens), not those inside a symbol
+    if not is_interpreting() or len(get_tracectx().scopes) - checkpoint_scopes() > 1:
         return  # (in particular not the aten calls recorded below a subclass's dispatch: inner tensors don't require grad)
     if sym.name == "detach" or not is_traced_grad_enabled():
         return

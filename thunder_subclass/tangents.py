@@ -357,7 +357,10 @@ def coerced_tangent(gp: SubclassTensorProxy):
             tangent = tangent.__coerce_tangent_metadata__()
     if runtime_kind(tangent) == proxy_kind(gp):
         return None
-    if has_symbolic_sizes(gp):  # the gradient kind would have this trace's sizes
+    if has_symbolic_sizes(gp):  # the gradient kind would have this trace's sizes, unless only metadata changed
+        same = _symbolic_tangent(gp, fake, tangent)
+        if same is not None:
+            return same
         raise UnsupportedTracingError(
             f"the gradient of a {proxy_kind(gp)} output is coerced to another kind, which thunder_subclass does not "
             "do with symbolic sizes (cache=\"symbolic values\"); pass dynamic=False to thunder_subclass.jit for "
@@ -368,6 +371,47 @@ def coerced_tangent(gp: SubclassTensorProxy):
 
         return tensorproxy(tangent, name=None, history=None)
     return subclass_proxy_from_tensor(tangent, name=None, history=None)
+
+
+def _symbolic_tangent(gp, fake, tangent):
+    """The gradient proxy for output ``gp`` with symbolic sizes when the coerced ``tangent`` differs from the output's
+    fake only in flatten metadata that holds no sizes beyond the outer size and strides (a DTensor's gradient: its
+    context records ``requires_grad``): the output's sizes (number proxies), the tangent's metadata; None otherwise."""
+    from thunder_subclass.fake import SizedContext, context_template
+
+    if type(tangent) is not type(fake) or not isinstance(gp, SubclassTensorProxy):
+        return None
+    attrs, ctx = tangent.__tensor_flatten__()
+    fake_attrs, _ = fake.__tensor_flatten__()
+    if list(attrs) != list(fake_attrs) or tangent.shape != fake.shape or tangent.stride() != fake.stride():
+        return None
+    for a in attrs:
+        t, f = getattr(tangent, a), getattr(fake, a)
+        if not isinstance(t, torch.Tensor):  # an opaque attribute (a DTensor's device mesh): the same object
+            if t is not f:
+                return None
+            continue
+        if (is_traceable_wrapper_subclass(t) or t.shape != f.shape
+                or t.stride() != f.stride() or t.dtype != f.dtype):
+            return None
+    if isinstance(gp.flatten_ctx, SizedContext):
+        template, found = context_template(ctx, tuple(tangent.shape), tuple(tangent.stride()))
+        ctx = SizedContext(template) if found else ctx
+    elif gp.flatten_ctx == ctx:
+        return None
+    if not _sizes_free(ctx):
+        return None
+    p = SubclassTensorProxy(like=gp)  # new inner proxies of the output's sizes
+    p.flatten_ctx, p._requires_grad = ctx, False
+    return p
+
+
+def _sizes_free(ctx) -> bool:
+    """Whether a flatten context holds no size tuple other than the outer size / strides markers."""
+    from thunder_subclass.fake import SizedContext
+
+    leaves = tree_flatten(ctx.template if isinstance(ctx, SizedContext) else ctx)[0]
+    return not any(isinstance(v, torch.Size) for v in leaves)
 
 
 def _refuse_unreduced_mask_outputs(trace) -> None:

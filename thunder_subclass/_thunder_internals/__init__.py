@@ -96,11 +96,13 @@ from thunder_subclass._thunder_internals.symbolic_values import (  # noqa: F401
     guard_equal_sizes,
     pin_input_numbers,
     pin_numbers,
+    size_computation,
     symbolic_values_active,
     symbolic_values_lookaside,
 )
 from thunder_subclass._thunder_internals.transform_speed import meta_signature, printed_trace  # noqa: F401
 from thunder_subclass._thunder_internals.thunder_state import (  # noqa: F401
+    checkpoint_scopes,
     trace_recorded,
     trace_wrote_integer_tensors,
     SetItems,

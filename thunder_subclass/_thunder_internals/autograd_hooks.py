@@ -43,6 +43,7 @@ Hooks (thunder 0.2.6 paths, relative to the installed ``thunder/``):
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -54,7 +55,12 @@ from thunder_subclass._thunder_internals.plugin_state import (
     NOT_HANDLED,
     is_plugin_active,
 )
-from thunder_subclass._thunder_internals.thunder_state import differentiating, trace_state
+from thunder_subclass._thunder_internals.thunder_state import (
+    differentiated_in_entry,
+    differentiating,
+    remember_differentiated,
+    trace_state,
+)
 
 
 def _hook_operator_executor_execution(original):
@@ -64,7 +70,12 @@ def _hook_operator_executor_execution(original):
         if is_plugin_active() and transform_speed.is_sort_waits_probe() and not transform_speed.may_hold_waits(trace):
             return trace  # a result maybe_sort_waits would discard (see transform_speed)
         if plugin_state.handlers is not None and plugin_state.handlers.executor in executors_list:
-            trace = plugin_state.handlers.before_executors(trace)
+            # flattening records subclass operations again: sizes computed in the trace autodiff differentiated (the
+            # joint trace may hold only shape queries of them) stay computed
+            with contextlib.ExitStack() as stack:
+                for t in (trace, *differentiated_in_entry()):
+                    stack.enter_context(differentiating(t))
+                trace = plugin_state.handlers.before_executors(trace)
         return original(trace, executors_list)
 
     return _transform_for_operator_executor_execution
@@ -80,7 +91,9 @@ def _hook_grad_transform_on_trace(original):
             return trace  # split_into_forward_and_backward below then makes no backward
         # (the forward's number operations stay findable: grad rules' fake runs keep computed sizes symbolic)
         with differentiating(trace):
-            return grads_for_mutated_inputs(trace, lambda t: original(t, *args, **kwargs))
+            result = grads_for_mutated_inputs(trace, lambda t: original(t, *args, **kwargs))
+        remember_differentiated(trace)
+        return result
 
     return grad_transform_on_trace
 

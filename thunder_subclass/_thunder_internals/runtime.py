@@ -70,7 +70,7 @@ import torch
 
 from thunder_subclass._thunder_internals import plugin_state
 from thunder_subclass._thunder_internals.automatic_dynamic import AutomaticDynamicShapes
-from thunder_subclass._thunder_internals.thunder_state import undoing_on_trace_failure
+from thunder_subclass._thunder_internals.thunder_state import building_entry, undoing_on_trace_failure
 from thunder_subclass._thunder_internals.torch_state import is_user_dispatch_mode_active
 
 
@@ -391,7 +391,8 @@ def _use_disk_cache(get_computation_and_inputs) -> None:
             cs.last_epilogue_traces, cs.last_backward_traces = entry.epilogue_traces, entry.backward_traces
             return entry
         call, pending.call = getattr(pending, "call", None), None
-        entry = build(cd, cs, cache_info, prologue_trc, *rest, **kwrest)
+        with building_entry():
+            entry = build(cd, cs, cache_info, prologue_trc, *rest, **kwrest)
         if call is not None:
             disk, args, kwargs, codes = call
             disk.store(cd, cs, args, kwargs, entry, codes)

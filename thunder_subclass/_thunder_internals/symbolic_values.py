@@ -458,7 +458,7 @@ class ShapeSymbols:
             return self.symint(same)
         s = self._symint.get(p.name)
         if s is None:
-            s = self._computed_symint(p, 8)
+            s = self._computed_symint(p, 16)
             if s is not None:
                 self._symint[p.name] = s
                 if isinstance(s, torch_symint()):
@@ -482,40 +482,76 @@ class ShapeSymbols:
         return s
 
     def _computed_symint(self, p, depth: int):
-        import operator
-
+        """The SymInt (or constant) thunder's number prims compute ``p`` as from size symbols: ``add`` / ``sub`` /
+        ``mul`` / ``py_floordiv``, and the decomposition of a floor division thunder records for ``view(2, -1)``
+        (``div`` rounding toward zero, less a correction that a ``signbit`` / ``fmod`` test computes), folded where
+        the ShapeEnv decides the sign of the dividend; None where it cannot."""
         from thunder.core.prims import PrimIDs
 
-        ops = {PrimIDs.ADD: operator.add, PrimIDs.SUB: operator.sub, PrimIDs.MUL: operator.mul}
         if depth <= 0 or p.history is not None:
             return None
         try:
-            b = number_producer(p.name, lambda b: b.sym.id in ops)
+            b = number_producer(p.name, lambda b: b.sym.id in _COMPUTED_OPS)
         except Exception:  # noqa: BLE001 - no trace being built
             return None
-        if b is None or b.sym.id not in ops or b.kwargs or len(b.args) != 2:
+        if b is None or b.sym.id not in _COMPUTED_OPS or b.kwargs:
             return None
+        if b.sym.id is PrimIDs.CONVERT_ELEMENT_TYPE:
+            if len(b.args) != 2 or b.args[1] not in (int, bool):
+                return None
+            v = self._operand(b.args[0], depth)
+            return b.args[1](v) if type(v) in (int, bool) else None
+        if b.sym.id is PrimIDs.SIGNBIT:
+            v = self._operand(b.args[0], depth) if len(b.args) == 1 else None
+            return None if v is None else self._decided(v < 0)
+        if len(b.args) != 2:
+            return None
+        x = self._operand(b.args[0], depth)
+        if x is None or (b.sym.id is PrimIDs.BITWISE_AND and x is False):
+            return False if x is False else None  # False & anything: the second operand is not needed
+        y = self._operand(b.args[1], depth)
+        if y is None:
+            return None
+        if b.sym.id in (PrimIDs.DIV, PrimIDs.FMOD):  # C-style: floor division / modulo where both are >= 0
+            if type(y) is not int or y <= 0 or self._decided(x >= 0) is not True:
+                return None
+            return x // y if b.sym.id is PrimIDs.DIV else x % y
+        if b.sym.id in (PrimIDs.EQ, PrimIDs.NE, PrimIDs.BITWISE_AND):
+            v = _COMPUTED_OPS[b.sym.id](x, y)
+            return v if type(v) is bool else self._decided(v)
+        return _COMPUTED_OPS[b.sym.id](x, y)
+
+    def _operand(self, a, depth: int):
         from thunder.core.proxies import NumberProxy
 
-        operands = []
-        for a in b.args:
-            if isinstance(a, NumberProxy):
-                if a.is_static_constrained():
-                    operands.append(int(a.value))
-                elif a.name in self._symint:
-                    operands.append(self._symint[a.name])
-                else:
-                    v = self._computed_symint(a, depth - 1)
-                    if v is None:
-                        if a.history is None or type(a.value) is not int:
-                            return None
-                        v = self.symint(a)
-                    operands.append(v)
-            elif type(a) is int:
-                operands.append(a)
-            else:
-                return None
-        return ops[b.sym.id](*operands)
+        if isinstance(a, NumberProxy):
+            if a.is_static_constrained():
+                return a.value
+            if a.name in self._symint:
+                return self._symint[a.name]
+            v = self._computed_symint(a, depth - 1)
+            if v is None:
+                if a.history is None or type(a.value) is not int:
+                    return None
+                v = self.symint(a)
+            return v
+        return a if type(a) in (int, bool) else None
+
+    def _decided(self, cond):
+        """A SymBool (or bool) the ShapeEnv decides from what it knows of the symbols (their ranges), as a bool;
+        None where it does not (no guard is added)."""
+        import torch
+
+        if not isinstance(cond, torch.SymBool):
+            return bool(cond)
+        import sympy
+
+        v = self.shape_env._maybe_evaluate_static(cond.node.expr)
+        if v is sympy.true:
+            return True
+        if v is sympy.false:
+            return False
+        return None
 
     def number(self, x, *, compute: bool = False):
         """The int or number proxy a size of a fake result stands for. A sum or product of symbols (``s0 * s1``
@@ -547,8 +583,19 @@ class ShapeSymbols:
             if p is None:
                 raise SymbolicSizeError(f"{expr} stands for no number proxy")
             return p
+        from torch.utils._sympy.functions import FloorDiv, Max, Min
+
+        if isinstance(expr, FloorDiv):  # view(-1, 2): sizes // 2
+            return prims.py_floordiv(self._computed(expr.args[0]), self._computed(expr.args[1]))
+        if isinstance(expr, (Max, Min)) and len(expr.args) == 2:  # a stride max(1, size)
+            a, b = expr.args
+            first = self.shape_env._maybe_evaluate_static(sympy.Ge(a, b) if isinstance(expr, Max) else
+                                                          sympy.Le(a, b))
+            if first is not sympy.true and first is not sympy.false:  # decided by the traced sizes: a guard
+                first = self.shape_env.evaluate_expr(sympy.Ge(a, b) if isinstance(expr, Max) else sympy.Le(a, b))
+            return self._computed(a if first else b)
         if not isinstance(expr, (sympy.Add, sympy.Mul)):
-            raise SymbolicSizeError(f"a size of a result is {expr}: not a sum or product of sizes")
+            raise SymbolicSizeError(f"a size of a result is {expr}: not a sum, product or floor division of sizes")
         op = prims.add if isinstance(expr, sympy.Add) else prims.mul
         terms = [self._computed(a) for a in expr.args]
         acc = terms[0]
@@ -573,6 +620,61 @@ class ShapeSymbols:
     def proxy_of(self, symbol):
         return self._proxy.get(symbol)
 
+    def input_proxies(self) -> list:
+        """The number proxies that have a symbol of their own here."""
+        return list(self._proxy.values())
+
+
+def size_computation(name: str, defined: set, depth: int = 8) -> list | None:
+    """The bound symbols (``add`` / ``sub`` / ``mul`` / ``py_floordiv`` of numbers) that compute size number ``name``
+    from the numbers in ``defined``, as the trace being built or the traces being differentiated hold them
+    (``number_producer``), in order; None where it is not computed that way."""
+    from thunder.core.prims import PrimIDs
+    from thunder.core.proxies import NumberProxy
+
+    ids = (PrimIDs.ADD, PrimIDs.SUB, PrimIDs.MUL, PrimIDs.PY_FLOORDIV)
+    try:
+        b = number_producer(name, lambda b: b.sym.id in ids)
+    except Exception:  # noqa: BLE001 - no trace being built
+        return None
+    if b is None or depth <= 0 or b.kwargs:
+        return None
+    out: list = []
+    for a in b.flat_proxy_args:
+        if not isinstance(a, NumberProxy):
+            return None
+        if a.name in defined or any(o.name == a.name for c in out for o in c.flat_proxy_outs):
+            continue
+        sub = size_computation(a.name, defined, depth - 1)
+        if sub is None:
+            return None
+        out.extend(sub)
+    return [*out, b]
+
+
+@functools.cache
+def _computed_ops_table() -> dict:
+    import operator
+
+    from thunder.core.prims import PrimIDs
+
+    return {PrimIDs.ADD: operator.add, PrimIDs.SUB: operator.sub, PrimIDs.MUL: operator.mul,
+            PrimIDs.PY_FLOORDIV: operator.floordiv, PrimIDs.DIV: None, PrimIDs.FMOD: None,
+            PrimIDs.EQ: operator.eq, PrimIDs.NE: operator.ne, PrimIDs.BITWISE_AND: operator.and_,
+            PrimIDs.SIGNBIT: None, PrimIDs.CONVERT_ELEMENT_TYPE: None}
+
+
+class _ComputedOps:
+    # the number prims ShapeSymbols._computed_symint follows (a lazily built table: thunder is imported late)
+    def __contains__(self, k):
+        return k in _computed_ops_table()
+
+    def __getitem__(self, k):
+        return _computed_ops_table()[k]
+
+
+_COMPUTED_OPS = _ComputedOps()
+
 
 def torch_symint() -> type:
     import torch
@@ -588,8 +690,14 @@ class SizeCondition:
     def __init__(self, symbols: list, exprs: list):
         import sympy
 
-        self.exprs = exprs
+        self.exprs = list(exprs)
         self._symbols = symbols
+        self._compile()
+
+    def _compile(self) -> None:
+        import sympy
+
+        symbols, exprs = self._symbols, self.exprs
         names = [f"_v{i}" for i in range(len(symbols))]
         renamed = [e.xreplace({s: sympy.Symbol(n, integer=True) for s, n in zip(symbols, names)}) for e in exprs]
         self._fn = None
@@ -617,6 +725,48 @@ class SizeCondition:
         return f"<sizes {' and '.join(str(e) for e in self.exprs)}>"
 
 
+class AssumedSizes(SizeCondition):
+    """The relations between input sizes that a trace's backward relies on, found after the prologue is made
+    (autodiff's fake runs of a ``view`` backward rely on ``(i0*i1)//2 * 2 == i0*i1``, which no forward run asked
+    about). One per trace, in its prologue from the start (``check_number_condition`` over every input size number
+    the forward's symbolic fake runs used, holding nothing yet); a backward's relation that holds for the traced sizes
+    is added to it (:meth:`assume`), and later calls of the trace check it with the others: a call for which it
+    does not hold is a cache miss and a new trace, as for the forward's guards."""
+
+    def __init__(self):
+        super().__init__([], [])
+        self.proxies: dict[str, Any] = {}  # input number name -> proxy, in the order of the check's arguments
+
+    def cover(self, proxies) -> tuple | None:
+        """Take input numbers ``proxies`` as arguments too; the new constraint tuple when the set grew."""
+        import sympy
+
+        grew = False
+        for p in proxies:
+            if p.name not in self.proxies:
+                self.proxies[p.name] = p
+                grew = True
+        if not grew:
+            return None
+        self._symbols = [sympy.Symbol(n, integer=True) for n in self.proxies]
+        self._compile()
+        return (_condition_check_symbol(), self, *self.proxies.values())
+
+    def assume(self, exprs: list) -> bool:
+        """Add ``exprs`` (over the argument names) when they name only arguments and hold for their traced values."""
+        import sympy
+
+        names = {s.name for e in exprs for s in e.free_symbols}
+        if not names <= set(self.proxies):
+            return False
+        values = {sympy.Symbol(n, integer=True): sympy.Integer(int(self.proxies[n].value)) for n in names}
+        if not all(e.xreplace(values) is sympy.true for e in exprs):
+            return False
+        self.exprs.extend(exprs)
+        self._compile()
+        return True
+
+
 def add_size_guards(symbols: ShapeSymbols) -> None:
     """The prologue checks for what the fake runs of ``symbols`` relied on since the last call: one condition over
     the input numbers the guards and ranges name (a relation another fake run of the trace already made a check for
@@ -625,6 +775,8 @@ def add_size_guards(symbols: ShapeSymbols) -> None:
     forward's fakes), a relation no check holds yet is a :class:`SymbolicSizeError`."""
     import sympy
 
+    if is_interpreting():
+        _cover_input_sizes(symbols)
     guards, ranges, specialised = symbols.take_guards()
     exprs = list(guards)
     for s, lower, upper in ranges:
@@ -655,6 +807,8 @@ def add_size_guards(symbols: ShapeSymbols) -> None:
         else:  # computed from input numbers: pinned (those numbers checked by value), its value used
             pin(p)
             subs[s] = sympy.Integer(int(p.value))
+    if not interpreting:  # input numbers pinned since the forward's run: their values are checked
+        subs.update({s: sympy.Integer(int(p.value)) for s, p in inputs if p.is_static_constrained()})
     exprs = [e.xreplace(subs) for e in exprs]
     if any(e is sympy.false for e in exprs):
         raise SymbolicSizeError(f"a guard does not hold for the traced sizes: {exprs}")
@@ -672,9 +826,13 @@ def add_size_guards(symbols: ShapeSymbols) -> None:
     if not fresh:
         return
     if not interpreting:
-        raise SymbolicSizeError(
-            "a fake run after the prologue was made relied on sizes: " + ", ".join(str(e) for e in fresh)
-        )
+        assumed = next((p.__dict__[_ASSUMED] for _, p in inputs if _ASSUMED in p.__dict__), None)
+        if assumed is None or not assumed.assume(fresh):
+            raise SymbolicSizeError(
+                "a fake run after the prologue was made relied on sizes: " + ", ".join(str(e) for e in fresh)
+            )
+        added.update(fresh)
+        return
     added.update(fresh)
     for _, p in inputs:  # found again when autodiff records the operation again
         p.__dict__[_SIZE_GUARDS] = added
@@ -689,3 +847,37 @@ def add_size_guards(symbols: ShapeSymbols) -> None:
 # the size relations a prologue check already holds: in the jit state while interpreting, and on the input number
 # proxies they name (for autodiff, which records operations again after the prologue is made)
 _SIZE_GUARDS = "_thunder_subclass_size_guards"
+# the trace's AssumedSizes: in the jit state, and on the input number proxies it takes
+_ASSUMED = "_thunder_subclass_assumed_sizes"
+
+
+def _cover_input_sizes(symbols: ShapeSymbols) -> None:
+    """The trace's :class:`AssumedSizes` check takes the input numbers ``symbols`` has symbols for (its constraint in
+    thunder's jit context is replaced by one with the larger argument list: thunder builds the prologue from the
+    list at the end of interpretation)."""
+    from thunder.core.jit_ext import get_jit_ctx
+
+    inputs = [p for p in symbols.input_proxies() if _is_input_number(p) and not p.is_static_constrained()]
+    if not inputs:
+        return
+    state = jit_state()
+    assumed = state.get(_ASSUMED)
+    old = state.get(_ASSUMED + "_constraint")
+    if assumed is None:
+        assumed = state[_ASSUMED] = AssumedSizes()
+    constraint = assumed.cover(inputs)
+    if constraint is None:
+        return
+    ctx = get_jit_ctx()
+    for p in inputs:
+        p.__dict__[_ASSUMED] = assumed
+    if old is not None:
+        for i, c in enumerate(ctx._constraints):
+            if c is old:
+                ctx._constraints[i] = constraint
+                break
+        else:
+            ctx.add_constraint(constraint)
+    else:
+        ctx.add_constraint(constraint)
+    state[_ASSUMED + "_constraint"] = constraint

@@ -173,6 +173,27 @@ def jit_state() -> dict | None:
     return ctx.__dict__.setdefault("_thunder_subclass_state", {})
 
 
+@contextlib.contextmanager
+def checkpoint_scope():
+    """While thunder's ``torch.utils.checkpoint.checkpoint`` lookaside runs: one more open scope of the computation
+    trace belongs to user code, not to a symbol (:func:`checkpoint_scopes`)."""
+    state = jit_state()
+    if state is None:
+        yield
+        return
+    state["checkpoint_scopes"] = state.get("checkpoint_scopes", 0) + 1
+    try:
+        yield
+    finally:
+        state["checkpoint_scopes"] -= 1
+
+
+def checkpoint_scopes() -> int:
+    """How many of the computation trace's open scopes are checkpointed regions of user code."""
+    state = jit_state()
+    return 0 if state is None else state.get("checkpoint_scopes", 0)
+
+
 def trace_wrote_integer_tensors() -> bool:
     """Whether the trace being interpreted has recorded, so far, an operation that changes an integer tensor in place
     (thunder's ``_is_inplace_op``, in every open scope and their subsymbols): after ``o[1] = 4`` on an offsets input
@@ -678,11 +699,41 @@ def differentiating(trace):
         stack.pop()
 
 
+_entries = threading.local()  # .stack: per cache entry being built (innermost last), the traces autodiff differentiated
+
+
+@contextlib.contextmanager
+def building_entry():
+    """While thunder builds one cache entry (``apply_transforms_and_build_cache_entry``): the computation traces its
+    autodiff differentiated are kept (:func:`remember_differentiated`) for the passes after it."""
+    stack = _entries.__dict__.setdefault("stack", [])
+    stack.append([])
+    try:
+        yield
+    finally:
+        stack.pop()
+
+
+def remember_differentiated(trace) -> None:
+    stack = getattr(_entries, "stack", None)
+    if stack:
+        stack[-1].append(trace)
+
+
+def differentiated_in_entry() -> tuple:
+    """The computation traces autodiff differentiated for the cache entry being built (none outside one)."""
+    stack = getattr(_entries, "stack", None)
+    return tuple(stack[-1]) if stack else ()
+
+
 def number_producer(name: str, accept: Callable = lambda b: True):
     """The bound symbol producing the proxy ``name`` that ``accept`` accepts: in the computation trace being built,
     else in the traces being differentiated (:func:`differentiating`; the trace being built may hold only a ``shape``
     query that unpacks the number again); None if none."""
-    for producers in (trace_producers(), *reversed(getattr(_differentiated, "traces", ()))):
+    from thunder.core.trace import get_tracectx
+
+    building = (trace_producers(),) if get_tracectx() is not None else ()
+    for producers in (*building, *reversed(getattr(_differentiated, "traces", ()))):
         b = producers.get(name)
         if b is not None and accept(b):
             return b

@@ -85,6 +85,7 @@ from thunder_subclass._thunder_internals.torch_state import (
     is_torch_state_setter,
 )
 from thunder_subclass._thunder_internals.thunder_state import (
+    checkpoint_scope,
     constant_rooted_path,
     interpret_call,
     is_torch_level_symbol,
@@ -218,6 +219,26 @@ def _is_native_function(fn) -> bool:
 _FN_KEYWORD = "fn (keyword)"
 
 
+def _is_checkpoint(fn) -> bool:
+    import torch.utils.checkpoint
+
+    return fn is torch.utils.checkpoint.checkpoint
+
+
+def _in_checkpoint_scope(lookaside):
+    """thunder's lookaside of ``torch.utils.checkpoint.checkpoint``
+    (``jit_ext._general_jit_torch_checkpoint_lookaside``) interprets the checkpointed function inside a scope it pushes on the computation trace; the plugin tells user
+    code's own symbol calls from those inside a symbol by the number of open scopes, so that scope is counted
+    (``thunder_state.checkpoint_scopes``) while it is open."""
+
+    @functools.wraps(lookaside)
+    def in_checkpoint_scope(*args, **kwargs):
+        with checkpoint_scope():
+            return lookaside(*args, **kwargs)
+
+    return in_checkpoint_scope
+
+
 def _hook_general_jit_lookaside(original):
     # wraps thunder.core.jit_ext.general_jit_lookaside
     @functools.wraps(original)
@@ -246,6 +267,8 @@ def _hook_general_jit_lookaside(original):
                 # argument 'fn'" (plain thunder.jit as well)
                 kwargs[_FN_KEYWORD] = kwargs.pop("fn")
             lookaside = original(fn, *args, **kwargs)
+            if lookaside is not None and _is_checkpoint(fn):
+                lookaside = _in_checkpoint_scope(lookaside)
             if lookaside is None and not kwargs and is_torch_state_query(fn, args):
                 return _state_query(fn)
             if lookaside is None and is_torch_state_setter(fn):

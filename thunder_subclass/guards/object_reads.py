@@ -408,7 +408,7 @@ _PROTOCOL_METHODS = frozenset(
 )
 
 __all__ = ["add_module_hooks_guard", "guard_attribute_absent", "guard_compared_objects", "guard_input_object",
-           "guard_native_call_arguments", "guard_object_by_identity", "guard_object_by_value",
+           "guard_native_call_arguments", "guard_lookaside_arguments", "guard_object_by_identity", "guard_object_by_value",
            "guard_torch_state_query", "is_guardable_provenance", "object_guard_kind", "object_spec"]
 
 
@@ -424,6 +424,45 @@ def _may_call_back(obj) -> bool:
 @functools.lru_cache(maxsize=1024)
 def _type_may_call_back(cls: type) -> bool:
     return any(c.__flags__ & HEAPTYPE and not _PROTOCOL_METHODS.isdisjoint(vars(c)) for c in cls.__mro__)
+
+
+def guard_lookaside_arguments(wrapped_args: tuple) -> None:
+    """A lookaside runs a function natively with ``wrapped_args`` (DTensor's ``from_local`` / ``redistribute``: the
+    device mesh and placements): each argument that is not a tensor, read from the inputs or globals (a provenance
+    the prologue can unpack), and each such item of a list or tuple the traced code built, is checked by equality with
+    a copy taken now (by identity without value equality). Globals are not guarded inputs otherwise, so a new
+    placement bound to the same global reused the trace made for the old one."""
+    from thunder.core.interpreter import WrappedValue
+    from thunder.core.proxies import AnyProxy, Proxy
+
+    state = _thunder_internals.jit_state()
+    jit_ctx = _thunder_internals.jit_context()
+    if state is None or jit_ctx is None:
+        return
+    done = state.setdefault("lookaside_argument_guards", set())
+
+    def visit(w, depth: int) -> None:
+        if not isinstance(w, WrappedValue) or depth > 2:
+            return
+        value, provenance = w.value, w.provenance
+        if isinstance(value, (torch.Tensor, Proxy)) or type(value) in SCALARS:
+            return
+        if not _thunder_internals.is_unpackable_provenance(provenance):
+            if type(value) in (list, tuple):  # built in the traced code: its items
+                for item in getattr(w, "item_wrappers", None) or ():
+                    visit(item, depth + 1)
+            return
+        if id(value) in done:
+            return
+        snapshot = value_snapshot(value)
+        spec = ObjectSpec("equal", type(value), snapshot, describe_provenance(provenance)) if snapshot is not None \
+            else ObjectSpec("identity", type(value), value, describe_provenance(provenance))
+        done.add(id(value))
+        name = f"guarded_object{next(guarded_object_names)}"
+        jit_ctx.add_constraint((check_object, AnyProxy(value, name=name, history=provenance), spec))
+
+    for w in wrapped_args:
+        visit(w, 0)
 
 
 def guard_compared_objects(op: str, a: Any, b: Any) -> None:
