@@ -115,6 +115,7 @@ from thunder_subclass._thunder_internals.thunder_state import (  # noqa: F401
     input_proxy_name,
     interpret_call,
     interpret_native_call,
+    thunder_lookaside,
     is_called_from_user_code,
     is_interpreting,
     is_torch_level_symbol,
