@@ -117,3 +117,125 @@ def test_a_reentrant_checkpoint_with_fullgraph_raises_a_typed_error():
     with pytest.raises(UnsupportedCheckpointError, match=rf"use_reentrant=True at .*test_trust_corners\.py:{line}: "
                        r".*Pass use_reentrant=False"):
         jf(torch.ones(3, 3), torch.ones(3, 3))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Native calls that change an object from outside the trace
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class _NumberedCalls(torch.nn.Module):
+    """Numbers its calls with a property over ``itertools.count()``."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self._counter = itertools.count()
+
+    @property
+    def step(self):
+        return next(self._counter)
+
+    def forward(self, x):
+        return self.lin(x) * (self.step + 1)
+
+
+def test_a_property_over_itertools_count_numbers_the_calls_as_eager():
+    # issue 40: TraceSelfCheckError on the first call (the prologue ran the property again)
+    torch.manual_seed(0)
+    model = _NumberedCalls()
+    eager = _twin(model)
+    compiled = thunder_subclass.jit(model)
+    x = torch.randn(2, 4)
+    for _ in range(3):
+        torch.testing.assert_close(compiled(x), eager(x))
+    assert next(model._counter) == next(eager._counter) == 3  # advanced once per call, as in eager
+    assert "UnsupportedGlobalStateError: next() at" in compiled.graph_breaks.breaks[0].reason
+
+
+def _gen():
+    i = 0
+    while True:
+        yield float(i)
+        i += 1
+
+
+def _programs():
+    """(name, make the outside state, the function of (x, state)): each changes an object it did not make."""
+    import bisect
+    import collections
+    import heapq
+
+    return [
+        ("next on an iterator", lambda: iter(range(10)), lambda x, s: x * next(s)),
+        ("next on itertools.count", itertools.count, lambda x, s: x * next(s)),
+        ("next on a generator", _gen, lambda x, s: x * next(s)),
+        ("sum consumes an iterator", lambda: iter(range(10)), lambda x, s: x * sum(itertools.islice(s, 2))),
+        ("set.add", set, lambda x, s: (s.add(len(s)), x * len(s))[1]),
+        ("deque.popleft", lambda: collections.deque([1.0, 2.0, 3.0, 4.0]), lambda x, s: x * s.popleft()),
+        ("OrderedDict.move_to_end", lambda: collections.OrderedDict(a=1.0, b=2.0),
+         lambda x, s: (s.move_to_end(next(iter(s))), x * list(s.values())[0])[1]),
+        ("defaultdict's missing key", lambda: collections.defaultdict(int), lambda x, s: x * len(s) + s[len(s)]),
+        ("heapq.heappush on a list", lambda: [3.0, 4.0], lambda x, s: (heapq.heappush(s, 1.0), x * len(s))[1]),
+        ("bisect.insort on a list", lambda: [3.0, 4.0], lambda x, s: (bisect.insort(s, 3.5), x * len(s))[1]),
+        ("bytearray.append", bytearray, lambda x, s: (s.append(1), x * len(s))[1]),
+    ]
+
+
+@pytest.mark.parametrize("name, make, fn", _programs(), ids=[p[0] for p in _programs()])
+@pytest.mark.parametrize("how", ["global", "argument"])
+def test_a_native_call_that_changes_an_outside_object_gives_eagers_values_on_every_call(name, make, fn, how):
+    # issue 40: each gave the first call's answer on every call (or TraceSelfCheckError) and changed the object once
+    results, states = [], []
+    for compile_it in (False, True):
+        state = make()
+        if how == "global":
+            g = {"state": state, "fn": fn}
+            exec("def f(x):\n    return fn(x, state)\n", g)
+            f = g["f"]
+        else:
+            def f(x, s=None, _fn=fn):
+                return _fn(x, s)
+        call = thunder_subclass.jit(f) if compile_it else f
+        args = () if how == "global" else (state,)
+        results.append([call(torch.ones(2), *args) for _ in range(3)])
+        states.append(state)
+    torch.testing.assert_close(results[1], results[0])
+    eager_state, compiled_state = states
+    if hasattr(eager_state, "__next__"):  # an iterator: at the same place
+        assert next(compiled_state) == next(eager_state)
+    else:
+        assert compiled_state == eager_state
+
+
+def test_a_native_call_that_changes_an_outside_object_with_fullgraph_raises():
+    import collections
+
+    queue = collections.deque([1.0, 2.0])
+
+    def f(x):
+        return x * queue.popleft()
+
+    line = f.__code__.co_firstlineno + 1
+    with pytest.raises(UnsupportedGlobalStateError, match=rf"deque\.popleft\(\) at .*test_trust_corners\.py:{line} "
+                       r"changes a deque object that the compiled function reads from outside .*Make the object "
+                       r"inside the compiled function"):
+        thunder_subclass.jit(f, fullgraph=True)(torch.ones(2))
+    assert list(queue) == [1.0, 2.0]  # refused before it ran
+
+
+def test_iterators_and_containers_the_trace_makes_or_only_reads_are_no_break():
+    table, pairs = {"a": 1.0, "b": 2.0}, [1.0, 2.0, 3.0]
+    chosen = {1, 2}
+
+    def f(x):
+        y = sum(x * v for v in pairs) + sum(x * i * v for i, (v, w) in enumerate(zip(pairs, (1.0, 2.0))))
+        y = y + x * max(table.values()) * sorted(chosen)[0] + x * next(iter(pairs)) + x * next(itertools.count(2))
+        made = {3}
+        made.add(4)
+        return y * len(made)
+
+    jf = thunder_subclass.jit(f, fullgraph=True)
+    for _ in range(2):
+        torch.testing.assert_close(jf(torch.ones(2)), f(torch.ones(2)))
+    assert thunder.cache_misses(jf) == 1 and thunder.cache_hits(jf) == 1

@@ -18,7 +18,8 @@ above the stages, hands it one :class:`~thunder_subclass._thunder_internals.Hand
   ``interpretation.subclass_lookaside`` (construction, ``isinstance``, ``type``, attributes), else ``hf.lookaside``
   (transformers functions thunder cannot trace, once transformers is imported), ``state_guards.lookaside`` (Python
   state read or changed: environment, random, clock), ``checkpoints.lookaside`` (a reentrant
-  ``torch.utils.checkpoint``: a graph break);
+  ``torch.utils.checkpoint``: a graph break), ``native_effects.lookaside`` (a native call that changes an
+  object from outside the trace: ``next`` on an outside iterator, ``set.add``: a graph break);
 * before executors claim operations -> ``tangents.flatten_for_executors`` (the flatten pass);
 * a thunder forward call connected to autograd -> ``tangents.differentiable_outputs`` (``requires_grad`` of the
   outputs as in eager) and ``tangents.mutated_inputs`` (inputs changed in place, marked dirty);
@@ -50,6 +51,7 @@ from thunder_subclass import (
     higher_order,
     interpretation,
     module_calls,
+    native_effects,
     random_ops,
     speculation,
     state_guards,
@@ -138,6 +140,7 @@ def _lookaside(fn, wrapped_args: tuple):
         or grad_modes.inference_mode_lookaside(fn, wrapped_args)
         or state_guards.lookaside(fn, wrapped_args)
         or checkpoints.lookaside(fn, wrapped_args)
+        or native_effects.lookaside(fn, wrapped_args)
     )
 
 
