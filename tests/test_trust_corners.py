@@ -239,3 +239,102 @@ def test_iterators_and_containers_the_trace_makes_or_only_reads_are_no_break():
     for _ in range(2):
         torch.testing.assert_close(jf(torch.ones(2)), f(torch.ones(2)))
     assert thunder.cache_misses(jf) == 1 and thunder.cache_hits(jf) == 1
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Parameters an eager call inside a compiled region does not reach
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class _Experts(torch.nn.Module):
+    """Routes each row to one of two experts by the sign of its first feature (``torch.where(mask)``: a graph break,
+    so this module becomes an eager call inside its parent's trace)."""
+
+    def __init__(self):
+        super().__init__()
+        self.experts = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(2))
+
+    def forward(self, x):
+        out = torch.zeros_like(x)
+        route = x[:, 0] > 0
+        for i, expert in enumerate(self.experts):
+            rows = torch.where(route if i == 0 else ~route)[0]
+            if rows.numel():
+                out = out.index_add(0, rows, expert(x[rows]))
+        return out
+
+
+class _Routed(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj, self.moe, self.head = torch.nn.Linear(4, 4), _Experts(), torch.nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.head(self.moe(x) + self.proj(x))
+
+
+def _batch(step):
+    x = torch.randn(6, 4)
+    if step >= 2:  # every row to expert 0: expert 1 gets no gradient
+        x[:, 0] = x[:, 0].abs()
+    return x
+
+
+def test_a_parameter_an_eager_call_does_not_reach_keeps_grad_none_as_in_eager():
+    # issue 40: expert 1's parameters got zero gradients, and weight decay / momentum then moved them
+    torch.manual_seed(0)
+    model = _Routed()
+    eager = _twin(model)
+    compiled = thunder_subclass.jit(model)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, weight_decay=0.1) for m in (model, eager)]
+    for step in range(5):
+        x = _batch(step)
+        for opt in opts:
+            opt.zero_grad(set_to_none=True)
+        compiled(x).sum().backward()
+        eager(x).sum().backward()
+        for (name, p), p_ref in zip(model.named_parameters(), eager.parameters()):
+            assert (p.grad is None) == (p_ref.grad is None), (step, name)
+            if p.grad is not None:
+                torch.testing.assert_close(p.grad, p_ref.grad)
+        if step >= 2:
+            assert all(p.grad is None for p in model.moe.experts[1].parameters())
+        for opt in opts:
+            opt.step()
+        for p, p_ref in zip(model.parameters(), eager.parameters()):
+            torch.testing.assert_close(p, p_ref)
+    assert [b.name for b in compiled.graph_breaks.breaks] == ["moe"]
+    assert "moe" not in compiled.graph_breaks.regions  # an eager call inside the compiled parent
+
+
+def test_an_unreached_parameter_keeps_its_old_gradient_and_autograd_grad_leaves_no_hook():
+    torch.manual_seed(0)
+    model = _Routed()
+    eager = _twin(model)
+    compiled = thunder_subclass.jit(model)
+    for step in range(2):  # both experts reached: every parameter has a gradient
+        x = _batch(step)
+        compiled(x).sum().backward()
+        eager(x).sum().backward()
+    x = _batch(2)
+    compiled(x).sum().backward()  # expert 1 not reached, no zero_grad: its gradient stays what it was, as in eager
+    eager(x).sum().backward()
+    for p, p_ref in zip(model.parameters(), eager.parameters()):
+        torch.testing.assert_close(p.grad, p_ref.grad)
+    model.zero_grad(set_to_none=True)
+    eager.zero_grad(set_to_none=True)
+    inp = _batch(2).requires_grad_()
+    (g,) = torch.autograd.grad(compiled(inp).sum(), inp)  # accumulates into no parameter
+    (g_ref,) = torch.autograd.grad(eager(inp).sum(), inp)
+    torch.testing.assert_close(g, g_ref)
+    assert all(p.grad is None for p in model.parameters())
+    x = torch.zeros(6, 4)  # every row to expert 1, which is reached with a weight gradient of exact zeros
+    compiled(x).sum().backward()
+    eager(x).sum().backward()
+    expert = model.moe.experts[1]
+    assert expert.weight.grad is not None and not expert.weight.grad.any()  # zeros, as eager's
+    assert all(p.grad is None for p in model.moe.experts[0].parameters())
+    for p, p_ref in zip(model.parameters(), eager.parameters()):
+        assert (p.grad is None) == (p_ref.grad is None)
+        if p.grad is not None:
+            torch.testing.assert_close(p.grad, p_ref.grad)

@@ -144,6 +144,7 @@ from thunder_subclass._thunder_internals.module_dispatch import PASS as DISPATCH
 from thunder_subclass._thunder_internals.module_dispatch import dispatching  # noqa: F401
 from thunder_subclass._thunder_internals.torch_state import (  # noqa: F401
     active_dispatch_modes,
+    at_end_of_backward,
     is_user_dispatch_mode_active,
     data_dependent_exception_types,
     fake_run_replacement,
