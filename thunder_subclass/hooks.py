@@ -140,6 +140,7 @@ def _lookaside(fn, wrapped_args: tuple):
         or grad_modes.inference_mode_lookaside(fn, wrapped_args)
         or state_guards.lookaside(fn, wrapped_args)
         or checkpoints.lookaside(fn, wrapped_args)
+        or random_ops.dropout_lookaside(fn, wrapped_args)
         or native_effects.lookaside(fn, wrapped_args)
     )
 
