@@ -338,3 +338,28 @@ def test_an_unreached_parameter_keeps_its_old_gradient_and_autograd_grad_leaves_
         assert (p.grad is None) == (p_ref.grad is None)
         if p.grad is not None:
             torch.testing.assert_close(p.grad, p_ref.grad)
+
+
+def test_a_log_record_written_inside_the_compiled_function_is_written_on_every_call():
+    # the handler's stream.write changes the stream: a graph break (it raised UnsupportedTracingError before)
+    import io
+    import logging
+
+    stream = io.StringIO()
+    logger = logging.getLogger("thunder_subclass.tests.trust_corners")
+    handler = logging.StreamHandler(stream)
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+
+    def f(x):
+        logger.info("step")
+        return x * 2
+
+    try:
+        jf = thunder_subclass.jit(f)
+        for _ in range(3):
+            torch.testing.assert_close(jf(torch.ones(2)), torch.full((2,), 2.0))
+    finally:
+        logger.removeHandler(handler)
+    assert stream.getvalue() == "step\n" * 3

@@ -32,7 +32,9 @@ Assumptions: an object the trace made itself (its provenance record does not rea
 freely: it is made anew by every run of the compiled program. The check reads the provenance records thunder's
 interpreter keeps (``_thunder_internals.is_unpackable_provenance``, ``constant_rooted_path``, ``state_path_of``).
 Not covered: a native function that changes an object it is given without being one of these (a C extension's
-``mylib.bump(obj)``): it cannot be known from outside the C code.
+``mylib.bump(obj)``): it cannot be known from outside the C code. A log record a handler writes to its stream
+(``logging``) is a break too: it is written on every call, as in eager (it failed with an ``UnsupportedTracingError``
+about ``sys.modules`` before).
 
 Owner of state: none.
 """
@@ -108,7 +110,9 @@ def _change(fn, wrapped_args: tuple) -> tuple[str, Any] | None:
         if value is None or isinstance(value, (torch.Tensor, types.ModuleType, type)) or not _is_outside(wrapped):
             continue
         if _is_iterator(value) and name not in _LOOKING_AT:
-            what = "next()" if name in ("next", "__next__") else f"{name}() on an iterator"
+            what = "next()" if name in ("next", "__next__") else f"{type(value).__name__}.{name}()" \
+                if isinstance(fn, (types.MethodDescriptorType, types.WrapperDescriptorType)) \
+                else f"{name}() of an iterator"
             return what, value
         if i == 0 and fn in _CHANGES_FIRST_ARGUMENT:
             return f"{fn.__module__}.{name}()", value
