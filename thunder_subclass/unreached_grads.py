@@ -52,13 +52,19 @@ def _unwatch(key: int) -> None:
 def keep_unreached_grads_none(params) -> None:
     """Called from the backward of an eager call with the parameters its graph did not reach (module docstring)."""
     for p in params:
-        if p.grad is not None or not p.requires_grad:
+        if p.grad is not None or not p.requires_grad or not p.is_leaf:
             continue
         key = id(p)
         with _lock:
             if key in _watched:
                 continue
             _watched[key] = None
+        try:
+            _thunder_internals.at_end_of_backward(lambda key=key: _unwatch(key))
+        except RuntimeError:  # not inside the autograd engine's backward: nothing will be accumulated
+            with _lock:
+                _watched.pop(key, None)
+            continue
 
         def hook(param, key=key):
             _unwatch(key)
@@ -66,5 +72,7 @@ def keep_unreached_grads_none(params) -> None:
 
         handle = p.register_post_accumulate_grad_hook(hook)
         with _lock:
-            _watched[key] = handle
-        _thunder_internals.at_end_of_backward(lambda key=key: _unwatch(key))
+            if key in _watched:
+                _watched[key] = handle
+            else:  # (the backward ended meanwhile)
+                handle.remove()
