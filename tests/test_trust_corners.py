@@ -171,6 +171,8 @@ def _programs():
         ("next on itertools.count", itertools.count, lambda x, s: x * next(s)),
         ("next on a generator", _gen, lambda x, s: x * next(s)),
         ("sum consumes an iterator", lambda: iter(range(10)), lambda x, s: x * sum(itertools.islice(s, 2))),
+        ("tuple consumes an iterator", lambda: iter(range(10)), lambda x, s: x * len(tuple(s))),
+        ("dict of zip of an iterator", lambda: iter(range(10)), lambda x, s: x * len(dict(zip(s, s)))),
         ("set.add", set, lambda x, s: (s.add(len(s)), x * len(s))[1]),
         ("deque.popleft", lambda: collections.deque([1.0, 2.0, 3.0, 4.0]), lambda x, s: x * s.popleft()),
         ("OrderedDict.move_to_end", lambda: collections.OrderedDict(a=1.0, b=2.0),
@@ -203,7 +205,7 @@ def test_a_native_call_that_changes_an_outside_object_gives_eagers_values_on_eve
     torch.testing.assert_close(results[1], results[0])
     eager_state, compiled_state = states
     if hasattr(eager_state, "__next__"):  # an iterator: at the same place
-        assert next(compiled_state) == next(eager_state)
+        assert next(compiled_state, None) == next(eager_state, None)
     else:
         assert compiled_state == eager_state
 
@@ -363,3 +365,16 @@ def test_a_log_record_written_inside_the_compiled_function_is_written_on_every_c
     finally:
         logger.removeHandler(handler)
     assert stream.getvalue() == "step\n" * 3
+
+
+def _pairs_of(x, a, b):
+    return x * len(dict(zip(a, b, strict=True)))
+
+
+@pytest.mark.parametrize("fullgraph", [True, False])
+def test_dict_of_an_iterable_that_raises_raises_as_eager(fullgraph):
+    # thunder's dict(...) wrapper dropped the exception: an empty dict, x * 0
+    with pytest.raises(ValueError, match=r"zip\(\) argument 2 is shorter than argument 1"):
+        _pairs_of(torch.ones(1), [1, 2, 3], [4, 5])
+    with pytest.raises(ValueError, match=r"zip\(\) argument 2 is shorter than argument 1"):
+        thunder_subclass.jit(_pairs_of, fullgraph=fullgraph)(torch.ones(1), [1, 2, 3], [4, 5])

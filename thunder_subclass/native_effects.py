@@ -15,9 +15,11 @@ numbers the calls) gave the first call's number forever, or, read through a prop
 Which native calls change an object (each decided before the call, from the callable and its arguments):
 
 * advancing an iterator: an object whose type has ``__next__`` (iterators, generators, ``itertools`` objects, files)
-  given to any native callable other than those that only look at it (``iter``, ``isinstance``, ``type``, ``id``,
-  ``getattr``/``hasattr``, ``repr``, ``hash``, and its own ``__iter__``, ``__length_hint__``, ``__reduce__``...):
-  ``next(it)``, ``it.__next__()``, ``gen.send(v)``, and natives that consume it (``sum(it)``, ``list(it)``);
+  given to a native function, or as the receiver of a method, other than those that only look at it (``iter``,
+  ``isinstance``, ``type``, ``id``, ``getattr``/``hasattr``, ``repr``, ``hash``, and its own ``__iter__``,
+  ``__length_hint__``, ``__reduce__``...): ``next(it)``, ``it.__next__()``, ``gen.send(v)``, and natives that consume
+  it (``sum(it)``, ``list(it)``, ``tuple(it)``); given to another object's method, only those that iterate it
+  (``lst.extend(it)``, ``s.update(it)``; ``lst.append(it)`` stores it);
 * a method that changes its receiver (``add``, ``discard``, ``pop``, ``popleft``, ``append``, ``extend``,
   ``update``, ``setdefault``, ``clear``, ``rotate``, ``sort``, ``__setitem__``, ``__ior__``, ``write``, ``seek``...,
   :data:`CHANGING_METHODS`) called natively on an object of another type than ``list`` and ``dict`` (``set``,
@@ -80,8 +82,21 @@ _CHANGES_FIRST_ARGUMENT = frozenset({heapq.heappush, heapq.heappop, heapq.heapif
 _LOOKING_AT = frozenset({
     "iter", "isinstance", "issubclass", "type", "id", "getattr", "hasattr", "callable", "repr", "hash", "__get__",
     "__iter__", "__length_hint__", "__reduce__", "__reduce_ex__", "__sizeof__", "__repr__", "__hash__", "__eq__",
-    "__ne__", "__getattribute__", "__format__", "__dir__", "__init_subclass__", "__subclasshook__", "__new__",
+    "__ne__", "__getattribute__", "__format__", "__dir__", "__init_subclass__", "__subclasshook__",
 })
+
+
+# methods that iterate an argument other than their receiver (``lst.extend(it)``); other methods given an iterator
+# store or compare it (``lst.append(it)``, ``it in lst``)
+_ITERATING = frozenset({
+    "extend", "extendleft", "update", "__init__", "__new__", "join", "fromkeys", "writelines", "__iadd__", "__ior__",
+    "__iand__", "__isub__", "__ixor__", "union", "intersection", "difference", "symmetric_difference", "issubset",
+    "issuperset", "isdisjoint", "intersection_update", "difference_update", "symmetric_difference_update",
+})
+
+
+def _is_method(fn) -> bool:
+    return isinstance(fn, (types.MethodDescriptorType, types.WrapperDescriptorType))
 
 
 def _is_outside(wrapped) -> bool:
@@ -109,11 +124,12 @@ def _change(fn, wrapped_args: tuple) -> tuple[str, Any] | None:
         value = getattr(wrapped, "value", None)
         if value is None or isinstance(value, (torch.Tensor, types.ModuleType, type)) or not _is_outside(wrapped):
             continue
-        if _is_iterator(value) and name not in _LOOKING_AT:
-            what = "next()" if name in ("next", "__next__") else f"{type(value).__name__}.{name}()" \
-                if isinstance(fn, (types.MethodDescriptorType, types.WrapperDescriptorType)) \
-                else f"{name}() of an iterator"
-            return what, value
+        if _is_iterator(value) and name not in _LOOKING_AT and (i == 0 or not _is_method(fn) or name in _ITERATING):
+            if name in ("next", "__next__"):
+                return "next()", value
+            if isinstance(fn, (types.MethodDescriptorType, types.WrapperDescriptorType)):
+                return f"{type(value).__name__}.{name}()", value
+            return f"{name}() of an iterator", value
         if i == 0 and fn in _CHANGES_FIRST_ARGUMENT:
             return f"{fn.__module__}.{name}()", value
         if i == 0 and name == "__getitem__" and hasattr(type(value), "__missing__") and len(wrapped_args) == 2 \

@@ -18,6 +18,7 @@ module                     concern
 :mod:`.tracing`            tracing hooks: proxify, ``Symbol.__call__``, the lookaside, in-place aliases, the
                            interpreter's frames and bytecode decoding
 :mod:`.interpreter_fixes`  where thunder's interpreter runs ordinary Python unlike CPython (found with Hugging Face)
+:mod:`.interpreter_dicts`  ``dict(iterable)`` raises what iterating its argument raises (thunder dropped it)
 :mod:`.symbolic_values`    ``cache="symbolic values"``: number pins and thunder's own fixes under that option
 :mod:`.autograd_hooks`     the flatten point before executors, gradients of inputs changed in place,
                            ``ThunderFunction`` forward/backward
