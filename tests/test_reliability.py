@@ -392,6 +392,55 @@ def test_deepcopy_of_module_compiled_with_the_plugin():
     assert thunder.cache_misses(cm2) == 1 and thunder.cache_misses(cm) == 0
 
 
+class _MaskedChild(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.lin(x)
+        return y * y[y > 0].sum()  # a shape that depends on the data: a graph break
+
+
+class _BreakingParent(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.child, self.out = _MaskedChild(), torch.nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.out(self.child(x)).tanh()
+
+
+@pytest.mark.filterwarnings("ignore::thunder_subclass.GraphBreakWarning")
+def test_deepcopy_of_a_module_compiled_with_graph_breaks_keeps_them():
+    # issue 40: the copy was compiled without graph breaks, and its first call raised thunder's NotImplementedError
+    import copy
+
+    torch.manual_seed(0)
+    model = _BreakingParent()
+    jm = thunder_subclass.jit(model)
+    x = torch.randn(3, 4)
+    for _ in range(2):
+        assert_same(jm(x), model(x))
+    jm2 = copy.deepcopy(jm)
+    reference = copy.deepcopy(model)
+    for _ in range(2):  # the first call observes the break, the second runs the child eagerly inside a trace
+        out, expected = jm2(x), reference(x)
+        assert_same(out, expected)
+        out.sum().backward()
+        expected.sum().backward()
+    # the same break, and the same compiled regions as the original's second call
+    assert [(b.name, b.location) for b in jm2.graph_breaks.breaks] == \
+           [(b.name, b.location) for b in jm.graph_breaks.breaks] == [("child", jm.graph_breaks.breaks[0].location)]
+    assert "boolean advanced indexing" in jm2.graph_breaks.breaks[0].reason
+    assert sorted(jm2.graph_breaks.regions) == sorted(jm.graph_breaks.regions)
+    for p, p_ref, p_orig in zip(jm2.parameters(), reference.parameters(), jm.parameters()):
+        assert p is not p_orig
+        assert_same(p.grad, p_ref.grad)
+        assert p_orig.grad is None  # the original is untouched by the copy's training
+    assert jm2._thunder_subclass_graph_breaks is not jm._thunder_subclass_graph_breaks
+
+
 # Double backward (issue 24, then 41): never a gradient without its second-order term; with create_graph=True the
 # call is recomputed eagerly for the backward (thunder_subclass.higher_order), so it equals eager's
 # ---------------------------------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ _ensure_thunder_importable()
 from thunder_subclass.errors import (  # noqa: E402
     HigherOrderGradientError,
     UnsupportedBackwardEffectError,
+    UnsupportedCheckpointError,
     SubclassGradientError,
     SubclassGradRuleError,
     SubclassDispatchError,
@@ -77,6 +78,7 @@ __all__ = [
     "UnsupportedSubclassOperationError",
     "HigherOrderGradientError",
     "UnsupportedBackwardEffectError",
+    "UnsupportedCheckpointError",
     "SubclassGradientError",
     "SubclassGradRuleError",
     "SubclassRegistrationError",

@@ -59,7 +59,8 @@ Gradients: with grad enabled at the call and a tensor argument or a trainable pa
 the forward runs the child under ``torch.enable_grad`` on detached arguments and keeps its autograd graph behind an
 integer handle tensor; the backward symbol calls ``torch.autograd.grad`` through that graph for the arguments and the
 child's trainable parameters (which are inputs of the symbol, so thunder accumulates their gradients as any other; a
-parameter the call's graph does not reach gets a zero gradient where eager leaves ``None``).
+parameter the call's graph does not reach gets zeros from the symbol, and ``unreached_grads`` puts its ``.grad`` back
+to None after accumulation where that left only zeros in a gradient that was None, as eager leaves it).
 
 Owner of state: the specs are process-wide (one per recorded call, appended, small); the autograd graphs of the
 forwards with gradients (``_graphs``) live until their handle tensor is freed (with the forward's saved tensors); the
@@ -78,6 +79,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from thunder_subclass import unreached_grads
 from thunder_subclass.eager_call_state import (
     Replay,
     Snapshot,
@@ -712,4 +714,7 @@ def _run_backward(spec_id: int, handle: torch.Tensor, n_grads: int, *grads_and_t
         grads_found = torch.autograd.grad([o for o, _ in pairs], live, [g for _, g in pairs], allow_unused=True,
                                           retain_graph=True)
         found = {id(t): g for t, g in zip(live, grads_found)}
+    unreached = [t for t in targets[len(spec.grad_inputs):] if found.get(id(t)) is None]
+    if unreached:  # zeros for thunder's backward, which returns a gradient per input; .grad stays None as in eager
+        unreached_grads.keep_unreached_grads_none(unreached)
     return tuple(torch.zeros_like(t) if found.get(id(t)) is None else found[id(t)] for t in targets)

@@ -22,6 +22,7 @@ __all__ = [
     "UnsupportedTracingError",
     "UnsupportedModuleHookError",
     "UnsupportedGlobalStateError",
+    "UnsupportedCheckpointError",
     "TraceSelfCheckError",
     "CacheLimitWarning",
 ]
@@ -111,6 +112,13 @@ class UnsupportedGlobalStateError(UnsupportedTracingError):
     be), or it calls a setter of torch's global state (``torch.set_default_dtype``,
     ``torch.use_deterministic_algorithms``: run once while tracing, never by the compiled program). A graph break by
     default (the function runs eagerly); raised with ``fullgraph=True``."""
+
+
+class UnsupportedCheckpointError(UnsupportedTracingError):
+    """``torch.utils.checkpoint.checkpoint`` with ``use_reentrant=True`` (or without ``use_reentrant``: torch 2.13 then
+    runs the reentrant variant) in compiled code: it runs the function without autograd and again in its own
+    backward, which the compiled program cannot reproduce. A graph break by default (the code around it runs
+    eagerly, equal to eager); raised with ``fullgraph=True``. ``use_reentrant=False`` is compiled."""
 
 
 class TraceSelfCheckError(TensorSubclassError, RuntimeError):

@@ -73,7 +73,11 @@ from thunder_subclass._thunder_internals import (
     exception_source_lines,
     with_call,
 )
-from thunder_subclass.errors import UnsupportedBackwardEffectError, UnsupportedGlobalStateError
+from thunder_subclass.errors import (
+    UnsupportedBackwardEffectError,
+    UnsupportedCheckpointError,
+    UnsupportedGlobalStateError,
+)
 
 __all__ = [
     "GraphBreak",
@@ -173,7 +177,8 @@ def _break_exception(exc: BaseException) -> BaseException | None:
     around fake execution's exception). An exception that merely arose while it propagated (a ``with`` block's
     ``__exit__`` or a ``finally`` block that failed because of it; it is ``__context__`` only) is not the break:
     eager runs that code again, so a genuine error there still reaches the user."""
-    dependent = (*data_dependent_exception_types(), UnsupportedGlobalStateError, UnsupportedBackwardEffectError)
+    dependent = (*data_dependent_exception_types(), UnsupportedGlobalStateError, UnsupportedBackwardEffectError,
+                 UnsupportedCheckpointError)
     chain = list(_chain(exc))
     for i, e in enumerate(chain):
         message = str(e)

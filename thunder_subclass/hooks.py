@@ -16,7 +16,10 @@ above the stages, hands it one :class:`~thunder_subclass._thunder_internals.Hand
   ``distribute_tensor`` and tensor-parallel hook functions, each one container symbol),
   ``torch_function.lookaside`` (typed values, ``as_subclass``, construction of such subclasses), else
   ``interpretation.subclass_lookaside`` (construction, ``isinstance``, ``type``, attributes), else ``hf.lookaside``
-  (transformers functions thunder cannot trace, once transformers is imported);
+  (transformers functions thunder cannot trace, once transformers is imported), ``state_guards.lookaside`` (Python
+  state read or changed: environment, random, clock), ``checkpoints.lookaside`` (a reentrant
+  ``torch.utils.checkpoint``: a graph break), ``native_effects.lookaside`` (a native call that changes an
+  object from outside the trace: ``next`` on an outside iterator, ``set.add``: a graph break);
 * before executors claim operations -> ``tangents.flatten_for_executors`` (the flatten pass);
 * a thunder forward call connected to autograd -> ``tangents.differentiable_outputs`` (``requires_grad`` of the
   outputs as in eager) and ``tangents.mutated_inputs`` (inputs changed in place, marked dirty);
@@ -39,6 +42,7 @@ from thunder.core.trace import get_tracectx
 from thunder_subclass import (
     _thunder_internals,
     autograd,
+    checkpoints,
     distributed,
     eager_calls,
     grad_modes,
@@ -47,6 +51,7 @@ from thunder_subclass import (
     higher_order,
     interpretation,
     module_calls,
+    native_effects,
     random_ops,
     speculation,
     state_guards,
@@ -134,6 +139,9 @@ def _lookaside(fn, wrapped_args: tuple):
         or hf.lookaside(fn, wrapped_args)
         or grad_modes.inference_mode_lookaside(fn, wrapped_args)
         or state_guards.lookaside(fn, wrapped_args)
+        or checkpoints.lookaside(fn, wrapped_args)
+        or random_ops.dropout_lookaside(fn, wrapped_args)
+        or native_effects.lookaside(fn, wrapped_args)
     )
 
 

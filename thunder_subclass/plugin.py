@@ -143,7 +143,8 @@ def jit(fn: Callable, /, *, fullgraph: bool = False, cache_size_limit: int | Non
 class RecompilingCopies(Transform):
     """``copy.deepcopy`` of a compiled module gives a module compiled anew from a deep copy of the original module,
     with the same thunder options (executors, transforms, cache option, compile options), as ``thunder.jit`` made
-    the original: the copy has its own parameters, gradients, caches and statistics, and traces on its first call.
+    the original, and with graph breaks when the original has them (``thunder_subclass.jit`` without
+    ``fullgraph=True``: its regions are compiled with the original's options): the copy has its own parameters, gradients, caches and statistics, and traces on its first call.
     (thunder 0.2.6 cannot deep-copy the compiled state itself: its traces hold symbols that pickle by executor name.)
 
     Applied as a thunder transform (``transform_module``: the ``ThunderModule`` becomes an instance of a subclass that
@@ -195,6 +196,9 @@ def _deepcopy_compiled_module(self, memo: dict):
         old_policy = getattr(cd, POLICY_ATTR, None)  # the same bound for the copy's own cache
         policy = None if old_policy is None else cache.CachePolicy(old_policy.limit, model, type(model).__qualname__)
         new = hooks.with_fast_cache_hits(new, policy, automatic_dynamic=automatic_dynamic)
+    program = vars(self).get("_thunder_subclass_graph_breaks")
+    if program is not None:  # made with graph breaks: so is the copy (its regions with the original's options)
+        new = graph_breaks.with_graph_breaks(new, model, program.jit)
     memo[id(self)] = new
     return new
 

@@ -22,6 +22,7 @@ module                     concern
                            :mod:`.fixes_attributes`, :mod:`.fixes_iteration`, :mod:`.fixes_torch_calls`,
                            :mod:`.fixes_epilogue`, :mod:`.fixes_comparisons`, :mod:`.fixes_exceptions`,
                            :mod:`.fixes_constant_keys`
+:mod:`.interpreter_dicts`  ``dict(iterable)`` raises what iterating its argument raises (thunder dropped it)
 :mod:`.symbolic_values`    ``cache="symbolic values"``: number pins and thunder's own fixes under that option
 :mod:`.autograd_hooks`     the flatten point before executors, gradients of inputs changed in place,
                            ``ThunderFunction`` forward/backward
@@ -121,6 +122,7 @@ from thunder_subclass._thunder_internals.thunder_state import (  # noqa: F401
     input_proxy_name,
     interpret_call,
     interpret_native_call,
+    thunder_lookaside,
     is_called_from_user_code,
     is_interpreting,
     is_torch_level_symbol,
@@ -149,6 +151,7 @@ from thunder_subclass._thunder_internals.module_dispatch import PASS as DISPATCH
 from thunder_subclass._thunder_internals.module_dispatch import dispatching  # noqa: F401
 from thunder_subclass._thunder_internals.torch_state import (  # noqa: F401
     active_dispatch_modes,
+    at_end_of_backward,
     is_user_dispatch_mode_active,
     data_dependent_exception_types,
     fake_run_replacement,

@@ -15,6 +15,7 @@ from typing import Any
 from thunder_subclass._thunder_internals import (
     autograd_hooks,
     dtensor_masks,
+    interpreter_dicts,
     interpreter_fixes,
     interpreter_speed,
     module_dispatch,
@@ -40,6 +41,7 @@ def _targets() -> list[tuple[Any, str, Callable]]:
         *runtime.hook_targets(),
         *autograd_hooks.hook_targets(),
         *interpreter_fixes.hook_targets(),
+        *interpreter_dicts.hook_targets(),
         *interpreter_speed.hook_targets(),
         *symbolic_values.hook_targets(),
         *dtensor_masks.hook_targets(),

@@ -295,6 +295,17 @@ def interpret_call(fn, *wrapped_args, **wrapped_kwargs):
     return _interpret_call(fn, *wrapped_args, **wrapped_kwargs)
 
 
+def thunder_lookaside(fn) -> Callable | None:
+    """thunder's own interpreter lookaside for ``fn`` (``jit_ext._general_jit_lookaside_map``), or None: a plugin
+    lookaside that takes only some calls of ``fn`` hands the others to it."""
+    from thunder.core.jit_ext import _general_jit_lookaside_map
+
+    try:
+        return _general_jit_lookaside_map.get(fn)
+    except TypeError:  # an unhashable callable
+        return None
+
+
 def raise_in_interpreter(e: BaseException):
     """Raise ``e`` in the traced program from inside a lookaside (``interpreter.do_raise``): it reaches the user as
     itself, not wrapped in an ``InterpreterError``."""

@@ -22,7 +22,9 @@
   that fake tensors cannot make, a custom operator computing the same per component (registered on first use or by
   :func:`register_plugin_operators`); the element count of a
   NestedTensor with holes from known lengths (:func:`holes_lengths`, :func:`jagged_numel`; torch's own raises for
-  fake lengths).
+  fake lengths);
+* the autograd engine's end-of-backward callbacks (``Variable._execution_engine.queue_callback``:
+  :func:`at_end_of_backward`, for ``unreached_grads``).
 """
 
 from __future__ import annotations
@@ -500,3 +502,9 @@ def jagged_numel(t: Any, total_length: int) -> int:
 
     size, ragged = t._size, t._ragged_idx
     return total_length * math.prod((*size[1:ragged], *size[ragged + 1:]))
+
+
+def at_end_of_backward(fn: Callable[[], None]) -> None:
+    """Call ``fn`` when the backward pass running now ends (``Variable._execution_engine.queue_callback``: called
+    from inside a node's backward, it runs once that graph task finishes, after every gradient was accumulated)."""
+    torch.autograd.Variable._execution_engine.queue_callback(fn)
