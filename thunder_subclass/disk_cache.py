@@ -272,7 +272,11 @@ class _Encoder:
         if t is FusedChecks:
             return ["fused_checks", self.encode(v.state())]
         if callable(getattr(t, "disk_state", None)) and callable(getattr(t, "from_disk_state", None)):
-            return ["object", self.ref(t), self.encode(v.disk_state())]  # the plugin's own value types
+            try:  # the plugin's own value types
+                state = v.disk_state()
+            except ValueError as e:
+                raise NotStorable(str(e)) from None
+            return ["object", self.ref(t), self.encode(state)]
         if callable(v) or isinstance(v, type):
             origin = _thunder_internals.symbol_origin(v)
             if origin is not None:
@@ -589,9 +593,8 @@ class DiskCache:
         import thunder
         from thunder.core import baseutils
 
-        fns, traces = {}, {}
-        for name in _TRACES:
-            t = payload["traces"][name]
+        fns, traces = dict.fromkeys(_TRACES + ("backward",)), dict.fromkeys(_TRACES + ("backward",), [])
+        for name, t in payload["traces"].items():
             ctx = {k: _decode(v) for k, v in t["ctx"].items()}
             if t["function_obj"]:
                 ctx["__function_obj"] = cd.fn
@@ -602,7 +605,8 @@ class DiskCache:
             fns[name] = fn
             traces[name] = [LoadedTrace(t["source"], path)]
         return thunder.CacheEntry(fns["prologue"], traces["prologue"], fns["computation"], traces["computation"],
-                                  fns["epilogue"], traces["epilogue"], None, [], payload["return_none_instead_of_grads"])
+                                  fns["epilogue"], traces["epilogue"], fns["backward"], traces["backward"],
+                                  payload["return_none_instead_of_grads"])
 
     def _untrusted(self, path: pathlib.Path) -> bool:
         """Whether ``path`` may have been written by another user (``disk_trust.untrusted_reason``): it is then never
@@ -661,8 +665,6 @@ class DiskCache:
             del _last_not_storable[:-8]
 
     def _describe(self, cd, entry, codes) -> dict:
-        if entry.backward_fn is not None:
-            raise NotStorable("the entry has a backward (calls that need gradients are not stored)")
         if eager_calls.holds_eager_call(entry.computation_traces[-1]):
             raise NotStorable("the computation calls a submodule eagerly (eager_calls.py: its description is known "
                               "to this process only)")
@@ -680,10 +682,12 @@ class DiskCache:
         files.update(_files_of_generated_code(unreadable))
         enc = _Encoder()
         traces = {}
-        for name, trcs, fn, kwargs in (
-                ("prologue", entry.prologue_traces, entry.prologue_fn, {"include_decorators": False}),
-                ("computation", entry.computation_traces, entry.computation_fn, {}),
-                ("epilogue", entry.epilogue_traces, entry.epilogue_fn, {})):
+        parts = [("prologue", entry.prologue_traces, entry.prologue_fn, {"include_decorators": False}),
+                 ("computation", entry.computation_traces, entry.computation_fn, {}),
+                 ("epilogue", entry.epilogue_traces, entry.epilogue_fn, {})]
+        if entry.backward_fn is not None:  # (its gradient variants: tangents.BackwardVariants.disk_state)
+            parts.append(("backward", entry.backward_traces, entry.backward_fn, {}))
+        for name, trcs, fn, kwargs in parts:
             trc = trcs[-1]
             # as printed for the callable just built (the same bound symbols, or what the callable was built from),
             # else printed again

@@ -56,6 +56,16 @@ def _what(fn) -> str:
     return f"the compiled function {getattr(fn, '__qualname__', type(fn).__qualname__)}"
 
 
+def forward_effects(joint) -> str | None:
+    """What a forward trace writes in place or draws (:func:`_writes_or_draws`), kept with an entry stored on disk
+    (``tangents.StoredBackwardVariants.effects``: a loaded entry has no joint trace)."""
+    return _writes_or_draws(joint)
+
+
+def _effects(variants) -> str | None:
+    return variants.effects if variants.joint is None else _writes_or_draws(variants.joint)
+
+
 def _writes_or_draws(joint) -> str | None:
     def walk(bsyms):
         for b in bsyms:
@@ -115,8 +125,8 @@ def create_graph_backward(compiled_backward, call, grads):
     resolved = None
     if call is None or call.cd is not variants.compile_data or call.eager is None:
         reason = "the call it came from is not known (a function compiled by thunder.compile's plugin entry, or a region)"
-    elif variants.mutated_inputs or _writes_or_draws(variants.joint):
-        reason = f"its forward {_writes_or_draws(variants.joint) or 'changes an input in place'}"
+    elif variants.mutated_inputs or _effects(variants):
+        reason = f"its forward {_effects(variants) or 'changes an input in place'}"
     else:
         resolved = _resolve(call)
         if resolved is None:
