@@ -435,6 +435,15 @@ def test_what_cannot_be_named_is_not_storable():
     assert decoded["cls"] is TwoTensor and decoded["op"] is torch.ops.aten.mm.default
 
 
+def test_builtin_classes_named_by_the_types_module_are_storable():
+    # a prologue checking that a value is a Python function (transformers' loss_function lookup in a training step)
+    import types
+
+    enc = disk_cache._Encoder()
+    for cls in (types.FunctionType, types.MethodType, types.BuiltinFunctionType, int, type(None)):
+        assert disk_cache._decode(json.loads(json.dumps(enc.encode(cls)))) is cls
+
+
 def test_on_by_default_a_jit_option_off_and_location(disk, model_module):
     assert type(thunder_subclass.config).__init__  # the default: on unless THUNDER_SUBCLASS_DISK_CACHE=0
     with pytest.MonkeyPatch.context() as mp:

@@ -277,6 +277,8 @@ class _Encoder:
             except ValueError as e:
                 raise NotStorable(str(e)) from None
             return ["object", self.ref(t), self.encode(state)]
+        if isinstance(v, type) and v.__module__ == "builtins" and _types_name(v) is not None:
+            return ["types", _types_name(v)]  # function, method, ...: named by the types module only
         if callable(v) or isinstance(v, type):
             origin = _thunder_internals.symbol_origin(v)
             if origin is not None:
@@ -331,6 +333,18 @@ def _short(v: Any) -> str:
     except Exception:  # noqa: BLE001
         text = object.__repr__(v)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _types_name(cls: type) -> str | None:
+    """The name in the ``types`` module of a builtin class that ``builtins`` does not hold (``types.FunctionType``)."""
+    import builtins
+
+    if getattr(builtins, cls.__name__, None) is cls:
+        return None
+    for name, value in vars(types).items():
+        if value is cls:
+            return name
+    return None
 
 
 def _thunder_dtype_name(v: Any) -> str | None:
@@ -418,6 +432,8 @@ def _decode(x: Any) -> Any:
         if fn is None:
             raise _Stale(f"executor {x[1]} has no operator {x[2]}")
         return fn
+    if tag == "types":
+        return getattr(types, x[1])
     if tag == "thunder_dtype":
         import thunder.core.dtypes as dtypes
 
