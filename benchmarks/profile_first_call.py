@@ -76,6 +76,7 @@ class _Timer:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    thunder_subclass.config.disk_cache = False  # the first call traces (a restart's load: bench_cold_start.py)
     parser.add_argument("--model", choices=("llama", "twotensor"), default="llama")
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--grad", action="store_true")
