@@ -36,6 +36,7 @@ sys.path.insert(0, os.path.normpath(os.path.join(os.path.dirname(__file__), os.p
 import torch  # noqa: E402
 
 import thunder_subclass  # noqa: E402  (before thunder)
+import thunder  # noqa: E402
 from thunder_subclass import eager_calls  # noqa: E402
 
 torch.set_num_threads(1)
@@ -155,6 +156,7 @@ def automatic_dynamic_row(quick: bool) -> tuple[str, str, dict]:
         const = thunder_subclass.jit(model, dynamic=False)
         for f in (auto, const):
             torch.testing.assert_close(f(x), model(x))
+        assert thunder.cache_misses(auto) == 2  # batch 5: the symbolic entry traced at batch 4, no new trace
         configs = {"ts (symbolic entry)": lambda: auto(x), "dynamic=False": lambda: const(x),
                    "eager": lambda: model(x)}
         return "automatic dynamic", "dynamic=False", _rounds(configs, 200 if quick else 1000, 5 if quick else 9)

@@ -1,8 +1,9 @@
 """The on-disk cache of a ``thunder_subclass.jit`` function: a restarted process reuses the compilation of an earlier one.
 
 In: a cache miss of a compiled function (no entry of its in-memory cache accepts the call) under thunder's
-constant-values cache, in a process where the disk cache is on (``thunder_subclass.config.disk_cache``, or the
-environment variable ``THUNDER_SUBCLASS_DISK_CACHE=1``; off by default). What happens: before tracing, the entries
+constant-values cache, in a process where the disk cache is on (the default, as torch.compile's caches are; off with
+``thunder_subclass.config.disk_cache = False``, ``THUNDER_SUBCLASS_DISK_CACHE=0`` in the environment, or
+``thunder_subclass.jit(fn, disk_cache=False)`` for one function). What happens: before tracing, the entries
 stored on disk under the call's *key* are tried, newest first; one that is intact, whose recorded source files are
 unchanged and whose prologue (the same guards as the in-memory entry's) accepts the call becomes the function's new
 cache entry, and nothing is traced. Otherwise the call traces as before, and the entry built is written to disk if it
@@ -15,9 +16,12 @@ dtypes, devices, sizes and literals; the plugin's per-class symbols (``flatten_<
 the factory that makes them and its arguments; the plugin's fused prologue checks by their generated source and
 constants. A value that cannot be named so (an object known only by its identity, a closure, a compiled fusion region) makes
 the entry not storable: the call compiles as without the disk cache (``disk_cache_stats()["not_storable"]``).
-Entries with a backward (a call that needs gradients) are not stored either (a backward's gradient variants need the
-joint trace, which is not kept), nor entries of a jit with symbolic values, nor while grad rules, executor
-implementations or aten symbols are registered.
+Entries with a backward (a call that needs gradients) are stored with the backward's source; its
+``tangents.BackwardVariants`` by what the run-time hooks read (``disk_state``), without the joint trace, so only where
+every output is a plain tensor; a loaded one (``tangents.StoredBackwardVariants``) raises a ``SubclassGradientError``
+for gradients of another kind than the outputs' (a backward for those is built from the joint trace). Not stored:
+entries of a jit with symbolic values, nor any while grad rules, executor implementations or aten symbols are
+registered.
 
 The key (a directory) is a hash of: the format, Python, torch, thunder and other imported libraries' versions
 (torchao, transformers, ...), the content of the plugin's own source files, the compiled function (module class or
@@ -47,8 +51,7 @@ and the file-hash memo are process-wide (:func:`disk_cache_stats`, :func:`reset_
 Example (a second process running the same script loads what the first stored)::
 
     >>> import tempfile, torch, thunder_subclass
-    >>> thunder_subclass.config.disk_cache = True          # or THUNDER_SUBCLASS_DISK_CACHE=1
-    >>> thunder_subclass.config.disk_cache_dir = tempfile.mkdtemp()
+    >>> thunder_subclass.config.disk_cache_dir = tempfile.mkdtemp()   # (on by default)
     >>> model = torch.nn.Linear(4, 2)
     >>> with torch.no_grad():
     ...     _ = thunder_subclass.jit(model)(torch.ones(3, 4))   # traces, stores
