@@ -5,6 +5,7 @@ The restart itself runs in subprocesses (``_disk_cache_runner.py``); the checks 
 process with a second ``thunder_subclass.jit`` of the same code (an empty in-memory cache: its first call goes to disk,
 as a new process's would)."""
 
+import dataclasses
 import importlib
 import json
 import os
@@ -412,7 +413,39 @@ def test_functions_sharing_a_line_or_differing_in_closure_values_are_not_confuse
         with torch.no_grad():
             torch.testing.assert_close(thunder_subclass.jit(make(k))(x), x * k)
     stats = disk_cache.disk_cache_stats()
-    assert stats["hits"] == 1 and stats["rejected"] >= 1, stats  # the closure value is guarded by the prologue
+    assert stats["hits"] == 1 and stats["stores"] == 4, stats  # the closure's values are part of the key
+
+
+@dataclasses.dataclass
+class _Op:  # value equality, pickles by the names of its fields' values
+    fn: object
+
+    def __call__(self, x):
+        return self.fn(x)
+
+
+def test_closures_over_values_the_prologue_does_not_check_are_not_confused(disk):
+    # thunder takes `op.fn` (read from a closure cell's object) as a constant of the trace, unchecked: the entry of
+    # the sin closure served the cos closure (a wrong answer) until the closure's values became part of the key
+    def make(op):
+        def apply(x):
+            return op(x) * 2
+
+        return apply
+
+    x = torch.randn(3)
+    for fn in (torch.sin, torch.cos, torch.sin):
+        with torch.no_grad():
+            torch.testing.assert_close(thunder_subclass.jit(make(_Op(fn)))(x), fn(x) * 2)
+    stats = disk_cache.disk_cache_stats()
+    assert stats["hits"] == 1, stats  # the second sin closure: the same values, the same entry
+
+    def unnamed(t):  # a closure over a local function: not describable, so not stored
+        return t + 1
+
+    with torch.no_grad():
+        torch.testing.assert_close(thunder_subclass.jit(make(_Op(unnamed)))(x), (x + 1) * 2)
+    assert "closure" in disk_cache.disk_cache_stats()["why_not_storable"][-1]
 
 
 def test_what_cannot_be_named_is_not_storable():

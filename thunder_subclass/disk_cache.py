@@ -502,7 +502,7 @@ class DiskCache:
                 raise NotStorable(f"the file of {getattr(fn, '__qualname__', fn)} ({code.co_filename}) cannot be read")
             # the code itself too: two lambdas on one line share file, line and name
             target = ["function", getattr(fn, "__module__", None), getattr(fn, "__qualname__", None),
-                      code.co_filename, code.co_firstlineno, digest, _code_digest(code)]
+                      code.co_filename, code.co_firstlineno, digest, _code_digest(code), _bound_values(enc, fn)]
         # devices: their number, and their names once CUDA is initialized (asking names would initialize it)
         cuda = [torch.version.cuda, torch.cuda.device_count() if torch.cuda.is_available() else 0]
         if torch.cuda.is_initialized():
@@ -771,6 +771,35 @@ class DiskCache:
                 continue
             _remove(path)
             total -= size
+
+
+def _bound_values(enc: _Encoder, fn) -> list:
+    """What a compiled function holds besides its code, as part of the key: its closure's values, its default
+    arguments and the object a bound method is bound to. thunder's prologue does not check every such value (an
+    object read from a closure cell, e.g. ``program.fn`` where ``program`` is a cell's value, is taken as a constant
+    of the trace: the same function object holds the same cells), so two functions of one code with other values
+    must not share entries. Tensors are named by kind only (thunder passes them as inputs, checked by the prologue);
+    a value that cannot be described by value makes the function not storable."""
+
+    def describe(v):
+        if isinstance(v, torch.Tensor):
+            return ["tensor"]
+        try:
+            return enc.encode(v)
+        except NotStorable:
+            if isinstance(v, (type, types.FunctionType, types.BuiltinFunctionType, types.MethodType)):
+                raise
+            return enc.pickled(v)  # a callable object with value equality (a dataclass holding a function)
+
+    try:
+        cells = [c.cell_contents for c in getattr(fn, "__closure__", None) or ()]
+    except ValueError:  # an empty cell (a name assigned after the function was made)
+        raise NotStorable("the compiled function's closure has an unassigned variable") from None
+    try:
+        return [[describe(v) for v in cells], describe(getattr(fn, "__defaults__", None)),
+                describe(getattr(fn, "__kwdefaults__", None)), describe(getattr(fn, "__self__", None))]
+    except NotStorable as e:
+        raise NotStorable(f"the compiled function's closure, defaults or bound object: {e}") from None
 
 
 def _code_digest(code: types.CodeType) -> str:
