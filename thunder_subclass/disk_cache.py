@@ -25,7 +25,8 @@ registered.
 
 The key (a directory) is a hash of: the format, Python, torch, thunder and other imported libraries' versions
 (torchao, transformers, ...), the content of the plugin's own source files, the compiled function (module class or
-function: module, qualified name, file and its content), the jit's options (executors, transforms, cache option,
+function: module, qualified name, file and its content, and the values the function holds: closure, defaults, bound
+object; ``_bound_values``), the jit's options (executors, transforms, cache option,
 compile options), grad mode, default dtype and device, and the CUDA devices. Each entry also lists the files whose
 code the interpreter ran while tracing (every code object ``thunder``'s interpreter decoded) and the files of the
 modules its names come from, each with a SHA-256 of its content, checked when the entry is loaded: an edited function
