@@ -50,7 +50,8 @@ from thunder_subclass.proxy import (
 )
 
 __all__ = [
-    "BackwardVariants", "StoredBackwardVariants", "SavedTensorNames", "flatten_for_executors", "replace_grads", "run_backward",
+    "BackwardVariants", "StoredBackwardVariants", "SavedTensorNames", "forward_effects", "flatten_for_executors",
+    "replace_grads", "run_backward",
     "differentiable_outputs", "mutated_inputs", "gradless_inputs",
 ]
 
@@ -145,8 +146,6 @@ class BackwardVariants:
         read, without the joint trace (proxies, not storable). Only where every output is a plain tensor (or not a
         tensor): the zero gradients ``canonical`` makes then need a shape, dtype and device only. Raises ValueError
         otherwise (the entry is not stored)."""
-        from thunder_subclass.higher_order import forward_effects
-
         if self.saved_names is None or any(k not in (None, torch.Tensor) for k in self.expected):
             raise ValueError("a backward for subclass outputs (its gradient kinds are not stored)")
         zeros = tuple(None if not isinstance(p, TensorProxy) else
@@ -313,6 +312,27 @@ class StoredBackwardVariants(BackwardVariants):
 
     def __repr__(self) -> str:
         return "StoredBackwardVariants()"
+
+
+def forward_effects(joint) -> str | None:
+    """What a forward trace writes in place that outlives the call, or draws at random (a ``create_graph=True``
+    backward recomputes the forward eagerly only where it does neither: ``thunder_subclass.higher_order``); None if
+    nothing. Kept with an entry stored on disk (:class:`StoredBackwardVariants` has no joint trace)."""
+
+    def walk(bsyms):
+        for b in bsyms:
+            tags = getattr(b.sym, "tags", None) or ()
+            if any(getattr(t, "name", "") == "RANDOM_OP" for t in tags):
+                return f"draws random numbers ({b.sym.name})"
+            found = walk(b.subsymbols)
+            if found:
+                return found
+        return None
+
+    for b in joint.bound_symbols:
+        if b.sym.name == "copy_" or b.sym.name.startswith("copy_"):
+            return "changes a tensor in place that outlives the call (an input, a parameter or a buffer)"
+    return walk(joint.bound_symbols)
 
 
 def _grads_from_user_outputs(joint, variants) -> tuple[bool, ...]:
