@@ -349,6 +349,24 @@ def test_training_calls_are_stored_with_their_backward(disk, model_module):
     assert disk_cache.disk_cache_stats()["rejected"] == 0 and thunder.cache_misses(jm) == 2
 
 
+def test_a_loaded_backward_serves_create_graph(disk, model_module):
+    # a gradient penalty through a loaded entry: the plugin's create_graph path (eager recomputation) as in memory
+    mod = model_module("2")
+    model, x = mod.Model(), torch.randn(3, 4, requires_grad=True)
+    thunder_subclass.jit(model)(x).sum().backward()
+    jm = thunder_subclass.jit(model)
+
+    def penalty(f):
+        (g,) = torch.autograd.grad(f(x).square().sum(), x, create_graph=True)
+        (gg,) = torch.autograd.grad(g.square().sum(), model.lin.weight)
+        return g, gg
+
+    got, want = penalty(jm), penalty(model)
+    assert isinstance(thunder.last_backward_traces(jm)[-1], disk_cache.LoadedTrace)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+
+
 def test_a_loaded_backward_given_a_gradient_of_another_kind_raises(disk, model_module):
     mod = model_module("2")
     model, x = mod.Model(), torch.randn(3, 4)
