@@ -466,6 +466,48 @@ def test_closures_over_values_the_prologue_does_not_check_are_not_confused(disk)
     assert "closure" in disk_cache.disk_cache_stats()["why_not_storable"][-1]
 
 
+def _sin(x):
+    return x.sin()
+
+
+def _cos(x):
+    return x.cos()
+
+
+class _Holding(torch.nn.Module):
+    def __init__(self, op):
+        super().__init__()
+        self.op, self.lin = op, torch.nn.Linear(3, 3)
+
+    def forward(self, x):
+        return self.op(self.lin(x))
+
+
+def test_a_modules_bound_method_is_stored_and_a_closure_over_a_module_is_not(disk):
+    x = torch.randn(2, 3)
+    for fn in (_sin, _cos, _sin):  # jit(model.forward): what forward reads from the module is checked
+        model = _Holding(_Op(fn))
+        with torch.no_grad():
+            torch.testing.assert_close(thunder_subclass.jit(model.forward)(x), model(x))
+    stats = disk_cache.disk_cache_stats()
+    assert stats["hits"] == 1 and stats["stores"] == 2, stats
+
+    def make(m):
+        def call(t):
+            return m(t)
+
+        return call
+
+    # thunder does not check what the trace reads from a module in a closure cell: the sin model's entry served the
+    # cos model (a wrong answer) when a module there was named by its class
+    for fn in (_sin, _cos):
+        model = _Holding(_Op(fn))
+        with torch.no_grad():
+            torch.testing.assert_close(thunder_subclass.jit(make(model))(x), model(x))
+    stats = disk_cache.disk_cache_stats()
+    assert stats["hits"] == 1 and "closure" in stats["why_not_storable"][-1], stats
+
+
 def test_what_cannot_be_named_is_not_storable():
     enc = disk_cache._Encoder()
 

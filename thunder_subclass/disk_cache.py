@@ -779,8 +779,10 @@ def _bound_values(enc: _Encoder, fn) -> list:
     arguments and the object a bound method is bound to. thunder's prologue does not check every such value (an
     object read from a closure cell, e.g. ``program.fn`` where ``program`` is a cell's value, is taken as a constant
     of the trace: the same function object holds the same cells), so two functions of one code with other values
-    must not share entries. Tensors are named by kind only (thunder passes them as inputs, checked by the prologue);
-    a value that cannot be described by value makes the function not storable."""
+    must not share entries. Tensors are named by kind only (thunder passes them as inputs, checked by the prologue),
+    and so is the module of a module's bound method (its reads are checked as a compiled module's are; a module in a
+    closure cell is not: it is described by value, i.e. not storable); a value that cannot be described by value makes
+    the function not storable."""
 
     def describe(v):
         if isinstance(v, torch.Tensor):
@@ -796,9 +798,12 @@ def _bound_values(enc: _Encoder, fn) -> list:
         cells = [c.cell_contents for c in getattr(fn, "__closure__", None) or ()]
     except ValueError:  # an empty cell (a name assigned after the function was made)
         raise NotStorable("the compiled function's closure has an unassigned variable") from None
+    bound = getattr(fn, "__self__", None)
     try:
         return [[describe(v) for v in cells], describe(getattr(fn, "__defaults__", None)),
-                describe(getattr(fn, "__kwdefaults__", None)), describe(getattr(fn, "__self__", None))]
+                describe(getattr(fn, "__kwdefaults__", None)),
+                # a module's method (jit(model.forward)): what it reads from the module is checked, as for a module
+                ["module", enc.ref(type(bound))] if isinstance(bound, torch.nn.Module) else describe(bound)]
     except NotStorable as e:
         raise NotStorable(f"the compiled function's closure, defaults or bound object: {e}") from None
 
