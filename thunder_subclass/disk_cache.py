@@ -42,7 +42,7 @@ An entry whose recorded files changed, or whose names no longer resolve to the s
 removed silently. An entry's source runs only after these checks, and its prologue guards the call as any entry's.
 
 Location: ``thunder_subclass.config.disk_cache_dir``, else ``$THUNDER_SUBCLASS_CACHE_DIR``, else
-``~/.cache/thunder_subclass``; under it ``v1/<key>/<entry>.json``. Size: at most
+``~/.cache/thunder_subclass``; under it ``v2/<key>/<entry>.json``. Size: at most
 ``thunder_subclass.config.disk_cache_size_limit`` bytes (default 256 MiB); after a write past it the least recently
 used entries (file modification time, refreshed at each load) are removed.
 
@@ -87,7 +87,7 @@ from thunder_subclass.subclass_symbols import FlattenContext
 __all__ = ["DiskCache", "disk_cache_stats", "reset_disk_cache_stats", "default_cache_dir", "FORMAT",
            "DEFAULT_SIZE_LIMIT"]
 
-FORMAT = 1
+FORMAT = 2  # 2: functions named with their code
 DEFAULT_SIZE_LIMIT = 256 * 2**20
 MAX_ENTRIES_TRIED = 8  # entries of one key tried at a miss (newest first)
 _SUFFIX = ".json"
@@ -236,6 +236,8 @@ class _Encoder:
             if digest is None:
                 raise NotStorable(f"the file of module {module} cannot be read")
             self.files[file] = digest
+        if isinstance(obj, types.FunctionType):  # its code too: a name may be rebound to another function later
+            return ["ref", module, qualname, file, _code_digest(obj.__code__)]
         return ["ref", module, qualname, file]
 
     def encode(self, v: Any) -> Any:
@@ -419,10 +421,12 @@ def _decode(x: Any) -> Any:
     if tag == "fused_checks":
         return FusedChecks.from_state(_decode(x[1]))
     if tag == "ref":
-        _, module, qualname, file = x
+        _, module, qualname, file, *code = x
         found = _resolve(module, qualname)
         if file is not None and getattr(sys.modules.get(module), "__file__", None) != file:
             raise _Stale(f"module {module} is not {file} in this process")
+        if code and (not isinstance(found, types.FunctionType) or _code_digest(found.__code__) != code[0]):
+            raise _Stale(f"{module}.{qualname} is another function in this process (rebound, monkeypatched)")
         return found
     if tag == "symbol":
         factory, args = _decode(x[1]), _decode(x[2])
