@@ -21,6 +21,7 @@ import torch
 
 import thunder_subclass
 from torch.testing._internal.two_tensor import TwoTensor
+thunder_subclass.config.disk_cache = False  # first calls here trace (restarts: bench_cold_start.py)
 
 
 def _jit(fn, limit: int):

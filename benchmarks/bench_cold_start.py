@@ -1,15 +1,17 @@
 """Cold start: the first call of a compiled tiny Hugging Face Llama in a fresh process, against its depth.
 
-    python benchmarks/bench_cold_start.py [--layers 1 2 4 8] [--repeats 1] [--configs ts aot_eager ...]
+    python benchmarks/bench_cold_start.py [--case int8-inference|float8-train] [--layers 1 2 4 8] [--repeats 1]
+                                          [--configs ts aot_eager ...]
 
-The model: a random-weight ``LlamaForCausalLM`` (hidden 64, 4 heads, 2 key/value heads, vocabulary 256) with torchao
-``Int8WeightOnlyConfig`` weights, called as users call it (``model(input_ids)``, input (2, 16), ``torch.no_grad()``,
-one intra-op thread). Every figure is the wall time of the first call (trace + compile + run) in a new Python
+The model: a random-weight ``LlamaForCausalLM`` (hidden 64, 4 heads, 2 key/value heads, vocabulary 256), one
+intra-op thread, input (2, 16). ``int8-inference``: torchao ``Int8WeightOnlyConfig`` weights, called as users call it
+(``model(input_ids)``, ``torch.no_grad()``). ``float8-train``: torchao's ``convert_to_float8_training`` linears, a
+training step (``model(input_ids, labels=input_ids).loss.backward()``; loss and gradients compared with eager). Every figure is the wall time of the first call (trace + compile + run) in a new Python
 process, after imports and model construction (with ``--repeats N``, the median of N rounds); two processes run one
 after the other per configuration:
 
-* ``ts``            ``thunder_subclass.jit(model)`` with the on-disk cache on (``THUNDER_SUBCLASS_DISK_CACHE=1``) and
-                    empty: trace, transforms and storing the entry;
+* ``ts``            ``thunder_subclass.jit(model)``, default settings (the on-disk cache on) and an empty cache
+                    directory: trace, transforms and storing the entry;
 * ``ts 2nd``        the same in a second process, which loads the entry the first stored (what a restarted job pays);
 * ``aot_eager``     ``torch.compile(model, backend="aot_eager")``;
 * ``inductor``      ``torch.compile(model, backend="inductor")`` with an empty inductor/FX-graph disk cache;
@@ -17,7 +19,8 @@ after the other per configuration:
 
 Each process gets its own empty temporary directory as ``TORCHINDUCTOR_CACHE_DIR`` (the second inductor process
 shares the first one's) and as ``THUNDER_SUBCLASS_CACHE_DIR``. The last column is each configuration's cost per
-added decoder layer (least-squares slope over the layer counts). Wall clock on a shared machine: compare the ratios
+added decoder layer (least-squares slope over the layer counts); ``2nd/aot_eager`` is the restart's ratio (goal: at
+most 0.25). Wall clock on a shared machine: compare the ratios
 of one run, not absolute numbers across runs.
 """
 
@@ -34,47 +37,72 @@ ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), os.pardir))
 
 _CHILD = r"""
 import json, sys, time
-layers, config, here = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+layers, config, here, case = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
 sys.path.insert(0, here)
 from profile_first_call import build_llama  # the same tiny int8 Llama and input
 import thunder_subclass, torch
 torch.set_num_threads(1)
-model, (ids,), logits = build_llama(layers)
-with torch.no_grad():
-    expected = logits(model(ids))
+if case == "int8-inference":
+    model, (ids,), logits = build_llama(layers)
+    with torch.no_grad():
+        expected = logits(model(ids))
+        fn = thunder_subclass.jit(model) if config == "ts" else torch.compile(model, backend=config)
+        start = time.perf_counter()
+        out = fn(ids)
+        first = time.perf_counter() - start
+        torch.testing.assert_close(logits(out), expected)
+else:  # float8-train: a training step (forward with the loss, backward) of a tiny Llama with float8 linears
+    import copy
+    from torchao.float8 import convert_to_float8_training
+    model, (ids,), _ = build_llama(layers, quantize=False)
+    model.train()
+    convert_to_float8_training(model)
+    eager = copy.deepcopy(model)
+    expected = eager(ids, labels=ids).loss
+    expected.backward()
     fn = thunder_subclass.jit(model) if config == "ts" else torch.compile(model, backend=config)
     start = time.perf_counter()
-    out = fn(ids)
+    loss = fn(ids, labels=ids).loss
+    loss.backward()
     first = time.perf_counter() - start
-    torch.testing.assert_close(logits(out), expected)
-print("RESULT " + json.dumps({"first": first}))
+    torch.testing.assert_close(loss, expected)
+    for p, q in zip(model.parameters(), eager.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)
+stats = thunder_subclass.disk_cache_stats()
+print("RESULT " + json.dumps({"first": first, "hits": stats["hits"], "stores": stats["stores"],
+                             "why_not_storable": stats["why_not_storable"]}))
 """
 
 CONFIGS = ("ts", "ts 2nd", "aot_eager", "inductor", "inductor 2nd")
+CASES = ("int8-inference", "float8-train")
 
 
-def _run(layers: int, backend: str, env: dict) -> float | str:
+def _run(layers: int, backend: str, env: dict, case: str) -> float | str:
     here = os.path.dirname(os.path.abspath(__file__))
-    proc = subprocess.run([sys.executable, "-c", _CHILD, str(layers), backend, here], env=env, capture_output=True,
-                          text=True, timeout=1800, cwd=ROOT)
+    proc = subprocess.run([sys.executable, "-c", _CHILD, str(layers), backend, here, case], env=env,
+                          capture_output=True, text=True, timeout=1800, cwd=ROOT)
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])["first"]
+            result = json.loads(line[len("RESULT "):])
+            if backend == "ts" and result["hits"] + result["stores"] != 1:  # neither loaded nor stored: say so
+                sys.stderr.write(f"{backend} {case} {layers}: neither stored nor loaded: {result}\n")
+                return "error: not stored"
+            return result["first"]
     tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
     return f"error: {tail[:60]}"
 
 
-def measure(layers: int, configs: tuple[str, ...]) -> dict[str, float | str]:
+def measure(layers: int, configs: tuple[str, ...], case: str) -> dict[str, float | str]:
     out = {}
     base = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+    base.pop("THUNDER_SUBCLASS_DISK_CACHE", None)  # default settings: the disk cache is on
     with tempfile.TemporaryDirectory() as ts_dir, tempfile.TemporaryDirectory() as ind_dir, \
             tempfile.TemporaryDirectory() as other_dir:
         for config in configs:
             backend = config.split()[0]
             cache = ind_dir if backend == "inductor" else other_dir
-            env = dict(base, TORCHINDUCTOR_CACHE_DIR=cache, THUNDER_SUBCLASS_CACHE_DIR=ts_dir,
-                       THUNDER_SUBCLASS_DISK_CACHE="1")
-            out[config] = _run(layers, backend, env)
+            env = dict(base, TORCHINDUCTOR_CACHE_DIR=cache, THUNDER_SUBCLASS_CACHE_DIR=ts_dir)
+            out[config] = _run(layers, backend, env, case)
     return out
 
 
@@ -96,23 +124,31 @@ def _slope(xs, ys) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument("--case", choices=CASES, default=CASES[0])
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=CONFIGS)
     parser.add_argument("--repeats", type=int, default=1,
                         help="rounds over all layer counts and configurations; each cell is the median")
     args = parser.parse_args()
     configs = tuple(c for c in CONFIGS if c in args.configs)
-    rounds = [{layers: measure(layers, configs) for layers in args.layers} for _ in range(max(1, args.repeats))]
+    rounds = [{layers: measure(layers, configs, args.case) for layers in args.layers}
+              for _ in range(max(1, args.repeats))]
     rows = {layers: {c: _median([r[layers][c] for r in rounds]) for c in configs} for layers in args.layers}
     if args.repeats > 1:
         print(f"median of {args.repeats} rounds (layer counts and configurations interleaved in each round)")
     width = 14
-    print("first call in a fresh process, seconds (tiny int8 Llama, input (2, 16), 1 thread)")
-    print("layers".ljust(8) + "".join(c.rjust(width) for c in configs) + "ts/aot_eager".rjust(width))
+    what = ("tiny int8 Llama, no grad" if args.case == "int8-inference"
+            else "tiny Llama, float8 training step: forward with loss, backward")
+    print(f"first call in a fresh process, seconds ({what}, input (2, 16), 1 thread, default settings)")
+    print("layers".ljust(8) + "".join(c.rjust(width) for c in configs) + "ts/aot_eager".rjust(width)
+          + "2nd/aot_eager".rjust(width))
     for layers, row in rows.items():
         cells = [f"{row[c]:.2f}" if isinstance(row[c], float) else row[c][:width - 1] for c in configs]
         ratio = (f"{row['ts'] / row['aot_eager']:.2f}" if isinstance(row.get("ts"), float)
                  and isinstance(row.get("aot_eager"), float) else "-")
-        print(str(layers).ljust(8) + "".join(c.rjust(width) for c in cells) + ratio.rjust(width))
+        restart = (f"{row['ts 2nd'] / row['aot_eager']:.3f}" if isinstance(row.get("ts 2nd"), float)
+                   and isinstance(row.get("aot_eager"), float) else "-")
+        print(str(layers).ljust(8) + "".join(c.rjust(width) for c in cells) + ratio.rjust(width)
+              + restart.rjust(width))
     if len(rows) > 1:
         slopes = []
         for c in configs:

@@ -94,8 +94,10 @@ def _compile(mode: str, m):
 def _rank_main(rank: int, world: int, port: int, scenarios: list, modes: list, steps: int, warmup: int, d: int,
                batch: int, queue) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
-    import thunder_subclass  # noqa: F401  (before thunder)
+    import thunder_subclass  # (before thunder)
     import torch.distributed as dist
+
+    thunder_subclass.config.disk_cache = False  # first calls here trace (restarts: bench_cold_start.py)
     from torch.distributed.device_mesh import init_device_mesh
 
     torch.set_num_threads(1)

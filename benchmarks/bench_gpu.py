@@ -40,6 +40,7 @@ import torch  # noqa: E402
 import thunder_subclass  # noqa: E402  (before thunder)
 import thunder  # noqa: E402
 import bench_subclasses  # noqa: E402
+thunder_subclass.config.disk_cache = False  # first calls here trace (restarts: bench_cold_start.py)
 
 # float8 GEMMs (torch._scaled_mm) need every dimension a multiple of 16: the small batch is 16 on the GPU (8 on CPU)
 bench_subclasses.SIZES["small"] = dict(batch=16, width=32)

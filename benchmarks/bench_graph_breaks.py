@@ -29,6 +29,7 @@ import transformers
 import torchao.quantization as tq
 from torchao.float8 import convert_to_float8_training
 from torch.testing._internal.two_tensor import TwoTensor
+thunder_subclass.config.disk_cache = False  # first calls here trace (restarts: bench_cold_start.py)
 
 
 def llama_dynamic_rope():

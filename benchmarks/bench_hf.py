@@ -32,6 +32,7 @@ import thunder_subclass  # noqa: E402  (before thunder)
 import torch  # noqa: E402
 import transformers  # noqa: E402
 from torchao.quantization import Int8WeightOnlyConfig, quantize_  # noqa: E402
+thunder_subclass.config.disk_cache = False  # first calls here trace (restarts: bench_cold_start.py)
 
 
 def build(args):

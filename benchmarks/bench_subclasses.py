@@ -53,6 +53,7 @@ import torch  # noqa: E402
 import thunder_subclass  # noqa: E402  (before thunder)
 import thunder  # noqa: E402
 from torch.testing._internal.two_tensor import TwoTensor  # noqa: E402
+thunder_subclass.config.disk_cache = False  # first calls here trace (restarts: bench_cold_start.py)
 
 torch.set_num_threads(max(1, os.cpu_count() or 1))
 try:  # honest first-call times for inductor: no on-disk compile caches

@@ -28,7 +28,9 @@ import torch  # noqa: E402
 IMPORT_S = time.perf_counter() - _t0
 
 
-def build_llama(layers: int):
+def build_llama(layers: int, quantize: bool = True):
+    """The tiny Llama (with torchao int8 weight-only weights unless ``quantize=False``), its input, and what to compare
+    of its output."""
     import transformers
     from torchao.quantization import Int8WeightOnlyConfig, quantize_
 
@@ -36,7 +38,8 @@ def build_llama(layers: int):
                                       num_attention_heads=4, num_key_value_heads=2, vocab_size=256)
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(config).eval()
-    quantize_(model, Int8WeightOnlyConfig())
+    if quantize:
+        quantize_(model, Int8WeightOnlyConfig())
     ids = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(1))
     return model, (ids,), lambda out: out.logits
 
@@ -73,6 +76,7 @@ class _Timer:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    thunder_subclass.config.disk_cache = False  # the first call traces (a restart's load: bench_cold_start.py)
     parser.add_argument("--model", choices=("llama", "twotensor"), default="llama")
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--grad", action="store_true")

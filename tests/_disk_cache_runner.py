@@ -1,6 +1,7 @@
 """One process of the on-disk cache tests (``tests/test_disk_cache.py``): ``python _disk_cache_runner.py case...``
-compiles each named model with ``thunder_subclass.jit`` (the disk cache on through ``THUNDER_SUBCLASS_DISK_CACHE=1``
-and ``THUNDER_SUBCLASS_CACHE_DIR``, set by the test), calls it once under ``torch.no_grad()`` and compares with eager.
+compiles each named model with ``thunder_subclass.jit`` (the disk cache in ``THUNDER_SUBCLASS_CACHE_DIR``, set by the
+test), calls it once under ``torch.no_grad()`` (``train_*`` cases: with gradients, and a backward) and compares values,
+types and gradients with eager.
 Prints one JSON line: per case ``{"error": traceback or null, "loaded": whether the entry came from disk}`` and the
 process's ``disk_cache_stats()``."""
 
@@ -82,6 +83,111 @@ def lru_helper_module():
     return _LruScaled(), (torch.randn(3),)
 
 
+def _from_dir(variable: str, module: str):
+    """Module ``module`` from the directory ``$variable`` (the test writes, and rewrites, its file)."""
+    import importlib
+
+    sys.path.insert(0, os.environ[variable])
+    return importlib.import_module(module)
+
+
+class _Helped(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return disk_cache_helper.scale(self.lin(x)).relu()  # noqa: F821 - a global set by helper_module
+
+
+def helper_module():
+    """A model whose forward calls ``scale`` of ``disk_cache_helper`` in ``$THUNDER_SUBCLASS_TEST_HELPER_DIR``."""
+    globals()["disk_cache_helper"] = _from_dir("THUNDER_SUBCLASS_TEST_HELPER_DIR", "disk_cache_helper")
+    torch.manual_seed(0)
+    return _Helped(), (torch.randn(3, 4),)
+
+
+def same_name_model():
+    """``Model`` of module ``disk_cache_same_name``, from whichever directory ``$THUNDER_SUBCLASS_TEST_MODEL_DIR``
+    names (two directories hold two different classes of one module and class name)."""
+    torch.manual_seed(0)
+    return _from_dir("THUNDER_SUBCLASS_TEST_MODEL_DIR", "disk_cache_same_name").Model(), (torch.randn(3, 4),)
+
+
+_SHIFT = float(os.environ.get("THUNDER_SUBCLASS_TEST_SHIFT", "0"))  # a global the forward reads
+
+
+class _Attributed(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.factor = float(os.environ.get("THUNDER_SUBCLASS_TEST_FACTOR", "1"))  # set outside forward
+
+    def forward(self, x):
+        return x * self.factor + _SHIFT
+
+
+def attribute_module():
+    return _Attributed(), (torch.randn(3),)
+
+
+def default_dtype_function():
+    """A function making a tensor of the default dtype and device (``$THUNDER_SUBCLASS_TEST_DEFAULT_DTYPE``)."""
+    dtype = os.environ.get("THUNDER_SUBCLASS_TEST_DEFAULT_DTYPE")
+    if dtype:
+        torch.set_default_dtype(getattr(torch, dtype))
+
+    def make_ones(x):
+        return x + torch.ones(3)
+
+    return make_ones, (torch.randn(3, dtype=torch.float32),)
+
+
+def train_mlp():
+    """A training step (run with gradients, see ``run``): TwoTensor-free, plain outputs."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    return model, (torch.randn(5, 8),)
+
+
+def train_int8_weight():
+    """A training step through a subclass weight (the demo's Int8Weight, frozen) into a plain output: the gradient of
+    the input and of the bias."""
+    from thunder_subclass.demo import Int8Weight
+
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(8, 4)
+    layer.weight = torch.nn.Parameter(Int8Weight.from_float(layer.weight.detach()), requires_grad=False)
+    return layer, (torch.randn(3, 8, requires_grad=True),)
+
+
+_FAKED = ("torch", "thunder", "transformers", "torchao")
+
+
+def version_sweep():
+    """The plain function compiled once per library whose version is faked (one at a time, as
+    the real one with the local part ``$THUNDER_SUBCLASS_TEST_FAKE_VERSION``), then with the real versions: which of these calls loaded an
+    entry."""
+    import importlib
+
+    fn, args = plain_function()
+    loaded = {}
+    for name in (*_FAKED, None):
+        mod = importlib.import_module(name) if name else None
+        real = getattr(mod, "__version__", None)
+        if mod is not None:
+            tag = os.environ.get("THUNDER_SUBCLASS_TEST_FAKE_VERSION", "another")  # a local version: still supported
+            mod.__version__ = f"{real}{'.' if '+' in str(real) else '+'}{tag}"
+        try:
+            jfn = thunder_subclass.jit(fn)
+            with torch.no_grad():
+                torch.testing.assert_close(jfn(*args), fn(*args))
+            loaded[name or "real"] = type(thunder.last_traces(jfn)[-1]).__name__ == "LoadedTrace"
+        finally:
+            if mod is not None:
+                mod.__version__ = real
+    return loaded
+
+
 def _flat(out):
     from torch.utils._pytree import tree_leaves
 
@@ -93,17 +199,41 @@ def _flat(out):
     return leaves
 
 
+def _grads(module_or_fn, args, out) -> list:
+    params = list(module_or_fn.parameters()) if isinstance(module_or_fn, torch.nn.Module) else []
+    leaves = [*params, *(a for a in args if isinstance(a, torch.Tensor) and a.requires_grad)]
+    out.sum().backward()
+    grads = [p.grad for p in leaves]
+    for p in leaves:
+        p.grad = None
+    return grads
+
+
 def run(name: str) -> dict:
     try:
+        if name == "version_sweep":
+            return {"error": None, "loaded": version_sweep()}
         fn, args = globals()[name]()
         jfn = thunder_subclass.jit(fn)
-        with torch.no_grad():
-            out, expected = jfn(*args), fn(*args)
+        training = name.startswith("train_")
+        if training:  # forward and backward, gradients compared with eager's
+            out = jfn(*args)
+            got_grads = _grads(fn, args, out)
+            expected = fn(*args)
+            want_grads = _grads(fn, args, expected)
+            for a, b in zip(_flat(got_grads), _flat(want_grads)):
+                assert type(a) is type(b)
+                torch.testing.assert_close(a, b)
+        else:
+            with torch.no_grad():
+                out, expected = jfn(*args), fn(*args)
         got, want = _flat(out), _flat(expected)
         assert [type(t) for t in got] == [type(t) for t in want]
         for a, b in zip(got, want):
             torch.testing.assert_close(a, b)
         loaded = type(thunder.last_traces(jfn)[-1]).__name__ == "LoadedTrace"
+        if training:
+            assert loaded == (type(thunder.last_backward_traces(jfn)[-1]).__name__ == "LoadedTrace")
         return {"error": None, "loaded": loaded}
     except BaseException:
         return {"error": traceback.format_exc(), "loaded": None}
@@ -112,4 +242,4 @@ def run(name: str) -> dict:
 if __name__ == "__main__":
     results = {name: run(name) for name in sys.argv[1:]}
     stats = thunder_subclass.disk_cache_stats()
-    print(json.dumps({"results": results, "stats": stats}))
+    print(json.dumps({"results": results, "stats": stats, "disk_cache": thunder_subclass.config.disk_cache}))

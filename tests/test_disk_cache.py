@@ -5,6 +5,7 @@ The restart itself runs in subprocesses (``_disk_cache_runner.py``); the checks 
 process with a second ``thunder_subclass.jit`` of the same code (an empty in-memory cache: its first call goes to disk,
 as a new process's would)."""
 
+import dataclasses
 import importlib
 import json
 import os
@@ -25,8 +26,10 @@ _RUNNER = os.path.join(os.path.dirname(__file__), "_disk_cache_runner.py")
 
 
 def _run(cache_dir, *cases, env=None) -> dict:
+    """One process of the runner; ``env`` values of None remove the variable."""
     env = {**os.environ, "THUNDER_SUBCLASS_DISK_CACHE": "1", "THUNDER_SUBCLASS_CACHE_DIR": str(cache_dir),
            "CUDA_VISIBLE_DEVICES": "", **(env or {})}
+    env = {k: v for k, v in env.items() if v is not None}
     out = subprocess.run([sys.executable, _RUNNER, *cases], capture_output=True, text=True, timeout=600, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads(out.stdout.strip().splitlines()[-1])
@@ -77,6 +80,95 @@ def test_a_helper_behind_lru_cache_edited_between_processes_is_a_miss(tmp_path):
     assert second["stats"]["hits"] == 0 and second["stats"]["stale"] == 1, second["stats"]
     third = _run(tmp_path / "cache", "lru_helper_module", env=env)
     assert third["stats"]["hits"] == 1, third["stats"]
+
+
+# Issue 44 item 3: on by default, training too, and every way an entry can be stale is a miss across processes.
+
+@pytest.mark.slow
+def test_on_by_default_with_an_environment_switch_off(tmp_path):
+    first = _run(tmp_path, "plain_function", env={"THUNDER_SUBCLASS_DISK_CACHE": None})
+    assert first["disk_cache"] is True and first["stats"]["stores"] == 1, first
+    off = _run(tmp_path, "plain_function", env={"THUNDER_SUBCLASS_DISK_CACHE": "0"})
+    assert off["disk_cache"] is False and not off["results"]["plain_function"]["loaded"]
+    assert off["stats"]["hits"] == off["stats"]["misses"] == off["stats"]["stores"] == 0, off["stats"]
+    second = _run(tmp_path, "plain_function", env={"THUNDER_SUBCLASS_DISK_CACHE": None})
+    assert second["stats"]["hits"] == 1 and second["results"]["plain_function"]["loaded"], second["stats"]
+
+
+@pytest.mark.slow
+def test_a_restarted_training_step_loads_forward_and_backward(tmp_path):
+    # gradients equal eager's and the backward trace is the loaded one (checked in the runner)
+    cases = ("train_mlp", "train_int8_weight")
+    first = _run(tmp_path, *cases)
+    assert first["stats"]["stores"] == 2 and first["stats"]["hits"] == 0, first["stats"]
+    second = _run(tmp_path, *cases)
+    assert second["stats"]["hits"] == 2 and second["stats"]["stores"] == 0, second["stats"]
+    assert all(r["loaded"] for r in second["results"].values())
+
+
+@pytest.mark.slow
+def test_an_edited_helper_module_is_a_miss(tmp_path):
+    helper_dir = tmp_path / "helpers"
+    helper_dir.mkdir()
+    env = {"THUNDER_SUBCLASS_TEST_HELPER_DIR": str(helper_dir)}
+    (helper_dir / "disk_cache_helper.py").write_text("def scale(x):\n    return x * 2\n")
+    assert _run(tmp_path / "cache", "helper_module", env=env)["stats"]["stores"] == 1
+    (helper_dir / "disk_cache_helper.py").write_text("def scale(x):\n    return x * 3 - 1\n")
+    second = _run(tmp_path / "cache", "helper_module", env=env)  # equal to eager with the edited helper (runner)
+    assert second["stats"]["hits"] == 0 and second["stats"]["stale"] == 1, second["stats"]
+    assert not second["results"]["helper_module"]["loaded"]
+
+
+@pytest.mark.slow
+def test_another_class_of_the_same_module_and_name_is_a_miss(tmp_path):
+    source = ("import torch\n\n\nclass Model(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+              "        self.lin = torch.nn.Linear(4, 4)\n\n    def forward(self, x):\n        return {}\n")
+    for name, body in (("a", "self.lin(x).relu()"), ("b", "self.lin(x).sigmoid() * 2")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "disk_cache_same_name.py").write_text(source.format(body))
+    first = _run(tmp_path / "cache", "same_name_model", env={"THUNDER_SUBCLASS_TEST_MODEL_DIR": str(tmp_path / "a")})
+    assert first["stats"]["stores"] == 1
+    second = _run(tmp_path / "cache", "same_name_model", env={"THUNDER_SUBCLASS_TEST_MODEL_DIR": str(tmp_path / "b")})
+    assert second["stats"]["hits"] == 0 and not second["results"]["same_name_model"]["loaded"], second["stats"]
+    third = _run(tmp_path / "cache", "same_name_model", env={"THUNDER_SUBCLASS_TEST_MODEL_DIR": str(tmp_path / "a")})
+    assert third["results"]["same_name_model"]["loaded"], third["stats"]
+
+
+@pytest.mark.slow
+def test_a_changed_module_attribute_or_global_is_a_miss(tmp_path):
+    # the factor is set in __init__, the shift is a module global: both read by forward, both guarded after a load
+    def run(factor, shift):
+        env = {"THUNDER_SUBCLASS_TEST_FACTOR": factor, "THUNDER_SUBCLASS_TEST_SHIFT": shift}
+        return _run(tmp_path, "attribute_module", env=env)
+
+    assert run("2", "0")["stats"]["stores"] == 1
+    for factor, shift in (("3", "0"), ("2", "1")):  # equal to eager with these values (runner)
+        report = run(factor, shift)
+        assert not report["results"]["attribute_module"]["loaded"], (factor, shift, report["stats"])
+        assert report["stats"]["rejected"] >= 1, report["stats"]
+    assert run("2", "0")["results"]["attribute_module"]["loaded"]
+
+
+@pytest.mark.slow
+def test_another_default_dtype_is_a_miss(tmp_path):
+    # torch.ones(3) makes a tensor of the default dtype: the stored float32 program would answer float32
+    assert _run(tmp_path, "default_dtype_function")["stats"]["stores"] == 1
+    second = _run(tmp_path, "default_dtype_function", env={"THUNDER_SUBCLASS_TEST_DEFAULT_DTYPE": "float64"})
+    assert not second["results"]["default_dtype_function"]["loaded"], second["stats"]  # float64, as eager (runner)
+    assert second["stats"]["hits"] == 0 and second["stats"]["stores"] == 1
+
+
+@pytest.mark.slow
+def test_another_library_version_is_a_miss(tmp_path):
+    # each library's version faked in turn: process 1 stores one entry per version set (the real one last),
+    # process 2, whose fakes are other versions, loads the real one only; process 3 with process 1's fakes, all
+    first = _run(tmp_path, "version_sweep", env={"THUNDER_SUBCLASS_TEST_FAKE_VERSION": "one"})
+    assert first["stats"]["stores"] == 5, first["stats"]
+    second = _run(tmp_path, "version_sweep", env={"THUNDER_SUBCLASS_TEST_FAKE_VERSION": "two"})
+    loaded = second["results"]["version_sweep"]["loaded"]
+    assert loaded == {"torch": False, "thunder": False, "transformers": False, "torchao": False, "real": True}
+    third = _run(tmp_path, "version_sweep", env={"THUNDER_SUBCLASS_TEST_FAKE_VERSION": "one"})
+    assert all(third["results"]["version_sweep"]["loaded"].values()), third["stats"]
 
 
 @pytest.mark.slow
@@ -241,20 +333,70 @@ def test_another_subclass_type_is_not_served_the_stored_entry(disk):
     assert stats["rejected"] == 1 and stats["hits"] == 0 and stats["stores"] == 2, stats
 
 
-def test_training_calls_are_not_stored(disk, model_module):
+def test_training_calls_are_stored_with_their_backward(disk, model_module):
     mod = model_module("2")
     model, x = mod.Model(), torch.randn(3, 4)
+
+    def step(jm):
+        out = jm(x)
+        out.sum().backward()
+        grads = [p.grad.clone() for p in model.parameters()]
+        model.zero_grad()
+        return out, grads
+
+    step(thunder_subclass.jit(model))
+    assert disk_cache.disk_cache_stats()["stores"] == 1
     jm = thunder_subclass.jit(model)
-    out = jm(x)
-    out.sum().backward()
-    grad = model.lin.weight.grad.clone()
-    model.zero_grad()
-    model(x).sum().backward()
-    torch.testing.assert_close(grad, model.lin.weight.grad)
+    out, grads = step(jm)  # loaded: forward, backward
+    assert isinstance(thunder.last_backward_traces(jm)[-1], disk_cache.LoadedTrace)
+    expected, want = step(model)
+    torch.testing.assert_close(out, expected)
+    for a, b in zip(grads, want):
+        torch.testing.assert_close(a, b)
     stats = disk_cache.disk_cache_stats()
-    assert stats["stores"] == 0 and stats["not_storable"] == 1
-    assert "backward" in stats["why_not_storable"][-1]
-    assert not _entries(disk)
+    assert stats["hits"] == 1 and stats["stores"] == 1, stats
+    with torch.no_grad():  # no gradients needed: not the stored training entry (the prologue checks requires_grad)
+        torch.testing.assert_close(jm(x), model(x))
+    assert disk_cache.disk_cache_stats()["rejected"] == 0 and thunder.cache_misses(jm) == 2
+
+
+def test_a_loaded_backward_serves_create_graph(disk, model_module):
+    # a gradient penalty through a loaded entry: the plugin's create_graph path (eager recomputation) as in memory
+    mod = model_module("2")
+    model, x = mod.Model(), torch.randn(3, 4, requires_grad=True)
+    thunder_subclass.jit(model)(x).sum().backward()
+    jm = thunder_subclass.jit(model)
+
+    def penalty(f):
+        (g,) = torch.autograd.grad(f(x).square().sum(), x, create_graph=True)
+        (gg,) = torch.autograd.grad(g.square().sum(), model.lin.weight)
+        return g, gg
+
+    got, want = penalty(jm), penalty(model)
+    assert isinstance(thunder.last_backward_traces(jm)[-1], disk_cache.LoadedTrace)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+
+
+def test_a_loaded_backward_given_a_gradient_of_another_kind_raises(disk, model_module):
+    mod = model_module("2")
+    model, x = mod.Model(), torch.randn(3, 4)
+    thunder_subclass.jit(model)(x).sum().backward()
+    out = thunder_subclass.jit(model)(x)  # loaded
+    grad = TwoTensor(torch.ones(3, 4), torch.ones(3, 4))  # eager accepts it; a variant needs the joint trace
+    with pytest.raises(thunder_subclass.SubclassGradientError,
+                       match=r"loaded from the thunder_subclass disk cache.*TwoTensor.*disk_cache=False"):
+        out.backward(grad)
+
+
+def test_a_backward_for_subclass_outputs_is_not_stored(disk):
+    layer = torch.nn.Linear(4, 2)
+    layer.weight = torch.nn.Parameter(TwoTensor(layer.weight.detach(), layer.weight.detach() * 2))
+    out = thunder_subclass.jit(layer)(torch.randn(3, 4))  # a TwoTensor output: its gradient kinds are not stored
+    assert type(out) is TwoTensor
+    stats = disk_cache.disk_cache_stats()
+    assert stats["stores"] == 0 and stats["not_storable"] == 1, stats
+    assert "a backward for subclass outputs" in stats["why_not_storable"][-1]
 
 
 def test_registrations_turn_the_disk_cache_off(disk, model_module):
@@ -300,7 +442,81 @@ def test_functions_sharing_a_line_or_differing_in_closure_values_are_not_confuse
         with torch.no_grad():
             torch.testing.assert_close(thunder_subclass.jit(make(k))(x), x * k)
     stats = disk_cache.disk_cache_stats()
-    assert stats["hits"] == 1 and stats["rejected"] >= 1, stats  # the closure value is guarded by the prologue
+    assert stats["hits"] == 1 and stats["stores"] == 4, stats  # the closure's values are part of the key
+
+
+@dataclasses.dataclass
+class _Op:  # value equality, pickles by the names of its fields' values
+    fn: object
+
+    def __call__(self, x):
+        return self.fn(x)
+
+
+def test_closures_over_values_the_prologue_does_not_check_are_not_confused(disk):
+    # thunder takes `op.fn` (read from a closure cell's object) as a constant of the trace, unchecked: the entry of
+    # the sin closure served the cos closure (a wrong answer) until the closure's values became part of the key
+    def make(op):
+        def apply(x):
+            return op(x) * 2
+
+        return apply
+
+    x = torch.randn(3)
+    for fn in (torch.sin, torch.cos, torch.sin):
+        with torch.no_grad():
+            torch.testing.assert_close(thunder_subclass.jit(make(_Op(fn)))(x), fn(x) * 2)
+    stats = disk_cache.disk_cache_stats()
+    assert stats["hits"] == 1, stats  # the second sin closure: the same values, the same entry
+
+    def unnamed(t):  # a closure over a local function: not describable, so not stored
+        return t + 1
+
+    with torch.no_grad():
+        torch.testing.assert_close(thunder_subclass.jit(make(_Op(unnamed)))(x), (x + 1) * 2)
+    assert "closure" in disk_cache.disk_cache_stats()["why_not_storable"][-1]
+
+
+def _sin(x):
+    return x.sin()
+
+
+def _cos(x):
+    return x.cos()
+
+
+class _Holding(torch.nn.Module):
+    def __init__(self, op):
+        super().__init__()
+        self.op, self.lin = op, torch.nn.Linear(3, 3)
+
+    def forward(self, x):
+        return self.op(self.lin(x))
+
+
+def test_a_modules_bound_method_is_stored_and_a_closure_over_a_module_is_not(disk):
+    x = torch.randn(2, 3)
+    for fn in (_sin, _cos, _sin):  # jit(model.forward): what forward reads from the module is checked
+        model = _Holding(_Op(fn))
+        with torch.no_grad():
+            torch.testing.assert_close(thunder_subclass.jit(model.forward)(x), model(x))
+    stats = disk_cache.disk_cache_stats()
+    assert stats["hits"] == 1 and stats["stores"] == 2, stats
+
+    def make(m):
+        def call(t):
+            return m(t)
+
+        return call
+
+    # thunder does not check what the trace reads from a module in a closure cell: the sin model's entry served the
+    # cos model (a wrong answer) when a module there was named by its class
+    for fn in (_sin, _cos):
+        model = _Holding(_Op(fn))
+        with torch.no_grad():
+            torch.testing.assert_close(thunder_subclass.jit(make(model))(x), model(x))
+    stats = disk_cache.disk_cache_stats()
+    assert stats["hits"] == 1 and "closure" in stats["why_not_storable"][-1], stats
 
 
 def test_what_cannot_be_named_is_not_storable():
@@ -323,14 +539,46 @@ def test_what_cannot_be_named_is_not_storable():
     assert decoded["cls"] is TwoTensor and decoded["op"] is torch.ops.aten.mm.default
 
 
-def test_off_by_default_and_location():
-    assert thunder_subclass.config.disk_cache is (os.environ.get("THUNDER_SUBCLASS_DISK_CACHE") == "1")
+def test_builtin_classes_named_by_the_types_module_are_storable():
+    # a prologue checking that a value is a Python function (transformers' loss_function lookup in a training step)
+    import types
+
+    enc = disk_cache._Encoder()
+    for cls in (types.FunctionType, types.MethodType, types.BuiltinFunctionType, int, type(None)):
+        assert disk_cache._decode(json.loads(json.dumps(enc.encode(cls)))) is cls
+
+
+def test_on_by_default_a_jit_option_off_and_location(disk, model_module):
+    assert type(thunder_subclass.config).__init__  # the default: on unless THUNDER_SUBCLASS_DISK_CACHE=0
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("THUNDER_SUBCLASS_DISK_CACHE", raising=False)
+        assert type(thunder_subclass.config)().disk_cache is True
+        for off in ("0", "false", "off"):
+            mp.setenv("THUNDER_SUBCLASS_DISK_CACHE", off)
+            assert type(thunder_subclass.config)().disk_cache is False
+    mod = model_module("2")
+    model, x = mod.Model(), torch.randn(3, 4)
+    with torch.no_grad():
+        thunder_subclass.jit(model, disk_cache=False)(x)
+        assert disk_cache.disk_cache_stats()["stores"] == 0 and not _entries(disk)
+        thunder_subclass.config.disk_cache = False
+        thunder_subclass.jit(model, disk_cache=True)(x)  # the option wins over the setting
+        assert disk_cache.disk_cache_stats()["stores"] == 1
+    with pytest.raises(TypeError, match="disk_cache must be None, True or False, got 'yes'"):
+        thunder_subclass.jit(model, disk_cache="yes")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("THUNDER_SUBCLASS_CACHE_DIR", "/some/where")
         assert str(disk_cache.default_cache_dir()) == "/some/where"
         mp.delenv("THUNDER_SUBCLASS_CACHE_DIR")
         mp.setenv("XDG_CACHE_HOME", "/xdg")
         assert str(disk_cache.default_cache_dir()) == "/xdg/thunder_subclass"
+
+
+def test_the_test_session_never_writes_into_the_users_cache_directory():
+    # (conftest: a directory per test, for this process and the subprocesses it starts)
+    home = os.path.join(os.path.expanduser("~"), ".cache")
+    for where in (thunder_subclass.config.disk_cache_dir, os.environ["THUNDER_SUBCLASS_CACHE_DIR"]):
+        assert where and not os.path.abspath(where).startswith(home), where
 
 
 # Issue 44 item 4: the cache is private to its user; an entry another user could have written is never read.

@@ -65,6 +65,13 @@ def _spy(monkeypatch, owner, name: str, what=lambda first, *rest: first) -> list
     return calls
 
 
+
+@pytest.fixture(autouse=True)
+def _every_jit_traces():
+    """These tests count what tracing does: a second jit of the same code must trace, not load from the disk cache
+    (on by default; conftest restores the setting)."""
+    thunder_subclass.config.disk_cache = False
+
 def test_one_pass_flatten_gives_thunders_leaves_specs_and_registrations():
     import thunder.core.symbol as symbol
 

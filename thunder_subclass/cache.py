@@ -43,9 +43,11 @@ class _Config:
     * ``cache_size_limit`` (default :data:`DEFAULT_CACHE_SIZE_LIMIT`, 8 like ``torch.compile``'s
       ``recompile_limit``): the most cache entries (traces) one compiled function keeps; a call that none of them
       accepts then runs eagerly (see :mod:`thunder_subclass.cache`). ``None``: no bound.
-    * ``disk_cache`` (default False, or True when the environment variable ``THUNDER_SUBCLASS_DISK_CACHE`` is ``1``
-      when ``thunder_subclass`` is imported): whether compiled functions keep their cache entries on disk too, so that
-      another process compiling the same code loads them instead of tracing (see :mod:`thunder_subclass.disk_cache`).
+    * ``disk_cache`` (default True, as torch.compile's caches are; False when the environment variable
+      ``THUNDER_SUBCLASS_DISK_CACHE`` is ``0`` (or ``false``, ``off``, ``no``) when ``thunder_subclass`` is imported): whether compiled functions keep
+      their cache entries on disk too, so that another process compiling the same code loads them instead of tracing
+      (see :mod:`thunder_subclass.disk_cache`). ``thunder_subclass.jit(fn, disk_cache=False)`` turns it off for one
+      function.
     * ``disk_cache_dir`` (default None: ``$THUNDER_SUBCLASS_CACHE_DIR``, else ``~/.cache/thunder_subclass``): where.
     * ``disk_cache_size_limit`` (default 256 MiB): the most bytes the disk cache keeps; past it the least recently
       used entries are removed. ``None``: no bound.
@@ -61,7 +63,8 @@ class _Config:
         import os
 
         self.cache_size_limit: int | None = DEFAULT_CACHE_SIZE_LIMIT
-        self.disk_cache: bool = os.environ.get("THUNDER_SUBCLASS_DISK_CACHE", "0") == "1"
+        self.disk_cache: bool = (os.environ.get("THUNDER_SUBCLASS_DISK_CACHE", "1").strip().lower()
+                                 not in ("0", "false", "off", "no"))
         self.disk_cache_dir: str | None = None
         self.disk_cache_size_limit: int | None = 256 * 2**20
         self.speculation_limit: int | None = DEFAULT_SPECULATION_LIMIT

@@ -1,8 +1,9 @@
 """The on-disk cache of a ``thunder_subclass.jit`` function: a restarted process reuses the compilation of an earlier one.
 
 In: a cache miss of a compiled function (no entry of its in-memory cache accepts the call) under thunder's
-constant-values cache, in a process where the disk cache is on (``thunder_subclass.config.disk_cache``, or the
-environment variable ``THUNDER_SUBCLASS_DISK_CACHE=1``; off by default). What happens: before tracing, the entries
+constant-values cache, in a process where the disk cache is on (the default, as torch.compile's caches are; off with
+``thunder_subclass.config.disk_cache = False``, ``THUNDER_SUBCLASS_DISK_CACHE=0`` in the environment, or
+``thunder_subclass.jit(fn, disk_cache=False)`` for one function). What happens: before tracing, the entries
 stored on disk under the call's *key* are tried, newest first; one that is intact, whose recorded source files are
 unchanged and whose prologue (the same guards as the in-memory entry's) accepts the call becomes the function's new
 cache entry, and nothing is traced. Otherwise the call traces as before, and the entry built is written to disk if it
@@ -15,13 +16,17 @@ dtypes, devices, sizes and literals; the plugin's per-class symbols (``flatten_<
 the factory that makes them and its arguments; the plugin's fused prologue checks by their generated source and
 constants. A value that cannot be named so (an object known only by its identity, a closure, a compiled fusion region) makes
 the entry not storable: the call compiles as without the disk cache (``disk_cache_stats()["not_storable"]``).
-Entries with a backward (a call that needs gradients) are not stored either (a backward's gradient variants need the
-joint trace, which is not kept), nor entries of a jit with symbolic values, nor while grad rules, executor
-implementations or aten symbols are registered.
+Entries with a backward (a call that needs gradients) are stored with the backward's source; its
+``tangents.BackwardVariants`` by what the run-time hooks read (``disk_state``), without the joint trace, so only where
+every output is a plain tensor; a loaded one (``tangents.StoredBackwardVariants``) raises a ``SubclassGradientError``
+for gradients of another kind than the outputs' (a backward for those is built from the joint trace). Not stored:
+entries of a jit with symbolic values, nor any while grad rules, executor implementations or aten symbols are
+registered.
 
 The key (a directory) is a hash of: the format, Python, torch, thunder and other imported libraries' versions
 (torchao, transformers, ...), the content of the plugin's own source files, the compiled function (module class or
-function: module, qualified name, file and its content), the jit's options (executors, transforms, cache option,
+function: module, qualified name, file and its content, and the values the function holds: closure, defaults, bound
+object; ``_bound_values``), the jit's options (executors, transforms, cache option,
 compile options), grad mode, default dtype and device, and the CUDA devices. Each entry also lists the files whose
 code the interpreter ran while tracing (every code object ``thunder``'s interpreter decoded) and the files of the
 modules its names come from, each with a SHA-256 of its content, checked when the entry is loaded: an edited function
@@ -37,7 +42,7 @@ An entry whose recorded files changed, or whose names no longer resolve to the s
 removed silently. An entry's source runs only after these checks, and its prologue guards the call as any entry's.
 
 Location: ``thunder_subclass.config.disk_cache_dir``, else ``$THUNDER_SUBCLASS_CACHE_DIR``, else
-``~/.cache/thunder_subclass``; under it ``v1/<key>/<entry>.json``. Size: at most
+``~/.cache/thunder_subclass``; under it ``v2/<key>/<entry>.json``. Size: at most
 ``thunder_subclass.config.disk_cache_size_limit`` bytes (default 256 MiB); after a write past it the least recently
 used entries (file modification time, refreshed at each load) are removed.
 
@@ -47,8 +52,7 @@ and the file-hash memo are process-wide (:func:`disk_cache_stats`, :func:`reset_
 Example (a second process running the same script loads what the first stored)::
 
     >>> import tempfile, torch, thunder_subclass
-    >>> thunder_subclass.config.disk_cache = True          # or THUNDER_SUBCLASS_DISK_CACHE=1
-    >>> thunder_subclass.config.disk_cache_dir = tempfile.mkdtemp()
+    >>> thunder_subclass.config.disk_cache_dir = tempfile.mkdtemp()   # (on by default)
     >>> model = torch.nn.Linear(4, 2)
     >>> with torch.no_grad():
     ...     _ = thunder_subclass.jit(model)(torch.ones(3, 4))   # traces, stores
@@ -83,7 +87,7 @@ from thunder_subclass.subclass_symbols import FlattenContext
 __all__ = ["DiskCache", "disk_cache_stats", "reset_disk_cache_stats", "default_cache_dir", "FORMAT",
            "DEFAULT_SIZE_LIMIT"]
 
-FORMAT = 1
+FORMAT = 2  # 2: functions named with their code
 DEFAULT_SIZE_LIMIT = 256 * 2**20
 MAX_ENTRIES_TRIED = 8  # entries of one key tried at a miss (newest first)
 _SUFFIX = ".json"
@@ -232,6 +236,8 @@ class _Encoder:
             if digest is None:
                 raise NotStorable(f"the file of module {module} cannot be read")
             self.files[file] = digest
+        if isinstance(obj, types.FunctionType):  # its code too: a name may be rebound to another function later
+            return ["ref", module, qualname, file, _code_digest(obj.__code__)]
         return ["ref", module, qualname, file]
 
     def encode(self, v: Any) -> Any:
@@ -272,9 +278,14 @@ class _Encoder:
         if t is FusedChecks:
             return ["fused_checks", self.encode(v.state())]
         if callable(getattr(t, "disk_state", None)) and callable(getattr(t, "from_disk_state", None)):
-            state = v.disk_state()  # the plugin's own value types and guards (thunder_subclass.guards.Guard)
+            try:  # the plugin's own value types and guards (thunder_subclass.guards.Guard)
+                state = v.disk_state()
+            except ValueError as e:
+                raise NotStorable(str(e)) from None
             if state is not NotImplemented:
                 return ["object", self.ref(t), self.encode(state)]
+        if isinstance(v, type) and v.__module__ == "builtins" and _types_name(v) is not None:
+            return ["types", _types_name(v)]  # function, method, ...: named by the types module only
         if callable(v) or isinstance(v, type):
             origin = _thunder_internals.symbol_origin(v)
             if origin is not None:
@@ -329,6 +340,18 @@ def _short(v: Any) -> str:
     except Exception:  # noqa: BLE001
         text = object.__repr__(v)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _types_name(cls: type) -> str | None:
+    """The name in the ``types`` module of a builtin class that ``builtins`` does not hold (``types.FunctionType``)."""
+    import builtins
+
+    if getattr(builtins, cls.__name__, None) is cls:
+        return None
+    for name, value in vars(types).items():
+        if value is cls:
+            return name
+    return None
 
 
 def _thunder_dtype_name(v: Any) -> str | None:
@@ -399,10 +422,12 @@ def _decode(x: Any) -> Any:
     if tag == "fused_checks":
         return FusedChecks.from_state(_decode(x[1]))
     if tag == "ref":
-        _, module, qualname, file = x
+        _, module, qualname, file, *code = x
         found = _resolve(module, qualname)
         if file is not None and getattr(sys.modules.get(module), "__file__", None) != file:
             raise _Stale(f"module {module} is not {file} in this process")
+        if code and (not isinstance(found, types.FunctionType) or _code_digest(found.__code__) != code[0]):
+            raise _Stale(f"{module}.{qualname} is another function in this process (rebound, monkeypatched)")
         return found
     if tag == "symbol":
         factory, args = _decode(x[1]), _decode(x[2])
@@ -416,6 +441,8 @@ def _decode(x: Any) -> Any:
         if fn is None:
             raise _Stale(f"executor {x[1]} has no operator {x[2]}")
         return fn
+    if tag == "types":
+        return getattr(types, x[1])
     if tag == "thunder_dtype":
         import thunder.core.dtypes as dtypes
 
@@ -481,7 +508,7 @@ class DiskCache:
                 raise NotStorable(f"the file of {getattr(fn, '__qualname__', fn)} ({code.co_filename}) cannot be read")
             # the code itself too: two lambdas on one line share file, line and name
             target = ["function", getattr(fn, "__module__", None), getattr(fn, "__qualname__", None),
-                      code.co_filename, code.co_firstlineno, digest, _code_digest(code)]
+                      code.co_filename, code.co_firstlineno, digest, _code_digest(code), _bound_values(enc, fn)]
         # devices: their number, and their names once CUDA is initialized (asking names would initialize it)
         cuda = [torch.version.cuda, torch.cuda.device_count() if torch.cuda.is_available() else 0]
         if torch.cuda.is_initialized():
@@ -591,9 +618,8 @@ class DiskCache:
         import thunder
         from thunder.core import baseutils
 
-        fns, traces = {}, {}
-        for name in _TRACES:
-            t = payload["traces"][name]
+        fns, traces = dict.fromkeys(_TRACES + ("backward",)), dict.fromkeys(_TRACES + ("backward",), [])
+        for name, t in payload["traces"].items():
             ctx = {k: _decode(v) for k, v in t["ctx"].items()}
             if t["function_obj"]:
                 ctx["__function_obj"] = cd.fn
@@ -604,7 +630,8 @@ class DiskCache:
             fns[name] = fn
             traces[name] = [LoadedTrace(t["source"], path)]
         return thunder.CacheEntry(fns["prologue"], traces["prologue"], fns["computation"], traces["computation"],
-                                  fns["epilogue"], traces["epilogue"], None, [], payload["return_none_instead_of_grads"])
+                                  fns["epilogue"], traces["epilogue"], fns["backward"], traces["backward"],
+                                  payload["return_none_instead_of_grads"])
 
     def _untrusted(self, path: pathlib.Path) -> bool:
         """Whether ``path`` may have been written by another user (``disk_trust.untrusted_reason``): it is then never
@@ -663,8 +690,6 @@ class DiskCache:
             del _last_not_storable[:-8]
 
     def _describe(self, cd, entry, codes) -> dict:
-        if entry.backward_fn is not None:
-            raise NotStorable("the entry has a backward (calls that need gradients are not stored)")
         if eager_calls.holds_eager_call(entry.computation_traces[-1]):
             raise NotStorable("the computation calls a submodule eagerly (eager_calls.py: its description is known "
                               "to this process only)")
@@ -682,10 +707,12 @@ class DiskCache:
         files.update(_files_of_generated_code(unreadable))
         enc = _Encoder()
         traces = {}
-        for name, trcs, fn, kwargs in (
-                ("prologue", entry.prologue_traces, entry.prologue_fn, {"include_decorators": False}),
-                ("computation", entry.computation_traces, entry.computation_fn, {}),
-                ("epilogue", entry.epilogue_traces, entry.epilogue_fn, {})):
+        parts = [("prologue", entry.prologue_traces, entry.prologue_fn, {"include_decorators": False}),
+                 ("computation", entry.computation_traces, entry.computation_fn, {}),
+                 ("epilogue", entry.epilogue_traces, entry.epilogue_fn, {})]
+        if entry.backward_fn is not None:  # (its gradient variants: tangents.BackwardVariants.disk_state)
+            parts.append(("backward", entry.backward_traces, entry.backward_fn, {}))
+        for name, trcs, fn, kwargs in parts:
             trc = trcs[-1]
             # as printed for the callable just built (the same bound symbols, or what the callable was built from),
             # else printed again
@@ -750,6 +777,40 @@ class DiskCache:
                 continue
             _remove(path)
             total -= size
+
+
+def _bound_values(enc: _Encoder, fn) -> list:
+    """What a compiled function holds besides its code, as part of the key: its closure's values, its default
+    arguments and the object a bound method is bound to. thunder's prologue does not check every such value (an
+    object read from a closure cell, e.g. ``program.fn`` where ``program`` is a cell's value, is taken as a constant
+    of the trace: the same function object holds the same cells), so two functions of one code with other values
+    must not share entries. Tensors are named by kind only (thunder passes them as inputs, checked by the prologue),
+    and so is the module of a module's bound method (its reads are checked as a compiled module's are; a module in a
+    closure cell is not: it is described by value, i.e. not storable); a value that cannot be described by value makes
+    the function not storable."""
+
+    def describe(v):
+        if isinstance(v, torch.Tensor):
+            return ["tensor"]
+        try:
+            return enc.encode(v)
+        except NotStorable:
+            if isinstance(v, (type, types.FunctionType, types.BuiltinFunctionType, types.MethodType)):
+                raise
+            return enc.pickled(v)  # a callable object with value equality (a dataclass holding a function)
+
+    try:
+        cells = [c.cell_contents for c in getattr(fn, "__closure__", None) or ()]
+    except ValueError:  # an empty cell (a name assigned after the function was made)
+        raise NotStorable("the compiled function's closure has an unassigned variable") from None
+    bound = getattr(fn, "__self__", None)
+    try:
+        return [[describe(v) for v in cells], describe(getattr(fn, "__defaults__", None)),
+                describe(getattr(fn, "__kwdefaults__", None)),
+                # a module's method (jit(model.forward)): what it reads from the module is checked, as for a module
+                ["module", enc.ref(type(bound))] if isinstance(bound, torch.nn.Module) else describe(bound)]
+    except NotStorable as e:
+        raise NotStorable(f"the compiled function's closure, defaults or bound object: {e}") from None
 
 
 def _code_digest(code: types.CodeType) -> str:

@@ -45,7 +45,7 @@ from thunder.core.pytree import OPTREE_NAMESPACE
 from thunder_subclass.backward_effects import Snapshot
 from thunder_subclass.errors import HigherOrderGradientError
 from thunder_subclass._thunder_internals import NOT_HANDLED
-from thunder_subclass.tangents import variants_in
+from thunder_subclass.tangents import forward_effects, variants_in
 
 __all__ = ["create_graph_backward"]
 
@@ -56,21 +56,9 @@ def _what(fn) -> str:
     return f"the compiled function {getattr(fn, '__qualname__', type(fn).__qualname__)}"
 
 
-def _writes_or_draws(joint) -> str | None:
-    def walk(bsyms):
-        for b in bsyms:
-            tags = getattr(b.sym, "tags", None) or ()
-            if any(getattr(t, "name", "") == "RANDOM_OP" for t in tags):
-                return f"draws random numbers ({b.sym.name})"
-            found = walk(b.subsymbols)
-            if found:
-                return found
-        return None
-
-    for b in joint.bound_symbols:
-        if b.sym.name == "copy_" or b.sym.name.startswith("copy_"):
-            return "changes a tensor in place that outlives the call (an input, a parameter or a buffer)"
-    return walk(joint.bound_symbols)
+def _effects(variants) -> str | None:
+    """What the forward writes in place or draws (``tangents.forward_effects``; a loaded entry keeps it)."""
+    return variants.effects if variants.joint is None else forward_effects(variants.joint)
 
 
 def _resolve(call):
@@ -115,8 +103,8 @@ def create_graph_backward(compiled_backward, call, grads):
     resolved = None
     if call is None or call.cd is not variants.compile_data or call.eager is None:
         reason = "the call it came from is not known (a function compiled by thunder.compile's plugin entry, or a region)"
-    elif variants.mutated_inputs or _writes_or_draws(variants.joint):
-        reason = f"its forward {_writes_or_draws(variants.joint) or 'changes an input in place'}"
+    elif variants.mutated_inputs or _effects(variants):
+        reason = f"its forward {_effects(variants) or 'changes an input in place'}"
     else:
         resolved = _resolve(call)
         if resolved is None:

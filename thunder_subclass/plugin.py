@@ -79,6 +79,10 @@ def jit(fn: Callable, /, *, fullgraph: bool = False, cache_size_limit: int | Non
     per size (``cache="constant values"``), ``dynamic=True`` makes sizes symbolic from the first trace. An explicit
     ``cache`` option is used as given.
 
+    ``disk_cache`` (default None: ``thunder_subclass.config.disk_cache``, on unless ``THUNDER_SUBCLASS_DISK_CACHE=0``)
+    keeps the traces on disk too, so that a restarted process loads them instead of tracing
+    (``thunder_subclass.disk_cache``); ``disk_cache=False`` turns that off for this function.
+
     ``cache_size_limit`` (default ``thunder_subclass.config.cache_size_limit``, 8 like ``torch.compile``'s
     ``recompile_limit``; ``None``: unbounded) bounds the number of traces kept: once reached, a call that no trace
     accepts runs ``fn`` eagerly, after a one-time :class:`~thunder_subclass.errors.CacheLimitWarning` naming the check
@@ -101,6 +105,9 @@ def jit(fn: Callable, /, *, fullgraph: bool = False, cache_size_limit: int | Non
         options = dict(kwargs, cache_size_limit=cache_size_limit)
         return graph_breaks.with_graph_breaks(jit(fn, fullgraph=True, **options), fn,
                                               lambda region_fn: jit(region_fn, fullgraph=True, **options))
+    use_disk = kwargs.pop("disk_cache", None)
+    if use_disk not in (None, True, False):
+        raise TypeError(f"thunder_subclass.jit: disk_cache must be None, True or False, got {use_disk!r}")
     dynamic = kwargs.pop("dynamic", None)
     if dynamic not in (None, True, False):
         raise TypeError(f"thunder_subclass.jit: dynamic must be None, True or False, got {dynamic!r}")
@@ -112,7 +119,8 @@ def jit(fn: Callable, /, *, fullgraph: bool = False, cache_size_limit: int | Non
     automatic_dynamic = dynamic is None and "cache" not in kwargs
     if fsdp.holds_fsdp_units(fn):
         return fsdp.compile_between_fsdp_hooks(
-            fn, lambda region_fn: jit(region_fn, fullgraph=True, cache_size_limit=cache_size_limit, **kwargs))
+            fn, lambda region_fn: jit(region_fn, fullgraph=True, cache_size_limit=cache_size_limit,
+                                      disk_cache=use_disk, **kwargs))
     limit = cache.config.cache_size_limit if cache_size_limit is _DEFAULT else cache_size_limit
     policy = cache.CachePolicy(limit, fn, getattr(fn, "__qualname__", None) or type(fn).__qualname__)
     hooks.install()
@@ -131,7 +139,7 @@ def jit(fn: Callable, /, *, fullgraph: bool = False, cache_size_limit: int | Non
             # plugin's supported option (its gaps are the plugin's to fix or document), not a development switch
             warnings.filterwarnings("ignore", message=r"The 'symbolic values' cache option is highly experimental")
         jfn = thunder.jit(fn, executors=executors, transforms=transforms, **kwargs)
-    if cache.config.disk_cache:  # entries also kept on disk, for other processes (thunder_subclass.disk_cache)
+    if cache.config.disk_cache if use_disk is None else use_disk:  # entries also kept on disk, for other processes (thunder_subclass.disk_cache)
         from thunder_subclass import disk_cache
 
         root = cache.config.disk_cache_dir or disk_cache.default_cache_dir()

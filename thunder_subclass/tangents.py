@@ -50,7 +50,8 @@ from thunder_subclass.proxy import (
 )
 
 __all__ = [
-    "BackwardVariants", "SavedTensorNames", "flatten_for_executors", "replace_grads", "run_backward",
+    "BackwardVariants", "StoredBackwardVariants", "SavedTensorNames", "forward_effects", "flatten_for_executors",
+    "replace_grads", "run_backward",
     "differentiable_outputs", "mutated_inputs", "gradless_inputs",
 ]
 
@@ -139,6 +140,24 @@ class BackwardVariants:
 
     def __repr__(self) -> str:
         return f"BackwardVariants({len(self._compiled)} compiled)"
+
+    def disk_state(self) -> tuple:
+        """How an entry stored on disk (``thunder_subclass.disk_cache``) holds this object: what the run-time hooks
+        read, without the joint trace (proxies, not storable). Only where every output is a plain tensor (or not a
+        tensor): the zero gradients ``canonical`` makes then need a shape, dtype and device only. Raises ValueError
+        otherwise (the entry is not stored)."""
+        if self.saved_names is None or any(k not in (None, torch.Tensor) for k in self.expected):
+            raise ValueError("a backward for subclass outputs (its gradient kinds are not stored)")
+        zeros = tuple(None if not isinstance(p, TensorProxy) else
+                      (tuple(int(d) for d in p._shape), str(torch_dtype(p)), str(torch_device(p)))
+                      for p in self.expected_proxy)
+        kinds = tuple(k is not None for k in self.expected)
+        return (kinds, zeros, self.differentiable, self.mutated_inputs, tuple(self._from_outputs),
+                forward_effects(self.joint))
+
+    @classmethod
+    def from_disk_state(cls, state) -> StoredBackwardVariants:
+        return StoredBackwardVariants(state, *_thunder_internals.current_compile_data())
 
     def accepts(self, grads) -> bool:
         """Whether the compiled backward serves these incoming gradients (checked at every backward call, after
@@ -244,6 +263,76 @@ class BackwardVariants:
             extrace = transform_for_execution(trace, executors_list=[subclass_executor, torchex])
             fn = extrace.python_callable()
         return fn, [available[p.name] for p in saved_args], grad_positions
+
+
+class StoredBackwardVariants(BackwardVariants):
+    """The :class:`BackwardVariants` of an entry loaded from disk: it serves the compiled backward as the original
+    does (zero gradients for outputs nothing used, the outputs' differentiability, inputs changed in place), but has no
+    joint trace to build a backward for gradients of another kind than the outputs' from: :meth:`run` raises a
+    :class:`~thunder_subclass.errors.SubclassGradientError` saying how to get one."""
+
+    def __init__(self, state, compile_data, compile_stats):
+        kinds, zeros, differentiable, mutated, from_outputs, effects = state
+        self.joint = None
+        self.compile_data, self.compile_stats = compile_data, compile_stats
+        self.expected = tuple(torch.Tensor if k else None for k in kinds)
+        self.outputs = self.expected_proxy = tuple(zeros)
+        self.grad_of = {}
+        self.saved_names = None
+        self._compiled = {}
+        self._refused = threading.local()
+        self.differentiable = None if differentiable is None else tuple(differentiable)
+        self.mutated_inputs = tuple(tuple(m) for m in mutated)
+        self._from_outputs = tuple(from_outputs)
+        self.effects = effects
+
+    def canonical(self, grads) -> list | None:
+        self._refused.ids = set()
+        changed = None
+        for i, (g, z) in enumerate(zip(grads, self.expected_proxy)):
+            if g is None and z is not None:
+                changed = list(grads) if changed is None else changed
+                shape, dtype, device = z
+                changed[i] = torch.zeros(shape, dtype=getattr(torch, dtype.removeprefix("torch.")),
+                                         device=torch.device(device))
+        return changed
+
+    def accepts(self, grads) -> bool:
+        return all(kind is None or g is None or runtime_kind(g) == kind for g, kind in zip(grads, self.expected))
+
+    def run(self, saved: list, grads) -> tuple:
+        kinds = [getattr(k, "__name__", k) for k in map(runtime_kind, grads)]
+        raise SubclassGradientError(
+            f"this compiled function's backward was loaded from the thunder_subclass disk cache, and it received "
+            f"gradients of kinds {kinds}, other than its outputs' (plain tensors). A backward for them is built from "
+            "the forward's trace, which a loaded entry does not have. Pass plain-tensor gradients to .backward(), or "
+            "compile without the disk cache (thunder_subclass.jit(..., disk_cache=False) or "
+            "THUNDER_SUBCLASS_DISK_CACHE=0)."
+        )
+
+    def __repr__(self) -> str:
+        return "StoredBackwardVariants()"
+
+
+def forward_effects(joint) -> str | None:
+    """What a forward trace writes in place that outlives the call, or draws at random (a ``create_graph=True``
+    backward recomputes the forward eagerly only where it does neither: ``thunder_subclass.higher_order``); None if
+    nothing. Kept with an entry stored on disk (:class:`StoredBackwardVariants` has no joint trace)."""
+
+    def walk(bsyms):
+        for b in bsyms:
+            tags = getattr(b.sym, "tags", None) or ()
+            if any(getattr(t, "name", "") == "RANDOM_OP" for t in tags):
+                return f"draws random numbers ({b.sym.name})"
+            found = walk(b.subsymbols)
+            if found:
+                return found
+        return None
+
+    for b in joint.bound_symbols:
+        if b.sym.name == "copy_" or b.sym.name.startswith("copy_"):
+            return "changes a tensor in place that outlives the call (an input, a parameter or a buffer)"
+    return walk(joint.bound_symbols)
 
 
 def _grads_from_user_outputs(joint, variants) -> tuple[bool, ...]:
