@@ -261,7 +261,8 @@ def _hook_general_jit_lookaside(original):
             if fn is getattr and len(args) in (2, 3) and is_unpackable_provenance(getattr(args[0], "provenance", None)):
                 return _absence_guarded(lookaside or original(fn, *args, **kwargs))
             if lookaside is not None:
-                return lookaside
+                # the plugin's checkpoint lookaside hands use_reentrant=False to thunder's, which opens a scope
+                return _in_checkpoint_scope(lookaside) if _is_checkpoint(fn) else lookaside
             if "fn" in kwargs:
                 # thunder 0.2.6 takes `fn` by name too: f(x, fn=g) in traced code raised "got multiple values for
                 # argument 'fn'" (plain thunder.jit as well)
