@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import thunder_subclass
+from thunder_subclass import UnsupportedSubclassOperationError
 from helpers import assert_same, two
 
 
@@ -89,3 +90,51 @@ def test_copy_into_a_subclass_input_then_reading_it_differentiates_the_source():
     expected.sum().backward()
     assert_same(y.grad, ey.grad)
     assert_same(w.grad, ew.grad)
+
+
+def _slice_assign(x, y):
+    h = x * 2
+    h[1:] = y[1:]  # the source line the error names
+    return h
+
+
+def _slice_scatter(x, y):  # what the error suggests instead
+    h = x * 2
+    return torch.slice_scatter(h, y[1:], 0, 1)
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_indexed_assignment_with_a_subclass_and_grad_raises_a_typed_error(kind):
+    x, y = KINDS[kind]()
+    with pytest.raises(UnsupportedSubclassOperationError,
+                       match=r"indexed assignment \(tensor\[key\] = value, torch's setitem_\) on TwoTensor at "
+                             r".*test_inplace_grads\.py:\d+ with a tensor that requires grad .*slice_scatter"):
+        thunder_subclass.jit(_slice_assign, fullgraph=True)(x, y)
+    with torch.no_grad(), pytest.raises(UnsupportedSubclassOperationError, match="indexed assignment"):  # dropped
+        thunder_subclass.jit(_slice_assign, fullgraph=True)(x, y)
+    # without tensors that require grad it runs as written; the suggested rewrite gives eager's gradients
+    dx, dy = x.detach(), y.detach()
+    assert_same(thunder_subclass.jit(_slice_assign, fullgraph=True)(dx, dy), _slice_assign(dx, dy))
+    ex, ey = _leaf_copy(x), _leaf_copy(y)
+    out, expected = thunder_subclass.jit(_slice_scatter)(x, y), _slice_scatter(ex, ey)
+    assert_same(out.detach(), expected.detach())
+    grad = two(4, 3) if type(expected) is not torch.Tensor else torch.randn(4, 3)
+    out.backward(grad)
+    expected.backward(grad)
+    assert_same(x.grad, ex.grad)
+    assert_same(y.grad, ey.grad)
+
+
+def test_indexed_assignment_in_a_module_with_grad_parameters_under_no_grad_raises():
+    class Fill(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(two(4, 3))
+
+        def forward(self, y):
+            h = self.w * 2
+            h[1:] = y[1:]
+            return h
+
+    with torch.no_grad(), pytest.raises(UnsupportedSubclassOperationError, match="indexed assignment .* TwoTensor"):
+        thunder_subclass.jit(Fill(), fullgraph=True)(torch.randn(4, 3))

@@ -65,8 +65,8 @@ from thunder_subclass.interpretation import (
 )
 from thunder_subclass.rules import call_rule, find_grad_rule
 from thunder_subclass._thunder_internals import (
-    SymbolicSizeError, add_size_guards, holds_mask, newest_version, raise_in_interpreter, runs_natively, source_location,
-    thunder_resolves_method, torch_to_thunder_symbols,
+    SymbolicSizeError, add_size_guards, current_call_has_grad_inputs, holds_mask, newest_version, raise_in_interpreter,
+    runs_natively, source_location, thunder_resolves_method, torch_to_thunder_symbols,
 )
 from thunder_subclass.errors import (
     SubclassDispatchError, UnsupportedSubclassOperationError, UnsupportedTracingError, format_location,
@@ -156,6 +156,24 @@ def ensure_grad_rule(sym: Symbol) -> None:
 
     _subclass_rules[sym.id] = grad_transform
     _register(sym)
+
+
+def refuse_indexed_write_with_grad(sym: Symbol, args: tuple, kwargs: dict) -> None:
+    """``h[key] = v`` with a subclass on either side and a tensor that requires grad raises a typed error: torch's
+    ``setitem_`` gives no value, so the recorded write has no output to differentiate and is dropped (eager's value
+    and gradients lost silently; under ``no_grad`` too, when an input of the compiled call requires grad: thunder
+    differentiates the trace then). Without such tensors the write runs as recorded."""
+    if sym.name != "setitem_":
+        return
+    if not any(isinstance(p, TensorProxy) and p.requires_grad for p in tree_flatten((args, kwargs))[0]) \
+            and not current_call_has_grad_inputs():
+        return
+    location = format_location(*source_location())
+    raise UnsupportedSubclassOperationError(
+        f"indexed assignment (tensor[key] = value, torch's setitem_) on {subclass_names(args, kwargs)} at "
+        f"{location} with a tensor that requires grad is not supported by thunder_subclass: the write would be "
+        "lost. Write it out of place (h = torch.slice_scatter(h, v, dim, start, end), h = h.index_put((idx,), v), "
+        "torch.where(mask, v, h)), or assign into tensors that do not require grad (.detach()).")
 
 
 _subclass_rules: dict[Any, Callable] = {}  # sym.id -> grad transform for calls with subclass arguments
