@@ -138,3 +138,34 @@ def test_indexed_assignment_in_a_module_with_grad_parameters_under_no_grad_raise
 
     with torch.no_grad(), pytest.raises(UnsupportedSubclassOperationError, match="indexed assignment .* TwoTensor"):
         thunder_subclass.jit(Fill(), fullgraph=True)(torch.randn(4, 3))
+
+
+def _through_slice(x, y):
+    h = x * 2
+    h[1:].copy_(y[1:])
+    return h * x
+
+
+def _through_view(x, y):
+    h = x * 2
+    h.view(12).add_(y.view(12))
+    return h * x
+
+
+def _through_t(x, y):
+    h = x * 2
+    h.t().mul_(y.t())
+    return h * x
+
+
+@pytest.mark.parametrize("kind", ["two-two", "two-plain"])
+@pytest.mark.parametrize(("fn", "op", "view"), [(_through_slice, "copy_", "getitem"), (_through_view, "add_", "view"),
+                                                (_through_t, "mul_", "t")], ids=["slice", "view", "t"])
+def test_write_through_a_view_of_a_subclass_with_grad_raises_a_typed_error(fn, op, view, kind):
+    x, y = KINDS[kind]()
+    with pytest.raises(UnsupportedSubclassOperationError,
+                       match=rf"{op} into a view \({view}\) with TwoTensor at .*test_inplace_grads\.py:\d+ with a "
+                             r"tensor that requires grad .*whole tensor"):
+        thunder_subclass.jit(fn, fullgraph=True)(x, y)
+    dx, dy = x.detach(), y.detach()  # without gradients it runs as written
+    assert_same(thunder_subclass.jit(fn, fullgraph=True)(dx, dy), fn(dx, dy))
