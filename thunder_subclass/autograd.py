@@ -65,8 +65,8 @@ from thunder_subclass.interpretation import (
 )
 from thunder_subclass.rules import call_rule, find_grad_rule
 from thunder_subclass._thunder_internals import (
-    SymbolicSizeError, add_size_guards, holds_mask, newest_version, raise_in_interpreter, runs_natively, source_location,
-    thunder_resolves_method, torch_to_thunder_symbols,
+    SymbolicSizeError, add_size_guards, current_call_has_grad_inputs, holds_mask, newest_version, raise_in_interpreter,
+    runs_natively, source_location, thunder_resolves_method, torch_to_thunder_symbols,
 )
 from thunder_subclass.errors import (
     SubclassDispatchError, UnsupportedSubclassOperationError, UnsupportedTracingError, format_location,
@@ -156,6 +156,58 @@ def ensure_grad_rule(sym: Symbol) -> None:
 
     _subclass_rules[sym.id] = grad_transform
     _register(sym)
+
+
+def refuse_indexed_write_with_grad(sym: Symbol, args: tuple, kwargs: dict) -> None:
+    """``h[key] = v`` with a subclass on either side and a tensor that requires grad raises a typed error: torch's
+    ``setitem_`` gives no value, so the recorded write has no output to differentiate and is dropped (eager's value
+    and gradients lost silently; under ``no_grad`` too, when an input of the compiled call requires grad: thunder
+    differentiates the trace then). Without such tensors the write runs as recorded."""
+    if sym.name != "setitem_":
+        return
+    if not any(isinstance(p, TensorProxy) and p.requires_grad for p in tree_flatten((args, kwargs))[0]) \
+            and not current_call_has_grad_inputs():
+        return
+    location = format_location(*source_location())
+    raise UnsupportedSubclassOperationError(
+        f"indexed assignment (tensor[key] = value, torch's setitem_) on {subclass_names(args, kwargs)} at "
+        f"{location} with a tensor that requires grad is not supported by thunder_subclass: the write would be "
+        "lost. Write it out of place (h = torch.slice_scatter(h, v, dim, start, end), h = h.index_put((idx,), v), "
+        "torch.where(mask, v, h)), or assign into tensors that do not require grad (.detach()).")
+
+
+# in-place torch methods that change metadata only (no values written through a view)
+_METADATA_IN_PLACE = frozenset({"transpose_", "t_", "unsqueeze_", "squeeze_", "swapdims_", "swapaxes_", "as_strided_",
+                                "requires_grad_", "resize_", "detach_", "set_", "setitem_"})
+
+
+def refuse_write_through_view_with_grad(sym: Symbol, args: tuple, kwargs: dict) -> None:
+    """An in-place write (``copy_``, ``add_``...) into a view (``h[1:]``, ``h.view(-1)``, ``h.t()``) with a subclass
+    among the arguments raises a typed error when gradients are involved: thunder's alias updates give the view's
+    base a new version that autodiff does not connect to the write, so later reads of the base had wrong values and
+    gradients."""
+    if not sym.name.endswith("_") or sym.name in _METADATA_IN_PLACE:
+        return
+    dest = next((p for p in tree_flatten((args, kwargs))[0] if isinstance(p, TensorProxy)), None)
+    if dest is None:
+        return
+    import thunder.torch as ltorch
+
+    trace = get_tracectx()
+    views = (*ltorch._syms_returning_views, *ltorch._syms_that_may_return_views)
+    producer = next((b for scope in getattr(trace, "scopes", [trace.bound_symbols]) for b in scope
+                     if any(o is dest for o in b.flat_proxy_outs)), None)
+    if producer is None or producer.sym not in views:
+        return
+    if not any(isinstance(p, TensorProxy) and p.requires_grad for p in tree_flatten((args, kwargs))[0]) \
+            and not current_call_has_grad_inputs():
+        return
+    location = format_location(*source_location())
+    raise UnsupportedSubclassOperationError(
+        f"{sym.name} into a view ({producer.sym.name}) with {subclass_names(args, kwargs)} at {location} with a "
+        "tensor that requires grad is not supported by thunder_subclass: the view's base would not see the write in "
+        "its gradient. Write the base out of place (h = torch.slice_scatter(h, v, dim, start), torch.where), or "
+        "apply the operation to the whole tensor.")
 
 
 _subclass_rules: dict[Any, Callable] = {}  # sym.id -> grad transform for calls with subclass arguments

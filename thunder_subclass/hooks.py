@@ -106,6 +106,8 @@ def _symbol_call(sym, args: tuple, kwargs: dict):
     guards.require_no_dispatch_mode(f"{sym.name} on {subclass_names(args, kwargs)}")
     if autocast_in_effect():  # what autocast casts is recorded with the call, also for its backward
         return autograd.record_symbol_call_under_autocast(sym, args, kwargs)
+    autograd.refuse_indexed_write_with_grad(sym, args, kwargs)
+    autograd.refuse_write_through_view_with_grad(sym, args, kwargs)
     autograd.ensure_grad_rule(sym)
     return interpretation.unroll_symbol_call(sym, args, kwargs)
 

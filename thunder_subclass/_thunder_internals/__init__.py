@@ -78,6 +78,7 @@ from thunder_subclass._thunder_internals.interpreter_fixes import (  # noqa: F40
 from thunder_subclass._thunder_internals.plugin_state import (  # noqa: F401
     NOT_HANDLED,
     Handlers,
+    current_call_has_grad_inputs,
     is_plugin_active,
     remember_symbol_origin,
     symbol_implementation,

@@ -213,8 +213,8 @@ def grads_for_mutated_inputs(trace, transform: Callable):
 
 def protect_overwritten_values(forward_trace, backward_trace):
     """``forward_trace`` (an augmented forward: its return gives the outputs and the tensors saved for backward) with
-    each saved tensor that a later ``copy_`` overwrites cloned just before the ``copy_``, the clone saved in its place:
-    the value the derivative formulas were written for. Left as they are: tensors of the caller (the forward's inputs
+    each saved tensor that a later ``copy_`` or in-place aten op overwrites cloned just before the first such write, the
+    clone saved in its place: the value the derivative formulas were written for. Left as they are: tensors of the caller (the forward's inputs
     and their aliases: a change made through them is the caller's) and tensors the backward itself changes in place
     (an ``autograd.Function`` changing what it kept on ``ctx``). Unchanged when there is no such tensor."""
     from thunder.core import prims
@@ -248,9 +248,8 @@ def protect_overwritten_values(forward_trace, backward_trace):
     clones: dict = {}
     bsyms = []
     for b in forward_trace.bound_symbols[:-1]:
-        if b.sym.name == "copy_" and len(b.args) >= 2 and isinstance(b.args[1], TensorProxy) \
-                and b.args[1].name in saved_names and b.args[1].name not in clones:
-            dst = b.args[1]
+        dst = _overwritten(b)
+        if dst is not None and dst.name in saved_names and dst.name not in clones:
             with tracectx(forward_trace):
                 clones[dst.name] = TensorProxy(like=dst)
             bsyms.append(torchex.clone.bind(dst, output=clones[dst.name]))
@@ -261,6 +260,21 @@ def protect_overwritten_values(forward_trace, backward_trace):
     new = from_trace(forward_trace)
     new.bound_symbols = [*bsyms, ret.from_bsym(args=(ret.args[0], (saved, saved_other), *ret.args[2:]))]
     return new
+
+
+def _overwritten(bsym):
+    """The tensor ``bsym`` (of a flattened forward trace) writes in place, or None: the destination of thunder's
+    ``copy_``, or the first argument of an in-place aten op (``aten_mul__Tensor``: in a subclass's flattened
+    operation the aten op itself writes, and the ``copy_`` after it only marks the write)."""
+    from thunder.core.proxies import TensorProxy
+    from thunder.core.update_aliases import _is_inplace_op
+
+    if bsym.sym.name == "copy_" and len(bsym.args) >= 2 and isinstance(bsym.args[1], TensorProxy):
+        return bsym.args[1]
+    if bsym.sym.name.startswith("aten_") and _is_inplace_op(bsym):
+        args = [p for p in bsym.flat_proxy_args if isinstance(p, TensorProxy)]
+        return args[0] if args else None
+    return None
 
 
 def _computed_here(name: str, producer: dict) -> bool:

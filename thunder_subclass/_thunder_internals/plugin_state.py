@@ -216,6 +216,24 @@ def pop_call() -> None:
     _calls.stack.pop()
 
 
+def current_call_has_grad_inputs() -> bool:
+    """Whether a tensor among the arguments (and, for a module, parameters) of the innermost compiled call running in
+    this thread (the call being traced) requires grad: thunder then differentiates the trace, also when the traced
+    code runs under ``no_grad``."""
+    from torch.utils._pytree import tree_flatten
+
+    import torch
+
+    stack = getattr(_calls, "stack", None)
+    if not stack:
+        return False
+    cd, _, args, kwargs = stack[-1]
+    module = getattr(cd, "fn", None)  # a compiled module: its parameters are inputs of the trace too
+    tensors = [*tree_flatten((args, kwargs))[0],
+               *(module.parameters() if isinstance(module, torch.nn.Module) else ())]
+    return any(isinstance(x, torch.Tensor) and x.requires_grad for x in tensors)
+
+
 def current_call(flat_args: tuple) -> RememberedCall | None:
     """The innermost compiled call running in this thread, remembered for a forward with these flat arguments."""
     stack = getattr(_calls, "stack", None)

@@ -33,6 +33,10 @@ Hooks (thunder 0.2.6 paths, relative to the installed ``thunder/``):
 * ``core/update_aliases.py`` ``_get_new_alias`` and ``prims.update_aliases`` (through the ``Symbol.__call__`` hook) —
   thunder's bookkeeping for in-place ops makes plain ``TensorProxy(like=x)`` versions of mutated values; a subclass
   value's new version stays a subclass proxy (``Handlers.new_alias``).
+* ``core/update_aliases.py`` ``_is_inplace_op`` — a subclass-level bound symbol that writes an inner tensor of its
+  first argument (``h.copy_(y)``: torch's ``copy_`` has no IN_PLACE tag) is an in-place op, so later reads of ``h``
+  read the new version (:func:`writes_first_subclass_argument`); ``_get_update_bsym`` — a subclass's new version
+  requires grad when the value the in-place op made does.
 * ``core/interpreter.py`` ``wrap_args_from_list`` — ``f(*args)`` with an iterable that is not a list or tuple (a
   generator: ``torch.nn.utils.parametrize``'s ``ParametrizationList.forward``) fails in thunder's interpreter
   (``len()`` of a generator); it is made a tuple first, as CPython does.
@@ -471,6 +475,60 @@ def _hook_get_new_alias(original):
     return _get_new_alias
 
 
+def _hook_is_inplace_op(original):
+    # wraps thunder.core.update_aliases._is_inplace_op, which knows an in-place op by its symbol's IN_PLACE tag or a
+    # last subsymbol ``prims.copy_``; a subclass-level bound symbol ends with ``unflatten_<Cls>``, so ``h.copy_(y)``
+    # on a subclass (torch's ``copy_`` has no IN_PLACE tag) was not one: later reads of ``h`` kept the old version
+    # and its gradient never reached ``y``
+    @functools.wraps(original)
+    def _is_inplace_op(bsym):
+        return original(bsym) or (is_plugin_active() and writes_first_subclass_argument(bsym))
+
+    return _is_inplace_op
+
+
+def _hook_get_update_bsym(original):
+    # wraps thunder.core.update_aliases._get_update_bsym: the new versions ``_get_new_alias`` made are like the
+    # *first* version of each alias (``h = zeros_like(x)``: no grad), not like the value the in-place op made
+    # (``h.copy_(y)`` with ``y`` requiring grad); a subclass proxy's ``requires_grad`` decides which gradients its
+    # grad rules give, so the new version takes the current version's (thunder's plain proxies are left as they are)
+    @functools.wraps(original)
+    def _get_update_bsym(group, swap_map, new_aliases):
+        if is_plugin_active():
+            from thunder.core.proxies import TensorProxy, variableify
+
+            for alias, new in zip(group, new_aliases):
+                current, seen = alias, set()
+                while current in swap_map and current not in seen:
+                    seen.add(current)
+                    current = variableify(swap_map[current])
+                if current.proxy.requires_grad and not new.requires_grad and type(new) is not TensorProxy:
+                    # the proxy was made just now for this update (no trace context is open here to make another)
+                    new._requires_grad = True
+        return original(group, swap_map, new_aliases)
+
+    return _get_update_bsym
+
+
+def writes_first_subclass_argument(bsym) -> bool:
+    """Whether ``bsym`` is a subclass-level bound symbol (subsymbols between ``flatten_<Cls>`` and
+    ``unflatten_<Cls>``) whose subsymbols ``prims.copy_`` into an inner tensor of its first tensor argument, and whose
+    one tensor output is that argument's new version."""
+    from thunder.core import prims
+    from thunder.core.proxies import TensorProxy
+
+    subs = bsym.subsymbols
+    if not subs or not subs[-1].sym.name.startswith("unflatten_") or len(bsym.flat_proxy_outs) != 1:
+        return False
+    args = [p for p in bsym.flat_proxy_args if isinstance(p, TensorProxy)]
+    if not args:
+        return False
+    inner = {o.name for s in subs if s.sym.name.startswith("flatten_") and s.flat_proxy_args
+             and s.flat_proxy_args[0].name == args[0].name for o in s.flat_proxy_outs}
+    return any(s.sym.id == prims.PrimIDs.COPY_ and len(s.args) >= 2 and getattr(s.args[1], "name", None) in inner
+               for s in subs)
+
+
 def _hook_wrap_args_from_list(original):
     # wraps thunder.core.interpreter.wrap_args_from_list, which CALL_FUNCTION_EX (f(*args)) uses and which takes len()
     # of the arguments: CPython makes a tuple of any iterable there (f(*generator), as torch's parametrizations do)
@@ -694,6 +752,8 @@ def hook_targets() -> list[tuple[Any, str, Callable]]:
         (jit_ext, "general_jit_lookaside", _hook_general_jit_lookaside),
         (jit_ext, "general_jit_callbacks", _hook_general_jit_callbacks),
         (update_aliases, "_get_new_alias", _hook_get_new_alias),
+        (update_aliases, "_is_inplace_op", _hook_is_inplace_op),
+        (update_aliases, "_get_update_bsym", _hook_get_update_bsym),
         (interpreter, "wrap_args_from_list", _hook_wrap_args_from_list),
         (interpreter, "wrap", _hook_wrap),
         (interpreter.InterpreterFrame, "get_or_make_python_frame", _hook_python_frame),
