@@ -1,7 +1,7 @@
-"""Stage 1 (entry points) at run time, the per-call policy of a ``thunder_subclass.jit`` function: the per-call wrappers composed in the order a
-call runs through them (:func:`compiled_call`), automatic dynamic shapes (:class:`AutomaticDynamicShapes`), the cache
-bound (:func:`bounded`, with :class:`thunder_subclass.cache.CachePolicy`) and the order entries are tried in
-(:class:`EntryIndex`).
+"""Stage 1 (entry points) at run time, the per-call policy of a ``thunder_subclass.jit`` function: the per-call
+wrappers composed in the order a call runs through them (:func:`compiled_call`), automatic dynamic shapes
+(:class:`AutomaticDynamicShapes`), the cache bound (:func:`bounded`, with :class:`thunder_subclass.cache.CachePolicy`)
+and the order entries are tried in (:class:`EntryIndex`).
 
 In: what ``thunder.jit`` returned for the user's function or module, with the jit's cache policy and options. What
 happens: the decisions are made here and handed to the per-call path of the bottom layer
@@ -11,7 +11,8 @@ bound), how a miss traces (constant sizes, or symbolic ones after a size-driven 
 first. Out: the object handed to the user (the compiled function, or the same ``ThunderModule``).
 
 Owner of state: one :class:`AutomaticDynamicShapes` and one :class:`EntryIndex` per compiled function, held by its
-fast path; the policy on the compiled object (``cache.POLICY_ATTR``). Both hold the jit's compile data weakly.
+``CallPort`` on the jit's compile data (neither holds the compile data, nor thunder's per-call function, which does);
+the policy on the compiled object (``cache.POLICY_ATTR``).
 """
 
 from __future__ import annotations
@@ -89,38 +90,39 @@ class AutomaticDynamicShapes:
     with symbolic values fails, the jit goes back to "constant values" for good, with a one-time warning, and the call
     traces as before: a trace per size, never an error that constant values would not give.
 
-    Owner: one per compiled function (its fast path holds it); it holds the jit's compile data and stats weakly, so it
-    keeps nothing alive. :attr:`state` is ``"static"``, ``"symbolic"`` or ``"static for good"``."""
+    Owner: one per compiled function (its :class:`~thunder_subclass._thunder_internals.CallPort` holds it); it holds
+    the jit's compile data and stats weakly and is handed the call to trace with, so it keeps nothing alive.
+    :attr:`state` is ``"static"``, ``"symbolic"`` or ``"static for good"``."""
 
-    def __init__(self, cd, cs, trace_call: Callable):
+    def __init__(self, cd, cs):
         import weakref
 
         self._cd, self._cs = weakref.ref(cd), weakref.ref(cs)
-        self._trace_call = trace_call
         self._previous = None  # the signature of the arguments of the last call that traced
         self.state = "static"
 
-    def trace(self, args: tuple, kwargs: dict, rejection: BaseException | None = None):
-        """Make and run a new trace for this call (a cache miss), with symbolic sizes when the miss is size-driven:
+    def trace(self, call: Callable, args: tuple, kwargs: dict, rejection: BaseException | None = None):
+        """Make and run a new trace for this call (a cache miss) by ``call`` (thunder's per-call function, which traces
+        at a miss), with symbolic sizes when the miss is size-driven:
         the arguments differ from the previous miss's in sizes or ints only, or they look the same and the newest
         entry rejected the call (``rejection``) on an int it read from inside them."""
         from thunder.core.options import CACHE_OPTIONS
 
         if self.state == "symbolic":
-            return self._first_among_entries(args, kwargs)
+            return self._first_among_entries(call, args, kwargs)
         if self.state != "static":
-            return self._trace_call(*args, **kwargs)
+            return call(*args, **kwargs)
         signature = _input_signature(args, kwargs)
         previous, self._previous = self._previous, signature
         cd, cs = self._cd(), self._cs()
         if previous is None or cd is None or cs is None or previous[:2] != signature[:2] or (
                 previous == signature and not _is_int_value_change(rejection)):
-            return self._trace_call(*args, **kwargs)
+            return call(*args, **kwargs)
         cd.cache_option = CACHE_OPTIONS.SYMBOLIC_VALUES
         self.state = "symbolic"
         entries = len(cs.interpreter_cache)
         try:
-            return self._first_among_entries(args, kwargs)
+            return self._first_among_entries(call, args, kwargs)
         except Exception as e:
             if len(cs.interpreter_cache) != entries:  # it traced and failed when it ran: the user's error
                 raise
@@ -136,15 +138,15 @@ class AutomaticDynamicShapes:
                 "the start.",
                 stacklevel=3,
             )
-            return self._trace_call(*args, **kwargs)
+            return call(*args, **kwargs)
 
-    def _first_among_entries(self, args: tuple, kwargs: dict):
+    def _first_among_entries(self, call: Callable, args: tuple, kwargs: dict):
         """Trace with symbolic sizes, and put the new cache entry first in thunder's list of entries, which lookups
         read newest first: the exact entries traced before keep answering the sizes they were made for (their checks
         and computations are cheaper than the symbolic entry's), the symbolic one answers the others."""
         cs = self._cs()
         entries = len(cs.interpreter_cache) if cs is not None else None
-        result = self._trace_call(*args, **kwargs)
+        result = call(*args, **kwargs)
         if cs is not None and len(cs.interpreter_cache) == entries + 1:
             cs.interpreter_cache.insert(0, cs.interpreter_cache.pop())
         return result
@@ -215,8 +217,13 @@ def bounded(original: Callable, policy: cache.CachePolicy, bindings: ModuleBindi
     return bounded_call
 
 
+def _trace(call: Callable, args: tuple, kwargs: dict, rejection: BaseException | None):
+    """A miss traces as thunder traces it (no automatic dynamic shapes)."""
+    return call(*args, **kwargs)
+
+
 def compiled_call(jfn, fn: Callable, policy: cache.CachePolicy, *, automatic_dynamic: bool,
-                  graph_break_jit: Callable | None = None):
+                  graph_break_jit: Callable | None = None, disk_cache=None):
     """What ``thunder_subclass.jit`` hands the user for ``jfn`` (``thunder.jit``'s result for ``fn``): the one place
     the per-call wrappers are composed. A call runs through them in this order:
 
@@ -232,7 +239,9 @@ def compiled_call(jfn, fn: Callable, policy: cache.CachePolicy, *, automatic_dyn
        per-call path inside thunder's cache lookup, ``CallPort.on_miss``), runs ``policy.eager``;
     6. thunder's own ``fn_`` (its cache lookup, and tracing at a miss).
 
-    The policy is kept on the result as ``cache.POLICY_ATTR`` (``explain_recompiles`` reads it)."""
+    ``disk_cache`` (a ``thunder_subclass.disk_cache.DiskCache``, or None) is asked at a miss inside thunder's cache
+    lookup, before tracing (``CallPort.disk_cache``). The policy is kept on the result as ``cache.POLICY_ATTR``
+    (``explain_recompiles`` reads it)."""
     from thunder.core.module import ThunderModule
 
     cd, cs = getattr(jfn, "_lc_cd", None), getattr(jfn, "_lc_cs", None)
@@ -241,12 +250,12 @@ def compiled_call(jfn, fn: Callable, policy: cache.CachePolicy, *, automatic_dyn
         module = isinstance(jfn, ThunderModule)
         bindings = ModuleBindings(jfn) if module else None
         call = thunder_call = bounded(jfn._forward_fn if module else jfn, policy, bindings)
-        dynamic = AutomaticDynamicShapes(cd, cs, thunder_call) if automatic_dynamic else None
-        port = CallPort(
+        dynamic = AutomaticDynamicShapes(cd, cs) if automatic_dynamic else None
+        port = CallPort(  # (held by the compile data: nothing in it holds thunder_call, which holds the compile data)
             on_miss=policy.on_miss,
-            trace_miss=(dynamic.trace if dynamic is not None
-                        else lambda args, kwargs, rejection: thunder_call(*args, **kwargs)),
+            trace_miss=dynamic.trace if dynamic is not None else _trace,
             entry_index=EntryIndex(),
+            disk_cache=disk_cache,
         )
         fast = fast_call_path(jfn, thunder_call, port, bindings)
         if fast is not None:

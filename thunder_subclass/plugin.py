@@ -15,7 +15,6 @@ from thunder.core.recipe import Plugin, PluginPolicy
 from thunder.core.transform_common import Transform
 
 from thunder_subclass import cache, cache_policy, fsdp, graph_breaks, hooks
-from thunder_subclass._thunder_internals import DISK_CACHE_ATTR
 from thunder_subclass.executor import subclass_executor
 from thunder_subclass.prologue import FusedPrologueChecks
 from thunder_subclass.tangents import SavedTensorNames
@@ -75,9 +74,9 @@ def jit(fn: Callable, /, *, fullgraph: bool = False, cache_size_limit: int | Non
     Sizes (``dynamic``, as ``torch.compile``'s): by default (``dynamic=None`` and no ``cache`` option) a call traces
     with the sizes it sees as constants, and after a cache miss caused only by new tensor sizes (or int values) the
     next trace makes them symbolic (thunder's ``cache="symbolic values"``; sizes that reach a subclass operation stay
-    guarded), so new sizes stop retracing: ``thunder_subclass.cache_policy.AutomaticDynamicShapes``. ``dynamic=False`` traces once
-    per size (``cache="constant values"``), ``dynamic=True`` makes sizes symbolic from the first trace. An explicit
-    ``cache`` option is used as given.
+    guarded), so new sizes stop retracing: ``thunder_subclass.cache_policy.AutomaticDynamicShapes``.
+    ``dynamic=False`` traces once per size (``cache="constant values"``), ``dynamic=True`` makes sizes symbolic from
+    the first trace. An explicit ``cache`` option is used as given.
 
     ``disk_cache`` (default None: ``thunder_subclass.config.disk_cache``, on unless ``THUNDER_SUBCLASS_DISK_CACHE=0``)
     keeps the traces on disk too, so that a restarted process loads them instead of tracing
@@ -139,13 +138,14 @@ def jit(fn: Callable, /, *, fullgraph: bool = False, cache_size_limit: int | Non
             # plugin's supported option (its gaps are the plugin's to fix or document), not a development switch
             warnings.filterwarnings("ignore", message=r"The 'symbolic values' cache option is highly experimental")
         jfn = thunder.jit(fn, executors=executors, transforms=transforms, **kwargs)
+    disk = None
     if cache.config.disk_cache if use_disk is None else use_disk:  # entries also kept on disk, for other processes (thunder_subclass.disk_cache)
         from thunder_subclass import disk_cache
 
         root = cache.config.disk_cache_dir or disk_cache.default_cache_dir()
-        setattr(thunder.compile_data(jfn), DISK_CACHE_ATTR,
-                disk_cache.DiskCache(root, cache.config.disk_cache_size_limit))
-    return cache_policy.compiled_call(jfn, fn, policy, automatic_dynamic=automatic_dynamic, graph_break_jit=region_jit)
+        disk = disk_cache.DiskCache(root, cache.config.disk_cache_size_limit)
+    return cache_policy.compiled_call(jfn, fn, policy, automatic_dynamic=automatic_dynamic, graph_break_jit=region_jit,
+                                      disk_cache=disk)
 
 
 class RecompilingCopies(Transform):

@@ -84,7 +84,6 @@ from thunder_subclass._thunder_internals.plugin_state import (  # noqa: F401
     symbol_origin,
 )
 from thunder_subclass._thunder_internals.runtime import (  # noqa: F401
-    DISK_CACHE_ATTR,
     TRACING_LOCK,
     CacheLimitReached,
     CallPort,

@@ -22,7 +22,7 @@ how to read and run thunder's cache and where the hooks sit.
   the call is not traced (:class:`CacheLimitReached`, caught by the stage's per-call wrapper, which runs it eagerly).
 * ``thunder/__init__.py`` ``acquire_initial_trace`` and ``apply_transforms_and_build_cache_entry`` (the closure
   cells of those names, replaced in the same hook: :func:`_use_disk_cache`) — a miss of a jit with an on-disk cache
-  (``DISK_CACHE_ATTR`` on its compile data, ``thunder_subclass.disk_cache``) loads a stored entry instead of tracing
+  (the ``disk_cache`` of its :class:`CallPort`, ``thunder_subclass.disk_cache``) loads a stored entry instead of tracing
   when one accepts the call, and otherwise hands the entry built from the new trace to the cache to store.
 * ``core/module.py`` ``ThunderModule`` tables of parameters, buffers and submodules (private state, filled once by
   thunder) — kept bound to the module as it is now (:class:`ModuleBindings`): a parameter or submodule replaced after
@@ -314,17 +314,22 @@ class CallPort:
     * ``on_miss(call, n_entries, reasons)``: at a miss inside thunder's cache lookup (call number ``call``,
       ``n_entries`` entries, ``reasons[i]`` why each rejected the call, newest first), whether a new entry may be
       traced; False: :class:`CacheLimitReached` is raised instead of tracing (the cache bound).
-    * ``trace_miss(args, kwargs, rejection)``: a miss of the fast path (``rejection``: what the newest entry's
-      prologue raised, or None): trace, run under :data:`TRACING_LOCK` with :func:`fewer_gc_collections` (the
-      automatic-dynamic-shapes decision is made inside).
+    * ``trace_miss(call, args, kwargs, rejection)``: a miss of the fast path (``rejection``: what the newest entry's
+      prologue raised, or None): trace by ``call`` (the per-call function the fast path falls back to), run under
+      :data:`TRACING_LOCK` with :func:`fewer_gc_collections` (the automatic-dynamic-shapes decision is made inside).
     * ``entry_index``: the order the fast path tries entries in: ``key(args, kwargs, grad)`` of a call,
       ``bucket(cache, key)`` (the entries to try first, last hit last), ``add(key, entry)`` (an entry found outside
       the bucket accepted a call of that key).
+    * ``disk_cache``: the jit's on-disk cache (``thunder_subclass.disk_cache``), or None: :func:`_use_disk_cache`.
+
+    The one record of the plugin's per-jit state that this module reads from thunder's compile data (besides the
+    per-thread grad mode its compile-data class reads, :func:`_per_thread_grad_mode`).
     """
 
     on_miss: Callable[[int, int, list], bool]
-    trace_miss: Callable[[tuple, dict, Any], Any]
+    trace_miss: Callable[[Callable, tuple, dict, Any], Any]
     entry_index: Any
+    disk_cache: Any = None
 
 
 PORT_ATTR = "_thunder_subclass_call_port"  # on thunder's CompileData: the jit's CallPort
@@ -335,10 +340,10 @@ def _use_bounded_tracing(get_computation_and_inputs) -> None:
     ``get_computation_and_inputs`` calls through its closure cell of that name at each cache miss, after every entry's
     prologue rejected the call) is replaced by one that first asks the jit's :class:`CallPort` (``PORT_ATTR`` on its
     compile data, set by :func:`fast_call_path`; none for ``thunder.compile(..., plugins=...)``): it hands the
-    port's ``on_miss`` the reason each entry rejected the call (the prologues run again, their messages built now: a miss traces,
-    which costs far more), and raises :class:`CacheLimitReached` instead of tracing when the port says the cache is
-    full. The trace is made under ``thunder_state.undoing_on_trace_failure``: if it raises, what it did to the caller's
-    objects is undone (input lists and dicts the traced code changed). Left as is when the closure is not as
+    port's ``on_miss`` the reason each entry rejected the call (the prologues run again, their messages built now: a
+    miss traces, which costs far more), and raises :class:`CacheLimitReached` instead of tracing when the port says
+    the cache is full. The trace is made under ``thunder_state.undoing_on_trace_failure``: if it raises, what it did
+    to the caller's objects is undone (input lists and dicts the traced code changed). Left as is when the closure is not as
     expected."""
     code = get_computation_and_inputs.__code__
     if "acquire_initial_trace" not in code.co_freevars or get_computation_and_inputs.__closure__ is None:
@@ -360,9 +365,6 @@ def _use_bounded_tracing(get_computation_and_inputs) -> None:
     cell.cell_contents = acquire_initial_trace
 
 
-DISK_CACHE_ATTR = "_thunder_subclass_disk_cache"  # on thunder's CompileData: the jit's on-disk cache, if any
-
-
 class _LoadedEntry:
     """What :func:`_use_disk_cache`'s ``acquire_initial_trace`` returns in place of the prologue trace when the
     on-disk cache gave a cache entry: its ``apply_transforms_and_build_cache_entry`` hands the entry on as built."""
@@ -374,7 +376,7 @@ class _LoadedEntry:
 
 
 def _use_disk_cache(get_computation_and_inputs) -> None:
-    """For a plugin jit with an on-disk cache (``DISK_CACHE_ATTR`` on its compile data: an object with ``load(cd, cs,
+    """For a plugin jit with an on-disk cache (``disk_cache`` of its :class:`CallPort`: an object with ``load(cd, cs,
     args, kwargs)`` -> a thunder ``CacheEntry`` whose prologue accepts the call, or None, and ``store(cd, cs, args,
     kwargs, entry, codes)``; ``thunder_subclass.disk_cache``), thunder's ``acquire_initial_trace`` and
     ``apply_transforms_and_build_cache_entry`` (local functions of ``thunder.jit`` that ``get_computation_and_inputs``
@@ -398,7 +400,8 @@ def _use_disk_cache(get_computation_and_inputs) -> None:
     pending = threading.local()  # this thread's traced call, from acquire_initial_trace to the entry built
 
     def acquire_initial_trace(fn, args, kwargs, cd, cs, *rest, **kwrest):
-        disk = getattr(cd, DISK_CACHE_ATTR, None)
+        port = getattr(cd, PORT_ATTR, None)
+        disk = None if port is None else port.disk_cache
         if disk is None or cd.cache_option is not CACHE_OPTIONS.CONSTANT_VALUES:
             pending.call = None
             return acquire(fn, args, kwargs, cd, cs, *rest, **kwrest)
@@ -677,7 +680,7 @@ def fast_call_path(jfn, thunder_call: Callable, port: CallPort, bindings: Module
         # a miss: under the tracing lock, also the automatic-dynamic decision (it switches the jit's shared cache
         # option, which a trace in another thread reads); `rejection`: what the newest entry's prologue raised
         with TRACING_LOCK, fewer_gc_collections():
-            return trace_call(args, kwargs, rejection)
+            return trace_call(original, args, kwargs, rejection)
 
     @functools.wraps(original)
     def fast_call(*args, **kwargs):
