@@ -14,7 +14,7 @@ turn; prints one table of ratios (time / the row's baseline). Rows:
   (``thunder_subclass.eager_calls``); baseline: eager PyTorch; also shown: eager calls off (the lookaside disabled for
   the benchmark: the parent breaks too, each child a region).
 * ``automatic dynamic``: a small MLP called with a batch size it has not seen: after one size change the default
-  (``dynamic=None``) traces with symbolic sizes (``thunder_subclass._thunder_internals.automatic_dynamic``); baseline:
+  (``dynamic=None``) traces with symbolic sizes (``thunder_subclass.cache_policy.AutomaticDynamicShapes``); baseline:
   ``dynamic=False``, a constant-size trace of the same program for that size.
 
 Wall clock on a shared machine: compare the ratios of one run. The disk cache is off here (first calls trace).

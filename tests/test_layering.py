@@ -118,3 +118,26 @@ def test_guards_are_one_protocol_in_files_by_concern():
     state_guards = __import__("thunder_subclass.state_guards", fromlist=["x"])
     for sym in (state_guards.check_module_slot_empty, state_guards.check_module_forward, state_guards.check_state_read):
         assert sym.id in protocol._GUARD_OF, sym.name
+
+
+def test_the_internals_layer_holds_no_cache_policy():
+    # the decisions of the per-call path (automatic dynamic shapes, the cache bound, the entry index) live above the
+    # layer, in cache_policy, and reach it as one CallPort: no module of the layer switches a jit's cache option,
+    # defines an automatic-dynamic or index class, or holds the cache policy's attribute
+    graph, _ = _imports()
+    assert "cache_policy" in graph and "cache" in graph["cache_policy"] and "cache_policy" in graph["plugin"]
+    for path in sorted((PACKAGE / INTERNALS).glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Assign, ast.AugAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                assert not any(isinstance(t, ast.Attribute) and t.attr == "cache_option" for t in targets), (
+                    f"{path.name}:{node.lineno} switches a cache option (a policy decision)")
+            if isinstance(node, (ast.ClassDef, ast.FunctionDef)):
+                assert not any(w in node.name.lower() for w in ("dynamic", "entryindex", "call_key", "bounded_call")), (
+                    f"{path.name}: {node.name} is policy")
+        assert "POLICY_ATTR" not in path.read_text(), path.name
+    from thunder_subclass import cache_policy
+
+    for step in ("graph breaks", "remembered call", "fast hit", "AutomaticDynamicShapes", "bound", "thunder's own"):
+        assert step in cache_policy.compiled_call.__doc__, step

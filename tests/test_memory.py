@@ -81,3 +81,22 @@ def test_compiled_function_with_backward_is_freed(gradient):
         del jf, w, x, out
     gc.collect()
     assert [r() for r in refs if r() is not None] == []
+
+
+def test_the_call_port_adds_no_reference_cycle():
+    """Issue 42: the per-call policy handed to thunder's compile data (``_thunder_internals.CallPort``) holds nothing
+    that holds the compile data, so a ``dynamic=True`` function (no reference cycle of thunder's own) is freed by
+    reference counting alone, without the cycle collector."""
+    import thunder
+
+    gc.collect()
+    gc.disable()
+    try:
+        jf = thunder_subclass.jit(lambda t: t * 2, dynamic=True, disk_cache=False)
+        for n in (2, 3):
+            torch.testing.assert_close(jf(torch.ones(n)), torch.full((n,), 2.0))
+        cd = weakref.ref(thunder.compile_data(jf))
+        del jf
+        assert cd() is None
+    finally:
+        gc.enable()

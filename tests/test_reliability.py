@@ -411,6 +411,27 @@ class _BreakingParent(torch.nn.Module):
         return self.out(self.child(x)).tanh()
 
 
+@pytest.mark.filterwarnings("ignore:The 'symbolic values' cache option is highly experimental")
+def test_deepcopy_of_a_module_compiled_with_symbolic_sizes_keeps_its_cache_bound():
+    # issue 42: a copy of a dynamic=True module (no fast path) was compiled without the original's cache policy:
+    # no bound, and explain_recompiles refused it
+    import copy
+
+    from thunder_subclass.errors import CacheLimitWarning
+
+    model = torch.nn.Linear(4, 2)
+    jm2 = copy.deepcopy(thunder_subclass.jit(model, dynamic=True, cache_size_limit=1))
+    reference = copy.deepcopy(model)
+    x = torch.randn(3, 4)
+    assert_same(jm2(x), reference(x))
+    two = TwoTensor(torch.randn(3, 4), torch.randn(3, 4))
+    with pytest.warns(CacheLimitWarning, match=r"reached its cache size limit \(1 entries"):
+        out = jm2(two)  # no entry accepts it, and the bound is reached: eager
+    assert_same(out, reference(two))
+    assert len(thunder.compile_stats(jm2).interpreter_cache) == 1
+    assert len(thunder_subclass.explain_recompiles(jm2)) == 1
+
+
 @pytest.mark.filterwarnings("ignore::thunder_subclass.GraphBreakWarning")
 def test_deepcopy_of_a_module_compiled_with_graph_breaks_keeps_them():
     # issue 40: the copy was compiled without graph breaks, and its first call raised thunder's NotImplementedError

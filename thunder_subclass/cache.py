@@ -1,7 +1,7 @@
 """The cache policy of a ``thunder_subclass.jit`` function: a bound on its cache entries, why calls missed, and what
 a call past the bound does.
 
-In: the cache misses of one compiled function (from the per-call path in ``_thunder_internals``: a call that no cache
+In: the cache misses of one compiled function (from the per-call path, ``thunder_subclass.cache_policy``: a call that no cache
 entry's prologue accepts), each with the reason every entry gave. What happens: each miss's reasons are kept (the
 last :data:`KEPT_MISSES`) for :func:`explain_recompiles`; while the function has fewer than ``cache_size_limit``
 entries a miss traces a new one, as before; past the bound it is not traced: a one-time
@@ -142,9 +142,10 @@ def _first_line(text: str) -> str:
     return text.splitlines()[0] if text else text
 
 
-def _policy(jfn) -> CachePolicy:
-    from thunder_subclass._thunder_internals.runtime import POLICY_ATTR
+POLICY_ATTR = "_thunder_subclass_cache_policy"  # on the compiled function or module (thunder_subclass.cache_policy)
 
+
+def _policy(jfn) -> CachePolicy:
     policy = getattr(jfn, POLICY_ATTR, None)
     if policy is None:
         raise TypeError(f"{jfn!r} is not a function or module compiled by thunder_subclass.jit")

@@ -481,9 +481,9 @@ _GLOBALS_SET_BY_THUNDER = ("__function_obj", "thunder", "__global_dicts")
 
 
 class DiskCache:
-    """The on-disk cache of one ``thunder_subclass.jit`` function (see the module docstring); kept on the jit's
-    compile data as ``_thunder_internals.DISK_CACHE_ATTR``, whose per-call path calls :meth:`load` at a miss and
-    :meth:`store` after a new trace."""
+    """The on-disk cache of one ``thunder_subclass.jit`` function (see the module docstring); handed to the per-call
+    path as ``_thunder_internals.CallPort.disk_cache`` (``cache_policy.compiled_call``), which calls :meth:`load` at
+    a miss and :meth:`store` after a new trace."""
 
     def __init__(self, root: str | os.PathLike, size_limit: int | None):
         self.base = pathlib.Path(root)  # the configured directory: trusted from here down (disk_trust)

@@ -198,11 +198,5 @@ def uninstall() -> None:
     _thunder_internals.uninstall()
 
 
-def with_fast_cache_hits(jfn, policy=None, *, automatic_dynamic: bool = False):
-    """``thunder_subclass.jit``'s result with the shorter path to cache hits, the cache ``policy``
-    (``thunder_subclass.cache.CachePolicy``) and automatic dynamic shapes (``_thunder_internals``)."""
-    return _thunder_internals.with_fast_cache_hits(jfn, policy, automatic_dynamic=automatic_dynamic)
-
-
 def is_installed() -> bool:
     return _thunder_internals.is_installed()

@@ -14,8 +14,7 @@ from collections.abc import Callable, Sequence
 from thunder.core.recipe import Plugin, PluginPolicy
 from thunder.core.transform_common import Transform
 
-from thunder_subclass import cache, fsdp, graph_breaks, hooks
-from thunder_subclass._thunder_internals import DISK_CACHE_ATTR
+from thunder_subclass import cache, cache_policy, fsdp, graph_breaks, hooks
 from thunder_subclass.executor import subclass_executor
 from thunder_subclass.prologue import FusedPrologueChecks
 from thunder_subclass.tangents import SavedTensorNames
@@ -70,14 +69,14 @@ def jit(fn: Callable, /, *, fullgraph: bool = False, cache_size_limit: int | Non
     thunder's compile option ``thunderfx_disable_split_autograd`` defaults to True (faster per call; see the code).
     Per call it is thunder's jit with less overhead: the prologue's checks run as one generated function
     (``thunder_subclass.prologue``; tensor metadata through torch's C++ tensor guard), and cache hits take a shorter
-    path (``_thunder_internals.with_fast_cache_hits``); the guards are the same.
+    path (``thunder_subclass.cache_policy.compiled_call``); the guards are the same.
 
     Sizes (``dynamic``, as ``torch.compile``'s): by default (``dynamic=None`` and no ``cache`` option) a call traces
     with the sizes it sees as constants, and after a cache miss caused only by new tensor sizes (or int values) the
     next trace makes them symbolic (thunder's ``cache="symbolic values"``; sizes that reach a subclass operation stay
-    guarded), so new sizes stop retracing: ``_thunder_internals.AutomaticDynamicShapes``. ``dynamic=False`` traces once
-    per size (``cache="constant values"``), ``dynamic=True`` makes sizes symbolic from the first trace. An explicit
-    ``cache`` option is used as given.
+    guarded), so new sizes stop retracing: ``thunder_subclass.cache_policy.AutomaticDynamicShapes``.
+    ``dynamic=False`` traces once per size (``cache="constant values"``), ``dynamic=True`` makes sizes symbolic from
+    the first trace. An explicit ``cache`` option is used as given.
 
     ``disk_cache`` (default None: ``thunder_subclass.config.disk_cache``, on unless ``THUNDER_SUBCLASS_DISK_CACHE=0``)
     keeps the traces on disk too, so that a restarted process loads them instead of tracing
@@ -101,10 +100,10 @@ def jit(fn: Callable, /, *, fullgraph: bool = False, cache_size_limit: int | Non
     import thunder
     from thunder.extend import resolve_executors
 
-    if not fullgraph and not fsdp.holds_fsdp_units(fn):  # the regions get the same options (dynamic included)
+    region_jit = None  # with graph breaks: how a region is compiled (the same options, dynamic included)
+    if not fullgraph and not fsdp.holds_fsdp_units(fn):
         options = dict(kwargs, cache_size_limit=cache_size_limit)
-        return graph_breaks.with_graph_breaks(jit(fn, fullgraph=True, **options), fn,
-                                              lambda region_fn: jit(region_fn, fullgraph=True, **options))
+        region_jit = lambda region_fn: jit(region_fn, fullgraph=True, **options)  # noqa: E731
     use_disk = kwargs.pop("disk_cache", None)
     if use_disk not in (None, True, False):
         raise TypeError(f"thunder_subclass.jit: disk_cache must be None, True or False, got {use_disk!r}")
@@ -139,13 +138,14 @@ def jit(fn: Callable, /, *, fullgraph: bool = False, cache_size_limit: int | Non
             # plugin's supported option (its gaps are the plugin's to fix or document), not a development switch
             warnings.filterwarnings("ignore", message=r"The 'symbolic values' cache option is highly experimental")
         jfn = thunder.jit(fn, executors=executors, transforms=transforms, **kwargs)
+    disk = None
     if cache.config.disk_cache if use_disk is None else use_disk:  # entries also kept on disk, for other processes (thunder_subclass.disk_cache)
         from thunder_subclass import disk_cache
 
         root = cache.config.disk_cache_dir or disk_cache.default_cache_dir()
-        setattr(thunder.compile_data(jfn), DISK_CACHE_ATTR,
-                disk_cache.DiskCache(root, cache.config.disk_cache_size_limit))
-    return hooks.with_fast_cache_hits(jfn, policy, automatic_dynamic=automatic_dynamic)
+        disk = disk_cache.DiskCache(root, cache.config.disk_cache_size_limit)
+    return cache_policy.compiled_call(jfn, fn, policy, automatic_dynamic=automatic_dynamic, graph_break_jit=region_jit,
+                                      disk_cache=disk)
 
 
 class RecompilingCopies(Transform):
@@ -198,15 +198,13 @@ def _deepcopy_compiled_module(self, memo: dict):
         disable_torch_autograd=cd.disable_torch_autograd_support, transforms=transforms,
         debug_options=cd.debug_options, **cd.compile_options,
     )
-    if fast_call is not None:  # made by thunder_subclass.jit
-        from thunder_subclass._thunder_internals.runtime import POLICY_ATTR
-
-        old_policy = getattr(cd, POLICY_ATTR, None)  # the same bound for the copy's own cache
-        policy = None if old_policy is None else cache.CachePolicy(old_policy.limit, model, type(model).__qualname__)
-        new = hooks.with_fast_cache_hits(new, policy, automatic_dynamic=automatic_dynamic)
-    program = vars(self).get("_thunder_subclass_graph_breaks")
-    if program is not None:  # made with graph breaks: so is the copy (its regions with the original's options)
-        new = graph_breaks.with_graph_breaks(new, model, program.jit)
+    old_policy = getattr(self, cache.POLICY_ATTR, None)
+    if old_policy is not None:  # made by thunder_subclass.jit (cache_policy.compiled_call): the same bound for the copy
+        policy = cache.CachePolicy(old_policy.limit, model, type(model).__qualname__)
+        # made with graph breaks: so is the copy (its regions with the original's options)
+        program = vars(self).get("_thunder_subclass_graph_breaks")
+        new = cache_policy.compiled_call(new, model, policy, automatic_dynamic=automatic_dynamic,
+                                         graph_break_jit=None if program is None else program.jit)
     memo[id(self)] = new
     return new
 

@@ -26,8 +26,8 @@ module                     concern
 :mod:`.symbolic_values`    ``cache="symbolic values"``: number pins and thunder's own fixes under that option
 :mod:`.autograd_hooks`     the flatten point before executors, gradients of inputs changed in place,
                            ``ThunderFunction`` forward/backward
-:mod:`.runtime`            the per-call path: cache info and the fast way to a cache hit
-:mod:`.automatic_dynamic`  automatic dynamic shapes: which cache misses trace with symbolic values
+:mod:`.runtime`            the per-call path, thunder's side: cache info and the fast way to a cache hit; its
+                           decisions come from above through a :class:`CallPort` (``thunder_subclass.cache_policy``)
 :mod:`.module_dispatch`    per-thread module dispatch: submodules run a compiled ``forward`` while a graph-break
                            program runs their parent eagerly, without changing the user's modules
 :mod:`.executors`          thunder's torch_compile executor and the plugin's inductor regions
@@ -85,10 +85,13 @@ from thunder_subclass._thunder_internals.plugin_state import (  # noqa: F401
     symbol_origin,
 )
 from thunder_subclass._thunder_internals.runtime import (  # noqa: F401
-    DISK_CACHE_ATTR,
     TRACING_LOCK,
+    CacheLimitReached,
+    CallPort,
+    ModuleBindings,
+    fast_call_path,
+    remembering_calls,
     with_call,
-    with_fast_cache_hits,
 )
 from thunder_subclass._thunder_internals.state_reads import caller_module_name, state_path_of  # noqa: F401
 from thunder_subclass._thunder_internals.symbolic_values import (  # noqa: F401

@@ -1,4 +1,9 @@
-"""The per-call path of a compiled function: thunder's cache info and a shorter way to a cache hit.
+"""The per-call path of a compiled function, thunder's side: thunder's cache info and a shorter way to a cache hit.
+
+Every decision on this path (may a miss trace, past the cache bound; does a miss trace with symbolic sizes; which
+entries a call tries first) is made above this layer, by ``thunder_subclass.cache_policy``, and reaches this module
+as one :class:`CallPort` per compiled function (as the hooks' :class:`~.plugin_state.Handlers`); this module knows
+how to read and run thunder's cache and where the hooks sit.
 
 * ``thunder/__init__.py`` ``_with_cache_info_ctx`` (hook) — for a plugin jit, the per-call cache info groups tensor
   arguments as aliases only when they are the same view (thunder groups any that share a storage and replaces one by
@@ -6,18 +11,18 @@
   jit's ``populate_cache_info`` (the closure cell of that name in the ``get_computation_and_inputs`` it decorates) is
   replaced by one that fills the same entries with less work when no autocast, DDP/FSDP or possible alias is involved
   (:func:`_use_fast_populate_cache_info`), and calls thunder's otherwise.
-* ``thunder/__init__.py`` ``fn_`` (not a hook: :func:`with_fast_cache_hits`, applied by ``thunder_subclass.jit`` to
-  what ``thunder.jit`` returns) — calls reach a cache hit through the same steps as thunder's ``fn_`` (cache info,
+* ``thunder/__init__.py`` ``fn_`` (not a hook: :func:`fast_call_path`, applied by ``thunder_subclass.cache_policy``
+  to what ``thunder.jit`` returns) — calls reach a cache hit through the same steps as thunder's ``fn_`` (cache info,
   prologues under the compile data, computation, connection to autograd, epilogue, grad mode, statistics) without
   its wrapper layers; everything else (autocast, tracing, misses) calls thunder's ``fn_``.
 
 * ``thunder/__init__.py`` ``acquire_initial_trace`` (the closure cell of that name in ``get_computation_and_inputs``,
   replaced in the same hook: :func:`_use_bounded_tracing`) — at a cache miss of a ``thunder_subclass.jit`` function,
-  the reasons the entries rejected the call go to its cache policy, and past the policy's bound the call is not
-  traced but run eagerly (:class:`CacheLimitReached`, caught by the per-call wrapper).
+  the reasons the entries rejected the call go to its :class:`CallPort`'s ``on_miss``, and past the policy's bound
+  the call is not traced (:class:`CacheLimitReached`, caught by the stage's per-call wrapper, which runs it eagerly).
 * ``thunder/__init__.py`` ``acquire_initial_trace`` and ``apply_transforms_and_build_cache_entry`` (the closure
   cells of those names, replaced in the same hook: :func:`_use_disk_cache`) — a miss of a jit with an on-disk cache
-  (``DISK_CACHE_ATTR`` on its compile data, ``thunder_subclass.disk_cache``) loads a stored entry instead of tracing
+  (the ``disk_cache`` of its :class:`CallPort`, ``thunder_subclass.disk_cache``) loads a stored entry instead of tracing
   when one accepts the call, and otherwise hands the entry built from the new trace to the cache to store.
 * ``core/module.py`` ``ThunderModule`` tables of parameters, buffers and submodules (private state, filled once by
   thunder) — kept bound to the module as it is now (:class:`ModuleBindings`): a parameter or submodule replaced after
@@ -28,19 +33,18 @@
   call.
 
 Owner of state: the fast path keeps the jit's compile data and stats weakly (no cycle through the compiled function)
-and an index of the cache entries
-(:class:`_EntryIndex`), freed with the compiled function; the cache policy lives on the compile data and the compiled
-function.
+and the port's index of the cache entries, freed with the compiled function; the :class:`CallPort` lives on the
+compile data (``PORT_ATTR``).
 
 Threads. Owner of each piece of shared state, and who frees it:
 
 * thunder's cache lookup and tracing (``get_computation_and_inputs``, which appends to the jit's cache and runs the
   interpreter, the plugin's fake runs and the transforms) run under :data:`TRACING_LOCK`, one re-entrant lock for
   the process (thunder's compile data, its autocast stack, the plugin's lazily filled symbol tables are shared by
-  every trace): tracing is serialized, cache hits through :func:`with_fast_cache_hits` take no lock. A call that
+  every trace): tracing is serialized, cache hits through :func:`fast_call_path` take no lock. A call that
   waited for the lock looks the cache up again, so four threads making the same first call trace once. A miss of
-  the fast path takes the lock before :class:`AutomaticDynamicShapes` decides (it switches the jit's cache option,
-  which a trace reads).
+  the fast path takes the lock before the port's ``trace_miss`` runs (automatic dynamic shapes switches the jit's
+  cache option there, which a trace reads).
 * the compile data's ``is_grad_enabled`` (written by every call's cache info and by traced ``torch.no_grad()``,
   read by thunder's tracing and by thunder's ``fn_`` to restore grad mode after the call) is kept per thread
   (:func:`_per_thread_grad_mode`): a call never sets another thread's grad mode, nor traces with it. The fast path
@@ -60,6 +64,7 @@ Threads. Owner of each piece of shared state, and who frees it:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import threading
 import weakref
@@ -69,7 +74,6 @@ from typing import Any
 import torch
 
 from thunder_subclass._thunder_internals import plugin_state
-from thunder_subclass._thunder_internals.automatic_dynamic import AutomaticDynamicShapes
 from thunder_subclass._thunder_internals.thunder_state import building_entry, undoing_on_trace_failure
 from thunder_subclass._thunder_internals.torch_state import is_user_dispatch_mode_active
 
@@ -297,21 +301,49 @@ def _use_fast_populate_cache_info(get_computation_and_inputs, jit_locals: dict) 
 
 class CacheLimitReached(Exception):
     """Raised inside thunder's ``get_computation_and_inputs`` at a cache miss of a ``thunder_subclass.jit`` function
-    whose cache policy forbids a new entry; the function's per-call wrapper catches it and runs the call eagerly."""
+    whose :class:`CallPort` forbids a new entry; the per-call wrapper of the stage above catches it
+    (``thunder_subclass.cache_policy.bounded``)."""
 
 
-POLICY_ATTR = "_thunder_subclass_cache_policy"  # on thunder's CompileData and on the compiled function
+@dataclasses.dataclass(frozen=True)
+class CallPort:
+    """What the per-call path of one compiled function asks the stage above it (``thunder_subclass.cache_policy``,
+    which makes every decision; this module knows only thunder's side), kept on the jit's compile data as
+    ``PORT_ATTR``:
+
+    * ``on_miss(call, n_entries, reasons)``: at a miss inside thunder's cache lookup (call number ``call``,
+      ``n_entries`` entries, ``reasons[i]`` why each rejected the call, newest first), whether a new entry may be
+      traced; False: :class:`CacheLimitReached` is raised instead of tracing (the cache bound).
+    * ``trace_miss(call, args, kwargs, rejection)``: a miss of the fast path (``rejection``: what the newest entry's
+      prologue raised, or None): trace by ``call`` (the per-call function the fast path falls back to), run under
+      :data:`TRACING_LOCK` with :func:`fewer_gc_collections` (the automatic-dynamic-shapes decision is made inside).
+    * ``entry_index``: the order the fast path tries entries in: ``key(args, kwargs, grad)`` of a call,
+      ``bucket(cache, key)`` (the entries to try first, last hit last), ``add(key, entry)`` (an entry found outside
+      the bucket accepted a call of that key).
+    * ``disk_cache``: the jit's on-disk cache (``thunder_subclass.disk_cache``), or None: :func:`_use_disk_cache`.
+
+    The one record of the plugin's per-jit state that this module reads from thunder's compile data (besides the
+    per-thread grad mode its compile-data class reads, :func:`_per_thread_grad_mode`).
+    """
+
+    on_miss: Callable[[int, int, list], bool]
+    trace_miss: Callable[[Callable, tuple, dict, Any], Any]
+    entry_index: Any
+    disk_cache: Any = None
+
+
+PORT_ATTR = "_thunder_subclass_call_port"  # on thunder's CompileData: the jit's CallPort
 
 
 def _use_bounded_tracing(get_computation_and_inputs) -> None:
     """For a plugin jit, thunder's ``acquire_initial_trace`` (a local function of ``thunder.jit`` that
     ``get_computation_and_inputs`` calls through its closure cell of that name at each cache miss, after every entry's
-    prologue rejected the call) is replaced by one that first asks the jit's cache policy (``POLICY_ATTR`` on its
-    compile data, set by :func:`with_fast_cache_hits`; none for ``thunder.compile(..., plugins=...)``): it hands the
-    policy the reason each entry rejected the call (the prologues run again, their messages built now: a miss traces,
-    which costs far more), and raises :class:`CacheLimitReached` instead of tracing when the policy says the cache is
-    full. The trace is made under ``thunder_state.undoing_on_trace_failure``: if it raises, what it did to the caller's
-    objects is undone (input lists and dicts the traced code changed). Left as is when the closure is not as
+    prologue rejected the call) is replaced by one that first asks the jit's :class:`CallPort` (``PORT_ATTR`` on its
+    compile data, set by :func:`fast_call_path`; none for ``thunder.compile(..., plugins=...)``): it hands the
+    port's ``on_miss`` the reason each entry rejected the call (the prologues run again, their messages built now: a
+    miss traces, which costs far more), and raises :class:`CacheLimitReached` instead of tracing when the port says
+    the cache is full. The trace is made under ``thunder_state.undoing_on_trace_failure``: if it raises, what it did
+    to the caller's objects is undone (input lists and dicts the traced code changed). Left as is when the closure is not as
     expected."""
     code = get_computation_and_inputs.__code__
     if "acquire_initial_trace" not in code.co_freevars or get_computation_and_inputs.__closure__ is None:
@@ -322,18 +354,15 @@ def _use_bounded_tracing(get_computation_and_inputs) -> None:
         return
 
     def acquire_initial_trace(fn, args, kwargs, cd, cs, *rest, **kwrest):
-        policy = getattr(cd, POLICY_ATTR, None)
-        if policy is not None and not policy.on_miss(cs.calls, len(cs.interpreter_cache),
-                                                     _rejections(cd, cs, args, kwargs)):
+        port = getattr(cd, PORT_ATTR, None)
+        if port is not None and not port.on_miss(cs.calls, len(cs.interpreter_cache),
+                                                 _rejections(cd, cs, args, kwargs)):
             raise CacheLimitReached()
         with undoing_on_trace_failure():
             return original(fn, args, kwargs, cd, cs, *rest, **kwrest)
 
     acquire_initial_trace.__wrapped__ = original
     cell.cell_contents = acquire_initial_trace
-
-
-DISK_CACHE_ATTR = "_thunder_subclass_disk_cache"  # on thunder's CompileData: the jit's on-disk cache, if any
 
 
 class _LoadedEntry:
@@ -347,7 +376,7 @@ class _LoadedEntry:
 
 
 def _use_disk_cache(get_computation_and_inputs) -> None:
-    """For a plugin jit with an on-disk cache (``DISK_CACHE_ATTR`` on its compile data: an object with ``load(cd, cs,
+    """For a plugin jit with an on-disk cache (``disk_cache`` of its :class:`CallPort`: an object with ``load(cd, cs,
     args, kwargs)`` -> a thunder ``CacheEntry`` whose prologue accepts the call, or None, and ``store(cd, cs, args,
     kwargs, entry, codes)``; ``thunder_subclass.disk_cache``), thunder's ``acquire_initial_trace`` and
     ``apply_transforms_and_build_cache_entry`` (local functions of ``thunder.jit`` that ``get_computation_and_inputs``
@@ -371,7 +400,8 @@ def _use_disk_cache(get_computation_and_inputs) -> None:
     pending = threading.local()  # this thread's traced call, from acquire_initial_trace to the entry built
 
     def acquire_initial_trace(fn, args, kwargs, cd, cs, *rest, **kwrest):
-        disk = getattr(cd, DISK_CACHE_ATTR, None)
+        port = getattr(cd, PORT_ATTR, None)
+        disk = None if port is None else port.disk_cache
         if disk is None or cd.cache_option is not CACHE_OPTIONS.CONSTANT_VALUES:
             pending.call = None
             return acquire(fn, args, kwargs, cd, cs, *rest, **kwrest)
@@ -471,48 +501,6 @@ def _rejections(cd, cs, args, kwargs) -> list[str]:
             else:
                 reasons.append("accepted (the state it checks changed since)")
     return reasons
-
-
-def _call_key(args: tuple, kwargs: dict, grad: bool) -> tuple:
-    """A key of a call that the prologues of the constant-values cache check exactly: grad mode, and per argument its
-    type, with shape and dtype for a plain tensor (reading them from a subclass may run Python)."""
-    key = [grad]
-    for a in args:
-        key.append((a.shape, a.dtype) if type(a) is torch.Tensor else type(a))
-    if kwargs:
-        for k, a in kwargs.items():
-            key.append(k)
-            key.append((a.shape, a.dtype) if type(a) is torch.Tensor else type(a))
-    return tuple(key)
-
-
-class _EntryIndex:
-    """The cache entries of one compiled function by the :func:`_call_key` of the calls they accepted, so that a call
-    tries first the entries that accepted calls like it, the one that accepted the last such call first (a repeated
-    call costs one prologue with 1 or 100 entries; subclass arguments are keyed by type only, as reading their shape
-    may run Python, so calls alternating between k shapes cost at most k), then, if none accepts, every other entry
-    newest first as thunder does (an entry found so is added to the key's list). The keys only order the search:
-    every hit is still an entry whose prologue accepted the call. Owned by the fast call; forgotten when thunder's
-    entry list shrinks or is replaced, and when it holds more than ``MAX_KEYS`` keys."""
-
-    __slots__ = ("buckets", "entries", "n")
-
-    MAX_KEYS = 1024
-
-    def __init__(self):
-        self.buckets: dict = {}
-        self.entries = None
-        self.n = 0
-
-    def bucket(self, cache: list, key) -> list:
-        if cache is not self.entries or len(cache) < self.n or len(self.buckets) > self.MAX_KEYS:
-            self.buckets.clear()
-            self.entries = cache
-        self.n = len(cache)
-        return self.buckets.get(key, ())
-
-    def add(self, key, entry) -> None:
-        self.buckets.setdefault(key, []).append(entry)
 
 
 class ModuleBindings:
@@ -639,49 +627,38 @@ def fewer_gc_collections():
         gc.set_threshold(*old)
 
 
-def with_fast_cache_hits(jfn, policy=None, *, automatic_dynamic: bool = False):
-    """A ``thunder.jit`` result (function or ``ThunderModule``) of a plugin jit whose calls take a shorter path to a
-    cache hit than thunder 0.2.6's ``fn_`` (``thunder/__init__.py``): the same steps for the same result — the per-call
-    cache info (this jit's ``populate_cache_info``, in thunder's cache-info context), the cache entries' prologues
-    newest first under the jit's compile data, the hit's computation, its connection to autograd when the entry has a
-    backward (thunder's ``connect_to_autograd`` with the arguments thunder's ``maybe_connect_to_autograd`` passes),
-    the epilogue, the grad mode restored, and thunder's statistics (calls, cache hits, last traces) — without thunder's
-    layers of wrappers around them (call statistics, language context, cache-info context, the timers and the
-    per-call copy of the cache entry of ``decorate_computation_function``). Without grad mode the computation and
-    epilogue run without their ``no_grad``/``no_autocast`` decorators, no-ops then (:func:`_undecorated`). Calls
-    while tracing, under autocast, with a cache option other than constant values, and any call no entry's prologue
-    accepts (a cache miss) go to thunder's own ``fn_``, which checks the entries again and traces. Returns the object
-    to hand to the user: the same ``ThunderModule`` with its ``_forward_fn`` wrapped, or, for a function, a wrapper
-    carrying thunder's ``_lc_*``
-    attributes (``thunder.compile_stats`` and friends read them). With ``automatic_dynamic``, the calls that trace go
-    through :class:`AutomaticDynamicShapes` (a size-driven miss traces with symbolic sizes).
+def fast_call_path(jfn, thunder_call: Callable, port: CallPort, bindings: ModuleBindings | None) -> Callable | None:
+    """The calls of ``jfn`` (a plugin jit's ``thunder.jit`` result, function or ``ThunderModule``) by a shorter path
+    to a cache hit than thunder 0.2.6's ``fn_`` (``thunder/__init__.py``), or None where it does not apply (a cache
+    option other than constant values). The same steps for the same result — the per-call cache info (this jit's
+    ``populate_cache_info``, in thunder's cache-info context), the cache entries' prologues under the jit's compile
+    data, the hit's computation, its connection to autograd when the entry has a backward (thunder's
+    ``connect_to_autograd`` with the arguments thunder's ``maybe_connect_to_autograd`` passes), the epilogue, the grad
+    mode restored, and thunder's statistics (calls, cache hits, last traces) — without thunder's layers of wrappers
+    around them (call statistics, language context, cache-info context, the timers and the per-call copy of the cache
+    entry of ``decorate_computation_function``). Without grad mode the computation and epilogue run without their
+    ``no_grad``/``no_autocast`` decorators, no-ops then (:func:`_undecorated`). Calls while tracing, under autocast or
+    a user's dispatch mode go to ``thunder_call`` (thunder's ``fn_`` under the stage's bound); a call no entry's
+    prologue accepts (a cache miss) goes to ``port.trace_miss``, under :data:`TRACING_LOCK`.
 
-    The entries are tried in the order of an index by the kind of call they accepted (:class:`_EntryIndex`), so a
-    hit's cost does not grow with the number of entries. ``policy`` (``thunder_subclass.cache.CachePolicy``, kept on
-    the compile data and on the result as ``POLICY_ATTR``) bounds the cache: a miss past its bound runs
-    ``policy.eager`` instead of tracing (:func:`_use_bounded_tracing`), on every path, fast or not. A module's
-    parameter, buffer and submodule tables follow the module (:class:`ModuleBindings`)."""
+    The decisions are the stage's, through ``port`` (:class:`CallPort`, kept on the compile data as ``PORT_ATTR``
+    also where this path does not apply, for :func:`_use_bounded_tracing`): the order entries are tried in
+    (``port.entry_index``, so that a hit's cost does not grow with the number of entries), how a miss traces. A
+    module's parameter, buffer and submodule tables follow the module (``bindings``: :class:`ModuleBindings`)."""
     import thunder
     from thunder.core.compile_data import (
         reset_compile_data_and_stats,
         set_compile_data_and_stats,
     )
-    from thunder.core.module import ThunderModule
     from thunder.core.options import CACHE_OPTIONS
     from thunder.core.trace import is_tracing
 
-    cd, cs = getattr(jfn, "_lc_cd", None), getattr(jfn, "_lc_cs", None)
-    module = isinstance(jfn, ThunderModule)
-    original = jfn._forward_fn if module else jfn
-    if cd is None or cs is None:
-        return jfn
-    bindings = ModuleBindings(jfn) if module else None
-    if policy is not None:
-        setattr(cd, POLICY_ATTR, policy)
-        original = _bounded(original, policy, bindings)
+    cd, cs = jfn._lc_cd, jfn._lc_cs
+    setattr(cd, PORT_ATTR, port)
+    original = thunder_call
     populate = getattr(cd, "populate_cache_info", None)
     if cd.cache_option is not CACHE_OPTIONS.CONSTANT_VALUES or populate is None:
-        return _hand_out(jfn, original, module, policy)
+        return None
     import weakref
 
     from thunder.executors.torch_autograd import connect_to_autograd
@@ -695,15 +672,15 @@ def with_fast_cache_hits(jfn, policy=None, *, automatic_dynamic: bool = False):
     cache_info_ctx = thunder._cache_info_ctx
 
     is_grad_enabled = torch.is_grad_enabled
-    index = _EntryIndex()
-    dynamic = AutomaticDynamicShapes(cd, cs, original) if automatic_dynamic else None
-    trace_call = dynamic.trace if dynamic is not None else (lambda args, kwargs, rejection: original(*args, **kwargs))
+    index = port.entry_index
+    call_key = index.key
+    trace_call = port.trace_miss
 
     def trace(args, kwargs, rejection=None):
         # a miss: under the tracing lock, also the automatic-dynamic decision (it switches the jit's shared cache
         # option, which a trace in another thread reads); `rejection`: what the newest entry's prologue raised
         with TRACING_LOCK, fewer_gc_collections():
-            return trace_call(args, kwargs, rejection)
+            return trace_call(original, args, kwargs, rejection)
 
     @functools.wraps(original)
     def fast_call(*args, **kwargs):
@@ -722,7 +699,7 @@ def with_fast_cache_hits(jfn, policy=None, *, automatic_dynamic: bool = False):
             hit = rejection = None
             cache = cs.interpreter_cache
             newest = cache[-1]
-            key = _call_key(args, kwargs, grad)
+            key = call_key(args, kwargs, grad)
             bucket = index.bucket(cache, key)
             data_token = set_compile_data_and_stats(cd, cs)  # thunder's compile_data_and_stats, without a generator
             try:
@@ -793,30 +770,7 @@ def with_fast_cache_hits(jfn, policy=None, *, automatic_dynamic: bool = False):
         return result
 
     fast_call._thunder_subclass_fast_call = True
-    fast_call._thunder_subclass_dynamic_shapes = dynamic
-    return _hand_out(jfn, fast_call, module, policy)
-
-
-def _bounded(original: Callable, policy, bindings) -> Callable:
-    """``original`` (thunder's per-call function) where a miss past the cache bound (:class:`CacheLimitReached`)
-    runs ``policy.eager`` instead; a module's tables refreshed first (:class:`ModuleBindings`). A call made while a
-    user's ``TorchDispatchMode`` is active (:func:`is_user_dispatch_mode_active`) also runs ``policy.eager``, as
-    torch.compile runs such a call: the mode sees exactly the operations eager shows it (the compiled program would
-    show it others: for a subclass, the flattened operations on its inner tensors), and nothing is traced or cached."""
-    from thunder.core.trace import is_tracing
-
-    @functools.wraps(original)
-    def bounded_call(*args, **kwargs):
-        if is_user_dispatch_mode_active() and not is_tracing():
-            return policy.eager(*args, **kwargs)
-        if bindings is not None:
-            bindings.refresh()
-        try:
-            return original(*args, **kwargs)
-        except CacheLimitReached:
-            return policy.eager(*args, **kwargs)
-
-    return bounded_call
+    return fast_call
 
 
 def with_call(jfn, call: Callable):
@@ -834,7 +788,7 @@ def with_call(jfn, call: Callable):
     return call
 
 
-def _remembering_calls(call: Callable, cd, eager: Callable | None) -> Callable:
+def remembering_calls(call: Callable, cd, eager: Callable | None) -> Callable:
     """``call`` that, while it runs, is this thread's current compiled call (``plugin_state.push_call``): the thunder
     forward it runs remembers the user-level call on its autograd node, for a ``create_graph=True`` backward that
     recomputes it eagerly (``thunder_subclass.higher_order``)."""
@@ -849,17 +803,6 @@ def _remembering_calls(call: Callable, cd, eager: Callable | None) -> Callable:
             pop()
 
     return remembered_call
-
-
-def _hand_out(jfn, call: Callable, module: bool, policy):
-    """What the user gets: :func:`with_call` (the call remembered while it runs), with the cache policy."""
-    cd = getattr(jfn, "_lc_cd", None)
-    if cd is not None:
-        call = _remembering_calls(call, cd, None if policy is None else policy.eager)
-    target = with_call(jfn, call)
-    if policy is not None:
-        setattr(target, POLICY_ATTR, policy)
-    return target
 
 
 def hook_targets() -> list[tuple[Any, str, Callable]]:
