@@ -511,13 +511,17 @@ def _hook_get_update_bsym(original):
 
 
 def writes_first_subclass_argument(bsym) -> bool:
-    """Whether ``bsym`` is a subclass-level bound symbol (subsymbols between ``flatten_<Cls>`` and
+    """Whether ``bsym`` is a subclass-level in-place bound symbol (a name ending in ``_``; subsymbols between ``flatten_<Cls>`` and
     ``unflatten_<Cls>``) whose subsymbols ``prims.copy_`` into an inner tensor of its first tensor argument, and whose
     one tensor output is that argument's new version."""
     from thunder.core import prims
     from thunder.core.proxies import TensorProxy
 
     subs = bsym.subsymbols
+    # torch names its in-place operations with a trailing underscore: an out-of-place op whose dispatch copies into
+    # its input's inner tensors (DTensor's embedding over a _MaskPartial fills the mask buffer) is not a write of it
+    if not bsym.sym.name.endswith("_") or bsym.sym.name.endswith("__"):
+        return False
     if not subs or not subs[-1].sym.name.startswith("unflatten_") or len(bsym.flat_proxy_outs) != 1:
         return False
     args = [p for p in bsym.flat_proxy_args if isinstance(p, TensorProxy)]
