@@ -158,6 +158,13 @@ def ensure_grad_rule(sym: Symbol) -> None:
     _register(sym)
 
 
+def _gradients_involved(args: tuple, kwargs: dict) -> bool:
+    """A tensor argument requires grad, or an input of the compiled call does (thunder then differentiates the trace,
+    under ``no_grad`` too)."""
+    return any(isinstance(p, TensorProxy) and p.requires_grad for p in tree_flatten((args, kwargs))[0]) \
+        or current_call_has_grad_inputs()
+
+
 def refuse_indexed_write_with_grad(sym: Symbol, args: tuple, kwargs: dict) -> None:
     """``h[key] = v`` with a subclass on either side and a tensor that requires grad raises a typed error: torch's
     ``setitem_`` gives no value, so the recorded write has no output to differentiate and is dropped (eager's value
@@ -165,8 +172,7 @@ def refuse_indexed_write_with_grad(sym: Symbol, args: tuple, kwargs: dict) -> No
     differentiates the trace then). Without such tensors the write runs as recorded."""
     if sym.name != "setitem_":
         return
-    if not any(isinstance(p, TensorProxy) and p.requires_grad for p in tree_flatten((args, kwargs))[0]) \
-            and not current_call_has_grad_inputs():
+    if not _gradients_involved(args, kwargs):
         return
     location = format_location(*source_location())
     raise UnsupportedSubclassOperationError(
@@ -199,8 +205,7 @@ def refuse_write_through_view_with_grad(sym: Symbol, args: tuple, kwargs: dict) 
                      if any(o is dest for o in b.flat_proxy_outs)), None)
     if producer is None or producer.sym not in views:
         return
-    if not any(isinstance(p, TensorProxy) and p.requires_grad for p in tree_flatten((args, kwargs))[0]) \
-            and not current_call_has_grad_inputs():
+    if not _gradients_involved(args, kwargs):
         return
     location = format_location(*source_location())
     raise UnsupportedSubclassOperationError(
