@@ -72,17 +72,7 @@ def test_training_with_backward_traces_once():
         return ((x @ w).sin() * 2).sum(0).sum()
 
     jf = thunder_subclass.jit(f, cache="symbolic values")
-    for n in (3, 5, 7):
-        a, b, w = torch.randn(n, 4), torch.randn(n, 4), torch.randn(4, 3)
-        x = TwoTensor(a.clone().requires_grad_(), b.clone().requires_grad_())
-        x_ref = TwoTensor(a.clone().requires_grad_(), b.clone().requires_grad_())
-        w1, w_ref = w.clone().requires_grad_(), w.clone().requires_grad_()
-        out, expected = jf(x, w1), f(x_ref, w_ref)
-        assert_same(out, expected)
-        out.backward()
-        expected.backward()
-        assert_same(x.grad, x_ref.grad)
-        torch.testing.assert_close(w1.grad, w_ref.grad)
+    _check_training(jf, f, [(n, 4) for n in (3, 5, 7)], lambda n, m: torch.randn(4, 3))
     assert _counts(jf) == (1, 2)
 
 
@@ -300,8 +290,8 @@ def test_a_module_flag_that_is_a_number_proxy_is_passed_as_its_value():
 
 
 def _train_step(f, x_parts, w):
-    """``f(x, w)`` compiled result, eager result, and both gradients of ``x`` (a TwoTensor of ``x_parts``, or the
-    plain ``x_parts[0]``) and ``w``."""
+    """Two independent copies of the leaves ``(x, w)`` requiring grad, one for the compiled call and one for eager:
+    ``x`` a TwoTensor of ``x_parts`` (or the plain ``x_parts[0]``), ``w`` a copy of ``w``."""
     def leaves():
         xs = [p.clone().requires_grad_() for p in x_parts]
         return (TwoTensor(*xs) if len(xs) == 2 else xs[0]), w.clone().requires_grad_()
