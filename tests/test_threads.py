@@ -222,3 +222,39 @@ def test_graph_break_program_with_eager_calls_from_threads(short_switch_interval
     with torch.set_grad_enabled(grad), thunder_subclass.graph_breaks.suppressed_warnings(again):
         for x in inputs[:2]:
             torch.testing.assert_close(again(x), eager(x))
+
+
+def test_a_failed_trace_never_empties_shared_dicts_for_a_moment():
+    """A trace that fails (here: a graph break inside the model) puts back what it changed in the containers it read,
+    and only that: ``builtins.__dict__`` (reached through every global lookup) and a ModuleList's ``_modules`` are shared
+    with every other thread, which got ``NameError: name 'dict' is not defined`` or a module with no children while
+    they were cleared and refilled. Seen here as the C calls that would clear them (deterministic, one thread)."""
+    import builtins
+    import sys
+    import warnings
+
+    from test_eager_calls import _pair, _RoutedMoE
+
+    eager, model = _pair(_RoutedMoE)
+    shared = {id(builtins.__dict__): "builtins.__dict__", id(model.moe.experts._modules): "experts._modules",
+              id(model._modules): "model._modules", id(sys.modules): "sys.modules"}
+    cleared = []
+
+    def profile(frame, event, arg, getattr=getattr, id=id):  # (no global lookups: it may run while one is cleared)
+        if event == "c_call" and getattr(arg, "__name__", None) in ("clear", "popitem") and \
+                id(getattr(arg, "__self__", None)) in shared:
+            cleared.append(shared[id(arg.__self__)])
+
+    jm = thunder_subclass.jit(model)
+    x = torch.randn(6, 8) * 3
+    previous = sys.getprofile()
+    sys.setprofile(profile)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", thunder_subclass.GraphBreakWarning)
+            out = jm(x)
+    finally:
+        sys.setprofile(previous)
+    torch.testing.assert_close(out, eager(x))
+    assert jm.graph_breaks.breaks, "the model did not break: the test needs a failed trace"
+    assert not cleared, cleared

@@ -45,6 +45,7 @@ from thunder.core.interpreter import unwrap
 from thunder.core.proxies import TensorProxy
 from thunder.core.pytree import tree_map
 
+from thunder_subclass.container_writes import set_contents
 from thunder_subclass.errors import UnsupportedBackwardEffectError, format_location
 from thunder_subclass.fake import FakeEnv, fake_execution
 from thunder_subclass.recording import is_traced_grad_enabled
@@ -186,16 +187,10 @@ class Snapshot:
                     del obj.cell_contents
                 else:
                     obj.cell_contents = copy
-            elif kind == "list":
-                obj[:] = copy
-            elif kind == "set":
-                obj.clear()
-                obj.update(copy)
-            else:
-                target = obj if kind == "dict" else obj.__dict__
-                for k in [k for k in target if k not in copy]:
-                    del target[k]
-                target.update(copy)
+            elif kind == "list" or kind == "set":
+                set_contents(obj, list(copy))
+            else:  # (only what differs: a globals dict is shared with every other thread)
+                set_contents(obj if kind == "dict" else obj.__dict__, list(copy.items()))
 
 
 @contextlib.contextmanager

@@ -21,6 +21,8 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from thunder_subclass.container_writes import set_contents
+
 __all__ = ["Replay", "Snapshot", "held_now", "replaying", "restore_held", "rng_state", "set_rng_state", "snapshot", "take_replay",
            "unchanged"]
 
@@ -115,20 +117,17 @@ def _held_unchanged(held: tuple) -> bool:
 
 def restore_held(held: tuple | None) -> None:
     """Put the contents recorded in ``held`` back into their containers and objects."""
-    for obj, contents in held or ():
+    for obj, contents in held or ():  # (only what differs: other threads may be running the same modules)
         if isinstance(obj, _ModuleAttributes):
             d = obj.module.__dict__
-            for k in [k for k in d if k not in _MODULE_BOOKKEEPING]:
+            wanted = dict(contents)
+            for k in [k for k in d if k not in _MODULE_BOOKKEEPING and k not in wanted]:
                 del d[k]
-            d.update(contents)
-        elif isinstance(obj, dict):
-            obj.clear()
-            obj.update(contents)
-        elif isinstance(obj, set):
-            obj.clear()
-            obj.update(contents)
+            for k, v in contents:
+                if k not in d or d[k] is not v:
+                    d[k] = v
         else:
-            obj[:] = contents
+            set_contents(obj, list(contents))
 
 
 def held_now(held: tuple | None) -> tuple | None:

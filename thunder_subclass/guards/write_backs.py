@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from thunder_subclass import _thunder_internals
+from thunder_subclass.container_writes import set_contents
 from thunder_subclass.errors import format_location
 from thunder_subclass.guards.objects import ObjectSpec, Pending, check_object, describe_provenance, guarded_object_names
 from thunder_subclass.guards.protocol import register_epilogue_op
@@ -97,11 +98,7 @@ def is_held_container(provenance) -> bool:
 
 
 def restore_container(obj, before: list) -> None:
-    if type(obj) is dict:
-        obj.clear()
-        obj.update(before)
-    else:
-        obj[:] = before
+    set_contents(obj, before)  # (only what differs: the container may be shared with other threads)
 
 
 def _where_read(location: tuple) -> str:
@@ -135,12 +132,10 @@ def _write_back_container_impl(obj, plan: tuple, *values) -> None:
 
     if type(obj) is dict:
         old = list(obj.items())
-        new = [(value(k, old, 0), value(v, old, 1)) for k, v in plan]
-        obj.clear()
-        obj.update(new)
+        set_contents(obj, [(value(k, old, 0), value(v, old, 1)) for k, v in plan])
     else:
         old = list(obj)
-        obj[:] = [value(v, old, None) for v in plan]
+        set_contents(obj, [value(v, old, None) for v in plan])
 
 
 # in the epilogue: the caller's input list/dict gets the contents the traced code left in it, each item taken from its
