@@ -107,6 +107,18 @@ def test_a_restarted_training_step_loads_forward_and_backward(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_restarted_program_with_eager_calls_is_recompiled_not_loaded(tmp_path):
+    """A trace holding an eager call (or its backward) names the call by its place in this process's table of eager
+    calls: it is not stored, so the restarted process compiles it again and its training steps equal eager's (a stored
+    backward trace used to be loaded and fail with IndexError, or could have run another process's call)."""
+    first = _run(tmp_path, "eager_call_training")
+    assert first["stats"]["not_storable"] >= 1, first["stats"]
+    stored = [p for p in tmp_path.rglob("*.json") if "eager_module_call" in p.read_text()]
+    assert not stored, stored
+    _run(tmp_path, "eager_call_training")  # (its regions may load) values and gradients equal eager: in the runner
+
+
+@pytest.mark.slow
 def test_an_edited_helper_module_is_a_miss(tmp_path):
     helper_dir = tmp_path / "helpers"
     helper_dir.mkdir()

@@ -690,7 +690,8 @@ class DiskCache:
             del _last_not_storable[:-8]
 
     def _describe(self, cd, entry, codes) -> dict:
-        if eager_calls.holds_eager_call(entry.computation_traces[-1]):
+        if any(eager_calls.holds_eager_call(trcs[-1]) for trcs in (entry.computation_traces, entry.backward_traces)
+               if trcs):
             raise NotStorable("the computation calls a submodule eagerly (eager_calls.py: its description is known "
                               "to this process only)")
         files: dict[str, str] = {}

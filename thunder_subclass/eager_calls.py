@@ -493,7 +493,8 @@ def _backward_meta(spec_id, handle, n_grads, *grads_and_targets):
 
 
 def holds_eager_call(trace) -> bool:
-    """Whether ``trace`` (a computation trace) calls a submodule eagerly (its spec lives in this process only)."""
+    """Whether ``trace`` (a computation or backward trace) calls a submodule eagerly, or runs the backward of such a
+    call (its spec lives in this process only)."""
     ids = {sym.id for sym in _symbols.values()}
     return bool(ids) and any(b.sym.id in ids for b in trace.bound_symbols)
 
@@ -535,6 +536,7 @@ def _grad_symbol():
             return tuple(outs)
 
         register_grad(sym, grad_transform)
+        _symbols["forward"], _symbols["backward"] = forward, backward  # (holds_eager_call looks for these too)
         _symbols["grad_call"] = sym
     return sym
 
