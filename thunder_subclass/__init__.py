@@ -18,6 +18,7 @@ _ensure_thunder_importable()
 from thunder_subclass.errors import (  # noqa: E402
     HigherOrderGradientError,
     UnsupportedBackwardEffectError,
+    UnsupportedAliasedWriteError,
     UnsupportedCheckpointError,
     SubclassGradientError,
     SubclassGradRuleError,
@@ -78,6 +79,7 @@ __all__ = [
     "UnsupportedSubclassOperationError",
     "HigherOrderGradientError",
     "UnsupportedBackwardEffectError",
+    "UnsupportedAliasedWriteError",
     "UnsupportedCheckpointError",
     "SubclassGradientError",
     "SubclassGradRuleError",

@@ -22,6 +22,7 @@ __all__ = [
     "UnsupportedTracingError",
     "UnsupportedModuleHookError",
     "UnsupportedGlobalStateError",
+    "UnsupportedAliasedWriteError",
     "UnsupportedCheckpointError",
     "TraceSelfCheckError",
     "CacheLimitWarning",
@@ -119,6 +120,13 @@ class UnsupportedCheckpointError(UnsupportedTracingError):
     runs the reentrant variant) in compiled code: it runs the function without autograd and again in its own
     backward, which the compiled program cannot reproduce. A graph break by default (the code around it runs
     eagerly, equal to eager); raised with ``fullgraph=True``. ``use_reentrant=False`` is compiled."""
+
+
+class UnsupportedAliasedWriteError(UnsupportedTracingError):
+    """An in-place write (``copy_``, ``add_``, ``zero_``...) into a tensor that shares memory with another one of the
+    compiled code (a view, or a tensor a view was taken of) while gradients are computed: thunder 0.2.6's autodiff
+    does not connect the write to the other tensor (values and gradients would be wrong). A graph break by default
+    (the code runs eagerly, equal to eager); raised with ``fullgraph=True``."""
 
 
 class TraceSelfCheckError(TensorSubclassError, RuntimeError):

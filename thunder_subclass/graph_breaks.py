@@ -75,6 +75,7 @@ from thunder_subclass._thunder_internals import (
 )
 from thunder_subclass.errors import (
     UnsupportedBackwardEffectError,
+    UnsupportedAliasedWriteError,
     UnsupportedCheckpointError,
     UnsupportedGlobalStateError,
 )
@@ -178,7 +179,7 @@ def _break_exception(exc: BaseException) -> BaseException | None:
     ``__exit__`` or a ``finally`` block that failed because of it; it is ``__context__`` only) is not the break:
     eager runs that code again, so a genuine error there still reaches the user."""
     dependent = (*data_dependent_exception_types(), UnsupportedGlobalStateError, UnsupportedBackwardEffectError,
-                 UnsupportedCheckpointError)
+                 UnsupportedCheckpointError, UnsupportedAliasedWriteError)
     chain = list(_chain(exc))
     for i, e in enumerate(chain):
         message = str(e)

@@ -8,6 +8,8 @@ above the stages, hands it one :class:`~thunder_subclass._thunder_internals.Hand
 * a torch-level symbol called with such a typed value -> ``torch_function.dispatch`` (its ``__torch_function__``);
 * thunder's in-place alias bookkeeping (``prims.update_aliases``, new alias proxies) on a subclass value -> a
   subclass proxy for its new version (here);
+* a torch-level in-place symbol on plain tensors -> ``aliased_writes.check_aliased_write`` (a write into a view with
+  gradients: a graph break);
 * a torch-level symbol called with a subclass proxy -> ``autograd.ensure_grad_rule`` (so autodiff differentiates
   it as PyTorch would) then ``interpretation.unroll_symbol_call`` (``__torch_dispatch__`` unrolled on fakes);
 * interpreter lookasides -> ``module_calls.call_impl_lookaside`` (module calls: forward hooks read at trace time,
@@ -41,6 +43,7 @@ from thunder.core.trace import get_tracectx
 
 from thunder_subclass import (
     _thunder_internals,
+    aliased_writes,
     autograd,
     checkpoints,
     distributed,
@@ -92,6 +95,7 @@ def _symbol_call(sym, args: tuple, kwargs: dict):
     interpretation.check_no_nested_int(sym, leaves)
     try:
         if not has_subclass_leaf(leaves):
+            aliased_writes.check_aliased_write(sym, leaves)
             return _thunder_internals.NOT_HANDLED
     except SubclassProtocolError as e:  # an input whose subclass cannot be compiled, first used here
         location = format_location(*_thunder_internals.source_location())
