@@ -724,8 +724,8 @@ def test_moe_routing_with_single_argument_where_trains_equal_to_eager():
                     assert p.grad is None or not p.grad.any(), name
                 else:
                     torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-4, msg=name)
-    # the experts hold the break: from the second call on, one eager call in the whole model's trace (each expert a
-    # compiled region inside it)
+    # the experts hold the break: from the second call on, one eager call in the whole model's trace (each expert, a
+    # plain nn.Linear, runs as it is inside it: graph_breaks._is_stateless_leaf)
     report = jm.graph_breaks
     assert [b.name for b in report.breaks] == ["experts"]
-    assert sorted(report.regions) == ["", *(f"experts.experts.{i}" for i in range(4))]
+    assert sorted(report.regions) == [""]

@@ -69,13 +69,13 @@ def _contents(obj: Any) -> Any:
     return list(obj)  # a list
 
 
-def _held_state(module: torch.nn.Module) -> tuple | None:
+def _held_state(modules: list) -> tuple | None:
     """(object, contents) of each dict, list, set and plain object's ``__dict__`` reachable from the attributes of
-    ``module`` and its submodules (not through tensors or submodules, walked on their own), or None (see
+    ``modules`` (a module and its submodules; not through tensors or submodules, walked on their own), or None (see
     :class:`Snapshot`)."""
-    held: list = [(_ModuleAttributes(m), _contents(_ModuleAttributes(m))) for m in module.modules()]
+    held: list = [(_ModuleAttributes(m), _contents(_ModuleAttributes(m))) for m in modules]
     seen: set[int] = set()
-    stack = [v for m in module.modules() for k, v in m.__dict__.items() if k not in _MODULE_BOOKKEEPING]
+    stack = [v for m in modules for k, v in m.__dict__.items() if k not in _MODULE_BOOKKEEPING]
     while stack:
         obj = stack.pop()
         if isinstance(obj, _OPAQUE_SAFE) or id(obj) in seen:
@@ -137,13 +137,16 @@ def held_now(held: tuple | None) -> tuple | None:
 
 def snapshot(module: torch.nn.Module, args: tuple, kwargs: dict) -> Snapshot:
     """What an eager run of ``module`` could change that a trace around it would not see (:class:`Snapshot`)."""
+    modules = list(module.modules())  # (walked once: the snapshot is taken on every call of an eager call)
     tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-    tensors += list(module.parameters()) + list(module.buffers())
     dicts = []
-    for m in module.modules():
+    for m in modules:
         d = {k: v for k, v in m.__dict__.items() if k != "forward"}
-        dicts.append((m, d, dict(m._parameters), dict(m._buffers), dict(m._modules)))
-    return Snapshot(tuple((t, t._version) for t in tensors), tuple(dicts), _held_state(module))
+        params, buffers = dict(m._parameters), dict(m._buffers)
+        tensors += [t for t in params.values() if t is not None]
+        tensors += [t for t in buffers.values() if t is not None]
+        dicts.append((m, d, params, buffers, dict(m._modules)))
+    return Snapshot(tuple((t, t._version) for t in tensors), tuple(dicts), _held_state(modules))
 
 
 def unchanged(before: Snapshot) -> bool:

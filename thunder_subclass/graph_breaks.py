@@ -260,10 +260,18 @@ def _defines_forward(m: torch.nn.Module) -> bool:
 
 
 def _is_stateless_leaf(m: torch.nn.Module) -> bool:
-    """No parameters, buffers or children (an activation, a dropout): inside an eager call it runs as it is, where a
-    compiled region of it would cost more per call than its own run (about 50-170 us against 5-15 us on CPU: the
-    experts' activation runs once per routed expert) and fuse nothing."""
-    return not (m._parameters or m._buffers or m._modules)
+    """Inside an eager call it runs as it is, where a compiled region of it would cost more per call than its own run
+    and fuse nothing: no parameters, buffers or children (an activation, a dropout: about 50-170 us against 5-15 us on
+    CPU, once per routed expert), or one of torch.nn's own leaf modules over plain tensors (``nn.Linear``,
+    ``nn.LayerNorm``, ``nn.Embedding``: one torch call each; an expert's ``Linear`` cost 4.6x eager as a region in
+    benchmarks/bench_features.py). A leaf holding subclass tensors is still compiled (eager dispatch of a subclass
+    is the slower path)."""
+    if m._modules:
+        return False
+    if not (m._parameters or m._buffers):
+        return True
+    return type(m).__module__.startswith("torch.nn.modules.") and all(
+        t is None or type(t) in (torch.Tensor, torch.nn.Parameter) for t in (*m._parameters.values(), *m._buffers.values()))
 
 
 def _child_regions(module: torch.nn.Module, prefix: str, skip_stateless: bool = False):
