@@ -94,11 +94,12 @@ def test_fake_runs_leave_dtensor_mask_buffers_as_they_found_them():
     # journal the buffers they change and put them back, and a traced value gets a copy of its own in the state its
     # fake run left (multi-process training: tests/distributed_cases.py mask_partial_embedding)
     pytest.importorskip("torch.distributed.tensor")
-    from torch.distributed.tensor.placement_types import Replicate, _MaskPartial
+    from torch.distributed.tensor.placement_types import Replicate
 
     from thunder_subclass._thunder_internals import dtensor_masks
 
     assert dtensor_masks.mask_buffer_class() is not None, "this torch's _MaskPartial / MaskBuffer are not understood"
+    _MaskPartial = dtensor_masks._mask_partial_classes()[0]  # (torch 2.10 names it MaskPartial)
     thunder_subclass.install_hooks()
     buffer_class = dtensor_masks.mask_buffer_class()
     assert getattr(buffer_class.materialize_mask, "_thunder_subclass_hook", False)

@@ -57,8 +57,12 @@ def _mask_partial_classes() -> tuple[type, type] | None:
 
         if not dist.is_available():
             return None
-        from torch.distributed.tensor.placement_types import _MaskPartial
+        from torch.distributed.tensor import placement_types
     except ImportError:
+        return None
+    # (torch 2.13-2.15: _MaskPartial; torch 2.10: the same class, public as MaskPartial)
+    _MaskPartial = getattr(placement_types, "_MaskPartial", None) or getattr(placement_types, "MaskPartial", None)
+    if _MaskPartial is None:
         return None
     try:  # the constructor own_mask_buffers calls
         buffer_class = type(_MaskPartial(offset_shape=None, offset_dim=0).mask_buffer)
