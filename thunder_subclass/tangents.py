@@ -16,7 +16,10 @@ formulas with that plain tensor, which can change the type of the resulting grad
 :class:`BackwardVariants` is created by the flatten pass for each joint trace, travels into the backward trace as an
 argument of ``flatten_cotangent_<Cls>``, learns the names of the saved tensors from :class:`SavedTensorNames` (a
 thunder ``Transform`` that reads the final backward trace), and is found again at run time by the
-``ThunderFunction.backward`` hook in ``_thunder_internals``.
+``ThunderFunction.backward`` hook in ``_thunder_internals``. An entry loaded from the on-disk cache has a
+:class:`StoredBackwardVariants` instead (the expected gradients as :class:`StoredGradient` descriptions, no joint
+trace): a gradient of another kind makes it trace the call again in-process (``_thunder_internals.trace_anew``) for
+the joint trace, whose variants then serve it.
 """
 
 from __future__ import annotations
