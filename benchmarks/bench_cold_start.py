@@ -1,12 +1,16 @@
 """Cold start: the first call of a compiled tiny Hugging Face Llama in a fresh process, against its depth.
 
-    python benchmarks/bench_cold_start.py [--case int8-inference|float8-train] [--layers 1 2 4 8] [--repeats 1]
-                                          [--configs ts aot_eager ...]
+    python benchmarks/bench_cold_start.py [--case int8-inference|float8-train|twotensor-train] [--layers 1 2 4 8]
+                                          [--repeats 1] [--configs ts aot_eager ...]
 
 The model: a random-weight ``LlamaForCausalLM`` (hidden 64, 4 heads, 2 key/value heads, vocabulary 256), one
 intra-op thread, input (2, 16). ``int8-inference``: torchao ``Int8WeightOnlyConfig`` weights, called as users call it
 (``model(input_ids)``, ``torch.no_grad()``). ``float8-train``: torchao's ``convert_to_float8_training`` linears, a
-training step (``model(input_ids, labels=input_ids).loss.backward()``; loss and gradients compared with eager). Every figure is the wall time of the first call (trace + compile + run) in a new Python
+training step (``model(input_ids, labels=input_ids).loss.backward()``; loss and gradients compared with eager).
+``twotensor-train``: not the Llama but a stack of ``layers`` x (``Linear(64, 64)`` with a ``TwoTensor`` weight,
+GELU), input (16, 64): a training step whose compiled function returns a subclass (``out.sum().backward()``; the
+output, its type and the gradients' types and values compared with eager). Every figure is the wall time of the first
+call (trace + compile + run) in a new Python
 process, after imports and model construction (with ``--repeats N``, the median of N rounds); two processes run one
 after the other per configuration:
 
@@ -51,6 +55,31 @@ if case == "int8-inference":
         out = fn(ids)
         first = time.perf_counter() - start
         torch.testing.assert_close(logits(out), expected)
+elif case == "twotensor-train":  # a training step whose compiled function returns a subclass (TwoTensor)
+    import copy
+    from torch.testing._internal.two_tensor import TwoTensor
+    torch.manual_seed(0)
+    blocks = []
+    for _ in range(layers):
+        lin = torch.nn.Linear(64, 64)
+        w = lin.weight.detach()
+        lin.weight = torch.nn.Parameter(TwoTensor(w.clone(), w * 2))
+        blocks += [lin, torch.nn.GELU()]
+    model = torch.nn.Sequential(*blocks)
+    x = torch.randn(16, 64, generator=torch.Generator().manual_seed(1))
+    eager = copy.deepcopy(model)
+    expected = eager(x)
+    expected.sum().backward()
+    fn = thunder_subclass.jit(model) if config == "ts" else torch.compile(model, backend=config)
+    start = time.perf_counter()
+    out = fn(x)
+    out.sum().backward()
+    first = time.perf_counter() - start
+    assert type(out) is TwoTensor
+    torch.testing.assert_close(out, expected)
+    for p, q in zip(model.parameters(), eager.parameters()):
+        assert type(p.grad) is type(q.grad)
+        torch.testing.assert_close(p.grad, q.grad)
 else:  # float8-train: a training step (forward with the loss, backward) of a tiny Llama with float8 linears
     import copy
     from torchao.float8 import convert_to_float8_training
@@ -74,7 +103,7 @@ print("RESULT " + json.dumps({"first": first, "hits": stats["hits"], "stores": s
 """
 
 CONFIGS = ("ts", "ts 2nd", "aot_eager", "inductor", "inductor 2nd")
-CASES = ("int8-inference", "float8-train")
+CASES = ("int8-inference", "float8-train", "twotensor-train")
 
 
 def _run(layers: int, backend: str, env: dict, case: str) -> float | str:
@@ -136,9 +165,12 @@ def main() -> None:
     if args.repeats > 1:
         print(f"median of {args.repeats} rounds (layer counts and configurations interleaved in each round)")
     width = 14
-    what = ("tiny int8 Llama, no grad" if args.case == "int8-inference"
-            else "tiny Llama, float8 training step: forward with loss, backward")
-    print(f"first call in a fresh process, seconds ({what}, input (2, 16), 1 thread, default settings)")
+    what = {"int8-inference": "tiny int8 Llama, no grad",
+            "float8-train": "tiny Llama, float8 training step: forward with loss, backward",
+            "twotensor-train": "TwoTensor MLP (layers x Linear(64, 64) + GELU), training step returning a TwoTensor: "
+                               "forward, .sum().backward()"}[args.case]
+    shape = "(16, 64)" if args.case == "twotensor-train" else "(2, 16)"
+    print(f"first call in a fresh process, seconds ({what}, input {shape}, 1 thread, default settings)")
     print("layers".ljust(8) + "".join(c.rjust(width) for c in configs) + "ts/aot_eager".rjust(width)
           + "2nd/aot_eager".rjust(width))
     for layers, row in rows.items():

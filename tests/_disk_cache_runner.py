@@ -2,8 +2,8 @@
 compiles each named model with ``thunder_subclass.jit`` (the disk cache in ``THUNDER_SUBCLASS_CACHE_DIR``, set by the
 test), calls it once under ``torch.no_grad()`` (``train_*`` cases: with gradients, and a backward) and compares values,
 types and gradients with eager.
-Prints one JSON line: per case ``{"error": traceback or null, "loaded": whether the entry came from disk}`` and the
-process's ``disk_cache_stats()``."""
+Prints one JSON line: per case ``{"error": traceback or null, "loaded": whether the entry came from disk, "traced":
+how many times the jit traced (misses not served from disk)}`` and the process's ``disk_cache_stats()``."""
 
 import json
 import os
@@ -160,6 +160,57 @@ def train_int8_weight():
     return layer, (torch.randn(3, 8, requires_grad=True),)
 
 
+def train_twotensor_mlp():
+    """A training step whose output is a subclass (TwoTensor weights: the output, its gradient and the weights'
+    gradients are TwoTensors); ``.backward()`` of the sum: a gradient of the output's kind."""
+    return twotensor_mlp()
+
+
+def train_twotensor_mlp_plain_grad():
+    """As ``train_twotensor_mlp``, the backward given a plain-tensor gradient for the TwoTensor output (another kind
+    than the output's: a backward variant, built from the joint trace)."""
+    return twotensor_mlp()
+
+
+def train_scaled_twotensor_grad():
+    """A function of one input that requires grad, with a plain output, its backward given a TwoTensor gradient
+    (eager's input gradient is then a TwoTensor)."""
+
+    def scaled(x):
+        return x * 3 + 1
+
+    torch.manual_seed(0)
+    return scaled, (torch.randn(2, 4, requires_grad=True),)
+
+
+def _twotensor_grad(out):
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    return TwoTensor(torch.full(out.shape, 0.5), torch.full(out.shape, 2.0))
+
+
+# the gradient each train_* case's backward is given (default: .sum().backward(), the output's own kind)
+_GRADS = {
+    "train_twotensor_mlp_plain_grad": lambda out: torch.full(out.shape, 0.5),
+    "train_scaled_twotensor_grad": _twotensor_grad,
+}
+
+
+def default_device_function():
+    """A function making a tensor of the default device (``$THUNDER_SUBCLASS_TEST_DEFAULT_DEVICE``, set after its
+    CPU input is made): ``meta`` on a CPU-only machine changes what ``torch.ones(3)`` makes, and the output's
+    device."""
+    x = torch.randn(3)
+    device = os.environ.get("THUNDER_SUBCLASS_TEST_DEFAULT_DEVICE")
+    if device:
+        torch.set_default_device(device)
+
+    def make_ones_on_default_device(x):
+        return x.sum() + torch.ones(3)
+
+    return make_ones_on_default_device, (x,)
+
+
 _FAKED = ("torch", "thunder", "transformers", "torchao")
 
 
@@ -225,10 +276,13 @@ def _flat(out):
     return leaves
 
 
-def _grads(module_or_fn, args, out) -> list:
+def _grads(module_or_fn, args, out, grad=None) -> list:
     params = list(module_or_fn.parameters()) if isinstance(module_or_fn, torch.nn.Module) else []
     leaves = [*params, *(a for a in args if isinstance(a, torch.Tensor) and a.requires_grad)]
-    out.sum().backward()
+    if grad is None:
+        out.sum().backward()
+    else:
+        out.backward(grad(out))
     grads = [p.grad for p in leaves]
     for p in leaves:
         p.grad = None
@@ -244,9 +298,10 @@ def run(name: str) -> dict:
         training = name.startswith("train_")
         if training:  # forward and backward, gradients compared with eager's
             out = jfn(*args)
-            got_grads = _grads(fn, args, out)
+            got_grads = _grads(fn, args, out, _GRADS.get(name))
             expected = fn(*args)
-            want_grads = _grads(fn, args, expected)
+            want_grads = _grads(fn, args, expected, _GRADS.get(name))
+            assert len(_flat(got_grads)) == len(_flat(want_grads))
             for a, b in zip(_flat(got_grads), _flat(want_grads)):
                 assert type(a) is type(b)
                 torch.testing.assert_close(a, b)
@@ -255,12 +310,13 @@ def run(name: str) -> dict:
                 out, expected = jfn(*args), fn(*args)
         got, want = _flat(out), _flat(expected)
         assert [type(t) for t in got] == [type(t) for t in want]
+        assert [getattr(t, "device", None) for t in got] == [getattr(t, "device", None) for t in want]
         for a, b in zip(got, want):
             torch.testing.assert_close(a, b)
         loaded = type(thunder.last_traces(jfn)[-1]).__name__ == "LoadedTrace"
         if training:
             assert loaded == (type(thunder.last_backward_traces(jfn)[-1]).__name__ == "LoadedTrace")
-        return {"error": None, "loaded": loaded}
+        return {"error": None, "loaded": loaded, "traced": thunder.cache_misses(jfn) - loaded}
     except BaseException:
         return {"error": traceback.format_exc(), "loaded": None}
 

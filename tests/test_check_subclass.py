@@ -48,9 +48,12 @@ def _elem_sample(cls, rows=(4, 6), cols=3):
 def test_real_subclass_passes(factory):
     if factory != "two_tensor" and factory != "python_device":
         pytest.importorskip("torchao")
+    stats = thunder_subclass.disk_cache_stats()
     report = check_subclass(getattr(check_samples, factory))
     assert report.ok, str(report)
     assert report.verdict("ops") == "ok" and "programs equal eager compiled" in str(report)
+    after = thunder_subclass.disk_cache_stats()  # every program traced; nothing left in the on-disk cache
+    assert (after["hits"], after["stores"]) == (stats["hits"], stats["stores"])
     assert sum(report.seconds.values()) < 60, report.seconds  # 0.5-4 s measured on a shared 2-core CPU
     if factory == "nf4":  # its context holds its shape: another size is rightly a new trace
         assert "as it must be: the flatten contexts differ beyond sizes" in report.notes["dynamic"][0]

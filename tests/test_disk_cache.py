@@ -119,6 +119,38 @@ def test_a_restarted_program_with_eager_calls_is_recompiled_not_loaded(tmp_path)
 
 
 @pytest.mark.slow
+def test_a_restarted_training_step_with_subclass_outputs_loads_forward_and_backward(tmp_path):
+    # a TwoTensor output: the gradient kinds its backward expects are stored; values, types and gradients equal
+    # eager's, and a gradient of another kind (a plain one for the TwoTensor output, a TwoTensor one for a plain
+    # output: scaled, whose backward saves nothing) is served after a load as in the first process: the call traced
+    # again in-process (one miss), the backward for that kind built from its joint trace and fed the loaded forward's
+    # saved tensors (checked in the runner)
+    first = _run(tmp_path, "train_twotensor_mlp", "train_scaled_twotensor_grad")
+    assert first["stats"]["stores"] == 2 and first["stats"]["hits"] == 0, first["stats"]
+    assert first["stats"]["not_storable"] == 0, first["stats"]
+    # (train_twotensor_mlp_plain_grad: the same model, a new jit: served by the entry train_twotensor_mlp stored)
+    second = _run(tmp_path, "train_twotensor_mlp", "train_twotensor_mlp_plain_grad", "train_scaled_twotensor_grad")
+    assert second["stats"]["hits"] == 3 and second["stats"]["stores"] == 0, second["stats"]
+    assert all(r["loaded"] for r in second["results"].values())
+    assert second["results"]["train_twotensor_mlp"]["traced"] == 0
+    assert second["results"]["train_twotensor_mlp_plain_grad"]["traced"] == 1
+    assert second["results"]["train_scaled_twotensor_grad"]["traced"] == 1
+
+
+@pytest.mark.slow
+def test_another_default_device_is_a_miss(tmp_path):
+    # torch.ones(3) makes a tensor of the default device: the stored CPU program would answer on the CPU where eager
+    # answers on the meta device (a device a CPU-only machine has)
+    assert _run(tmp_path, "default_device_function")["stats"]["stores"] == 1
+    second = _run(tmp_path, "default_device_function", env={"THUNDER_SUBCLASS_TEST_DEFAULT_DEVICE": "meta"})
+    assert not second["results"]["default_device_function"]["loaded"], second["stats"]  # meta, as eager (runner)
+    # another key (thunder's prologue checks the default device too: without the key it would reject the entry)
+    assert second["stats"]["hits"] == 0 and second["stats"]["rejected"] == 0 and second["stats"]["stores"] == 1
+    third = _run(tmp_path, "default_device_function", env={"THUNDER_SUBCLASS_TEST_DEFAULT_DEVICE": "meta"})
+    assert third["stats"]["hits"] == 1 and third["results"]["default_device_function"]["loaded"], third["stats"]
+
+
+@pytest.mark.slow
 def test_an_edited_helper_module_is_a_miss(tmp_path):
     helper_dir = tmp_path / "helpers"
     helper_dir.mkdir()
@@ -390,25 +422,107 @@ def test_a_loaded_backward_serves_create_graph(disk, model_module):
         torch.testing.assert_close(a, b)
 
 
-def test_a_loaded_backward_given_a_gradient_of_another_kind_raises(disk, model_module):
-    mod = model_module("2")
-    model, x = mod.Model(), torch.randn(3, 4)
-    thunder_subclass.jit(model)(x).sum().backward()
-    out = thunder_subclass.jit(model)(x)  # loaded
-    grad = TwoTensor(torch.ones(3, 4), torch.ones(3, 4))  # eager accepts it; a variant needs the joint trace
-    with pytest.raises(thunder_subclass.SubclassGradientError,
-                       match=r"loaded from the thunder_subclass disk cache.*TwoTensor.*disk_cache=False"):
-        out.backward(grad)
-
-
-def test_a_backward_for_subclass_outputs_is_not_stored(disk):
+def test_a_loaded_backward_given_a_gradient_of_another_kind_traces_the_call_again(disk):
     layer = torch.nn.Linear(4, 2)
     layer.weight = torch.nn.Parameter(TwoTensor(layer.weight.detach(), layer.weight.detach() * 2))
-    out = thunder_subclass.jit(layer)(torch.randn(3, 4))  # a TwoTensor output: its gradient kinds are not stored
-    assert type(out) is TwoTensor
-    stats = disk_cache.disk_cache_stats()
-    assert stats["stores"] == 0 and stats["not_storable"] == 1, stats
-    assert "a backward for subclass outputs" in stats["why_not_storable"][-1]
+    x = torch.randn(3, 4)
+    thunder_subclass.jit(layer)(x).sum().backward()
+    layer.zero_grad()
+    jm = thunder_subclass.jit(layer)
+    out = jm(x)  # loaded
+    assert thunder.cache_misses(jm) == 1 and isinstance(thunder.last_traces(jm)[-1], disk_cache.LoadedTrace)
+    grad = torch.full((3, 2), 0.5)  # a plain gradient for the TwoTensor output: a variant needs the joint trace
+    out.backward(grad)
+    got = [p.grad for p in layer.parameters()]
+    layer.zero_grad()
+    layer(x).backward(grad)
+    for a, b in zip(thunder_subclass_flat(got), thunder_subclass_flat([p.grad for p in layer.parameters()])):
+        assert type(a) is type(b)
+        torch.testing.assert_close(a, b)
+    # the trace made for it is a miss; the jit's cache keeps the loaded entry, and later calls use it
+    assert thunder.cache_misses(jm) == 2 and len(jm._lc_cs.interpreter_cache) == 1
+    assert isinstance(thunder.last_traces(jm)[-1], disk_cache.LoadedTrace)
+    jm(x).backward(grad)  # the variant built once
+    assert thunder.cache_misses(jm) == 2 and disk_cache.disk_cache_stats()["stores"] == 1
+
+
+def test_a_loaded_backward_whose_call_is_gone_raises_for_a_gradient_of_another_kind(disk):
+    w = torch.randn(4, requires_grad=True)
+
+    def shifted_sine(x, w):
+        return (x + w).sin()  # saves x + w, not x
+
+    thunder_subclass.jit(shifted_sine)(torch.randn(3, 4), w).sum().backward()
+    out = thunder_subclass.jit(shifted_sine)(torch.randn(3, 4), w)  # loaded; its first argument is freed now
+    assert disk_cache.disk_cache_stats()["hits"] == 1
+    with pytest.raises(thunder_subclass.SubclassGradientError,
+                       match=r"loaded from the thunder_subclass disk cache.*TwoTensor.*traces again.*argument of the "
+                             r"call was freed.*disk_cache=False"):
+        out.backward(TwoTensor(torch.ones(3, 4), torch.ones(3, 4)))
+
+
+def test_a_backward_for_subclass_outputs_is_stored_and_loaded(disk):
+    layer = torch.nn.Linear(4, 2)
+    layer.weight = torch.nn.Parameter(TwoTensor(layer.weight.detach(), layer.weight.detach() * 2))
+    x = torch.randn(3, 4)
+
+    def step(f, grad=None):
+        out = f(x)
+        out.backward(grad if grad is not None else torch.ones_like(out))
+        grads = [p.grad for p in layer.parameters()]
+        layer.zero_grad()
+        return out, grads
+
+    step(thunder_subclass.jit(layer))
+    assert disk_cache.disk_cache_stats()["stores"] == 1, disk_cache.disk_cache_stats()
+    jm = thunder_subclass.jit(layer)
+    for grad in (None, TwoTensor(torch.full((3, 2), 0.5), torch.ones(3, 2))):
+        got, want = step(jm, grad), step(layer, grad)
+        assert isinstance(thunder.last_backward_traces(jm)[-1], disk_cache.LoadedTrace)
+        for a, b in zip(thunder_subclass_flat(got), thunder_subclass_flat(want)):
+            assert type(a) is type(b)
+            torch.testing.assert_close(a, b)
+    assert type(got[0]) is TwoTensor and thunder.cache_misses(jm) == 1  # the expected kind: no trace
+
+
+class _TwoOutputs(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 2)
+        self.lin.weight = torch.nn.Parameter(TwoTensor(self.lin.weight.detach(), self.lin.weight.detach() * 2))
+
+    def forward(self, x):
+        y = self.lin(x)
+        return y.sin(), y * 3
+
+
+def test_a_loaded_backward_fills_in_a_subclass_zero_gradient_for_an_unused_output(disk):
+    model, x = _TwoOutputs(), torch.randn(3, 4)
+
+    def step(f):
+        first, _ = f(x)  # the second output unused: autograd hands the backward a plain zero gradient for it
+        first.sum().backward()
+        grads = [p.grad for p in model.parameters()]
+        model.zero_grad()
+        return grads
+
+    step(thunder_subclass.jit(model))
+    jm = thunder_subclass.jit(model)
+    got, want = step(jm), step(model)
+    assert disk_cache.disk_cache_stats()["hits"] == 1 and thunder.cache_misses(jm) == 1
+    for a, b in zip(got, want):
+        assert type(a) is type(b)
+        torch.testing.assert_close(a, b)
+
+
+def thunder_subclass_flat(values):
+    out = []
+    for v in values:
+        if isinstance(v, (list, tuple)):
+            out += thunder_subclass_flat(v)
+        else:
+            out += [v] + ([v.a, v.b] if type(v) is TwoTensor else [])
+    return out
 
 
 def test_registrations_turn_the_disk_cache_off(disk, model_module):

@@ -47,9 +47,16 @@ KINDS = ["forward only", "forward and backward", "subclass parameters", "torchao
          "deep copy"]
 
 
+def _hits() -> int:
+    from thunder_subclass import disk_cache
+
+    return disk_cache.disk_cache_stats()["hits"]
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_compiled_modules_and_parameters_are_freed(kind):
-    refs = []
+    # the first model's calls trace, the second's load the entries they stored from disk: both kinds are freed
+    refs, hits = [], _hits()
     for _ in range(N_MODELS):
         model = _model(kind)
         jm = thunder_subclass.jit(model)
@@ -63,13 +70,15 @@ def test_compiled_modules_and_parameters_are_freed(kind):
     gc.collect()
     alive = [r() for r in refs if r() is not None]
     assert alive == [], f"{len(alive)} of {len(refs)} objects alive: {[type(a).__name__ for a in alive]}"
+    assert _hits() > hits
 
 
 @pytest.mark.parametrize("gradient", ["of the output's kind", "of another kind"])
 def test_compiled_function_with_backward_is_freed(gradient):
     """A function closing over a parameter; its backward run with a TwoTensor gradient (the compiled backward) or a
-    plain one (a backward variant is built for it and kept with the compiled backward)."""
-    refs = []
+    plain one (a backward variant is built for it and kept with the compiled backward). The first function traces,
+    the second loads its entry from disk (for a plain gradient it then traces the call again for the variant)."""
+    refs, hits = [], _hits()
     for _ in range(N_MODELS):
         w = torch.nn.Parameter(torch.randn(3, 3))
         jf = thunder_subclass.jit(lambda t: (t @ w).sin())
@@ -81,6 +90,7 @@ def test_compiled_function_with_backward_is_freed(gradient):
         del jf, w, x, out
     gc.collect()
     assert [r() for r in refs if r() is not None] == []
+    assert _hits() == hits + N_MODELS - 1
 
 
 def test_the_call_port_adds_no_reference_cycle():

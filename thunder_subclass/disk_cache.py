@@ -17,9 +17,9 @@ the factory that makes them and its arguments; the plugin's fused prologue check
 constants. A value that cannot be named so (an object known only by its identity, a closure, a compiled fusion region) makes
 the entry not storable: the call compiles as without the disk cache (``disk_cache_stats()["not_storable"]``).
 Entries with a backward (a call that needs gradients) are stored with the backward's source; its
-``tangents.BackwardVariants`` by what the run-time hooks read (``disk_state``), without the joint trace, so only where
-every output is a plain tensor; a loaded one (``tangents.StoredBackwardVariants``) raises a ``SubclassGradientError``
-for gradients of another kind than the outputs' (a backward for those is built from the joint trace). Not stored:
+``tangents.BackwardVariants`` by what the run-time hooks read (``disk_state``: the gradient kind each output expects,
+subclass outputs too), without the joint trace; a loaded one (``tangents.StoredBackwardVariants``) given gradients of
+another kind than the outputs' traces the call again in-process for the joint trace those need. Not stored:
 entries of a jit with symbolic values, nor any while grad rules, executor implementations or aten symbols are
 registered.
 

@@ -33,11 +33,8 @@ from __future__ import annotations
 
 import contextlib
 import io
-import weakref
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_unflatten
-
 import optree
 
 from thunder.core.pytree import OPTREE_NAMESPACE
@@ -64,17 +61,7 @@ def _effects(variants) -> str | None:
 def _resolve(call):
     """The call's arguments and flat arguments with live tensors, or None if one was freed or changed in place since
     the forward."""
-    for ref, version in call.versions:
-        t = ref()
-        if t is None or t._version != version:
-            return None
-
-    def live(x):
-        return x() if isinstance(x, weakref.ref) else x
-
-    leaves, spec = tree_flatten((call.args, call.kwargs))
-    args, kwargs = tree_unflatten([live(x) for x in leaves], spec)
-    return args, kwargs, [live(a) for a in call.flat_args]
+    return call.live(check_versions=True)
 
 
 def _snapshot_of(fn) -> Snapshot:

@@ -54,7 +54,8 @@ from thunder_subclass.executor import register_symbol
 __all__ = [
     "SubclassTensorProxy", "OpaqueObjectProxy", "is_subclass_value", "has_subclass_proxy", "has_subclass_leaf",
     "subclass_proxy_from_tensor",
-    "proxy_kind", "runtime_kind", "flatten_symbol", "record_flatten", "record_opaque_constant", "RAGGED_PLACEHOLDER",
+    "proxy_kind", "runtime_kind", "ctx_key", "flatten_symbol", "record_flatten", "record_opaque_constant",
+    "RAGGED_PLACEHOLDER",
     "nested_int_of", "remember_nested_int", "is_symbolic_size", "has_symbolic_sizes", "size_values",
 ]
 

@@ -16,7 +16,10 @@ formulas with that plain tensor, which can change the type of the resulting grad
 :class:`BackwardVariants` is created by the flatten pass for each joint trace, travels into the backward trace as an
 argument of ``flatten_cotangent_<Cls>``, learns the names of the saved tensors from :class:`SavedTensorNames` (a
 thunder ``Transform`` that reads the final backward trace), and is found again at run time by the
-``ThunderFunction.backward`` hook in ``_thunder_internals``.
+``ThunderFunction.backward`` hook in ``_thunder_internals``. An entry loaded from the on-disk cache has a
+:class:`StoredBackwardVariants` instead (the expected gradients as :class:`StoredGradient` descriptions, no joint
+trace): a gradient of another kind makes it trace the call again in-process (``_thunder_internals.trace_anew``) for
+the joint trace, whose variants then serve it.
 """
 
 from __future__ import annotations
@@ -42,11 +45,14 @@ from thunder_subclass.errors import (
     format_location,
 )
 from thunder_subclass.executor import register_symbol, subclass_executor
-from thunder_subclass.fake import FakeEnv, fake_execution, resolve_context, torch_device, torch_dtype
+from thunder_subclass.fake import (
+    FakeEnv, SizedContext, fake_execution, resolve_context, torch_device, torch_dtype,
+)
 from thunder_subclass.flatten import Flattener, flatten_subclasses, is_subclass_level
 from thunder_subclass.subclass_symbols import is_flatten_bsym, is_unflatten_bsym
 from thunder_subclass.proxy import (
-    OpaqueObjectProxy, SubclassTensorProxy, has_symbolic_sizes, proxy_kind, runtime_kind, subclass_proxy_from_tensor,
+    OpaqueObjectProxy, SubclassTensorProxy, ctx_key, has_symbolic_sizes, proxy_kind, runtime_kind,
+    subclass_proxy_from_tensor,
 )
 
 __all__ = [
@@ -115,14 +121,14 @@ class BackwardVariants:
         changed = None
         refused = self._refused.ids = set()  # this thread's backward call: read by accepts() right after
         for i, (g, p) in enumerate(zip(grads, self.expected_proxy)):
-            if g is None and isinstance(p, TensorProxy):  # not materialized (a function changing inputs in place)
+            if g is None and _expects_tensor(p):  # not materialized (a function changing inputs in place)
                 changed = list(grads) if changed is None else changed
-                changed[i] = _zeros_of(p)
-            elif isinstance(p, SubclassTensorProxy) and type(g) is torch.Tensor and not g.any():
+                changed[i] = _zeros_for(p)
+            elif _expects_subclass(p) and type(g) is torch.Tensor and not g.any():
                 changed = list(grads) if changed is None else changed
-                changed[i] = _zeros_of(p)
-            elif (isinstance(p, SubclassTensorProxy) and is_traceable_wrapper_subclass(g)
-                    and hasattr(g, "__coerce_same_metadata_as_tangent__") and runtime_kind(g) != proxy_kind(p)):
+                changed[i] = _zeros_for(p)
+            elif (_expects_subclass(p) and is_traceable_wrapper_subclass(g)
+                    and hasattr(g, "__coerce_same_metadata_as_tangent__") and runtime_kind(g) != _kind_of(p)):
                 coerced = _coerced(g, p)
                 if coerced is None:  # refused: eager never asks, and accepts it (accepts() sends it to a variant)
                     refused.add(id(g))
@@ -143,17 +149,15 @@ class BackwardVariants:
 
     def disk_state(self) -> tuple:
         """How an entry stored on disk (``thunder_subclass.disk_cache``) holds this object: what the run-time hooks
-        read, without the joint trace (proxies, not storable). Only where every output is a plain tensor (or not a
-        tensor): the zero gradients ``canonical`` makes then need a shape, dtype and device only. Raises ValueError
-        otherwise (the entry is not stored)."""
-        if self.saved_names is None or any(k not in (None, torch.Tensor) for k in self.expected):
-            raise ValueError("a backward for subclass outputs (its gradient kinds are not stored)")
-        zeros = tuple(None if not isinstance(p, TensorProxy) else
-                      (tuple(int(d) for d in p._shape), str(torch_dtype(p)), str(torch_device(p)))
-                      for p in self.expected_proxy)
-        kinds = tuple(k is not None for k in self.expected)
-        return (kinds, zeros, self.differentiable, self.mutated_inputs, tuple(self._from_outputs),
-                forward_effects(self.joint))
+        read, without the joint trace (proxies, not storable): for each output the gradient its compiled backward
+        expects (:class:`StoredGradient`: kind, sizes, flatten context), the names of the saved tensors and the grad
+        mode of the call (to trace it again for a gradient of another kind: :meth:`StoredBackwardVariants.run`).
+        Raises ValueError where that cannot be described (symbolic sizes; the entry is not stored)."""
+        if self.saved_names is None:
+            raise ValueError("the saved tensors of the backward are not known")
+        expected = tuple(StoredGradient.state_of(p) for p in self.expected_proxy)
+        return (expected, self.differentiable, self.mutated_inputs, tuple(self._from_outputs),
+                forward_effects(self.joint), tuple(self.saved_names), torch.is_grad_enabled())
 
     @classmethod
     def from_disk_state(cls, state) -> StoredBackwardVariants:
@@ -169,13 +173,16 @@ class BackwardVariants:
         for g, out, kind, p in zip(grads, self.outputs, self.expected, self.expected_proxy):
             if kind is None or g is None or runtime_kind(g) == kind:
                 continue
-            if (isinstance(out, SubclassTensorProxy) and isinstance(p, SubclassTensorProxy)
+            if (_expects_subclass(out) and _expects_subclass(p)
                     and hasattr(g, "__coerce_same_metadata_as_tangent__") and id(g) not in refused):
                 continue  # flatten_cotangent_<Cls> coerces it (not where a plain gradient is expected: none there)
             return False
         return True
 
-    def run(self, saved: list, grads) -> tuple:
+    def run(self, saved: list, grads, call=None) -> tuple:
+        """The input gradients for ``grads`` (of other kinds than :meth:`accepts` takes) from a backward made for
+        them, fed with the tensors the compiled forward ``saved``. (``call``: the forward's
+        ``plugin_state.RememberedCall``, for :class:`StoredBackwardVariants`.)"""
         key = tuple(runtime_kind(g) for g in grads)
         compiled = self._compiled.get(key)
         if compiled is None:  # built under the tracing lock; a thread racing the first build builds an equal one
@@ -265,49 +272,135 @@ class BackwardVariants:
         return fn, [available[p.name] for p in saved_args], grad_positions
 
 
+class StoredGradient:
+    """The gradient a loaded entry's compiled backward expects for one output (what :class:`BackwardVariants` reads
+    from the gradient proxy ``expected_proxy[i]`` in memory): a plain tensor of a shape, dtype and device, or a
+    subclass (``subclass_type``, ``flatten_ctx``, outer size and strides) of such inner tensors, or of opaque inner
+    values. Its ``kind`` is :func:`proxy_kind` of the proxy it stands for; :meth:`zeros` makes a zero gradient of it;
+    ``subclass_type`` / ``flatten_ctx`` are what ``_coerced`` reads."""
+
+    __slots__ = ("subclass_type", "flatten_ctx", "size", "stride", "dtype", "device", "inner", "kind")
+
+    def __init__(self, state):
+        tag, *rest = state
+        self.subclass_type = self.flatten_ctx = self.dtype = self.device = self.inner = None
+        if tag == "tensor":
+            size, dtype, device = rest
+            self.size, self.stride = tuple(size), None
+            self.dtype, self.device = getattr(torch, dtype.removeprefix("torch.")), torch.device(device)
+            self.kind = torch.Tensor
+        elif tag == "subclass":
+            self.subclass_type, self.flatten_ctx, size, stride, inner = rest
+            self.size, self.stride = tuple(size), tuple(stride)
+            self.inner = {a: StoredGradient(q) if q[0] != "opaque" else _Opaque(q[1]) for a, q in inner}
+            self.kind = (self.subclass_type, ctx_key(self.flatten_ctx),
+                         tuple(q.kind for q in self.inner.values()))
+        else:
+            raise ValueError(f"unknown stored gradient {tag!r}")
+
+    @staticmethod
+    def state_of(p) -> tuple | None:
+        """The description of gradient proxy ``p`` that :class:`StoredGradient` is built from (None: no tensor);
+        ValueError where it has symbolic sizes (the entry is not stored)."""
+        if not isinstance(p, TensorProxy):
+            return None
+        if has_symbolic_sizes(p) or isinstance(getattr(p, "flatten_ctx", None), SizedContext):
+            raise ValueError("a backward whose gradients have symbolic sizes")
+        if isinstance(p, SubclassTensorProxy):
+            inner = tuple((a, ("opaque", q.value) if isinstance(q, OpaqueObjectProxy) else StoredGradient.state_of(q))
+                          for a, q in p.inner.items())
+            return ("subclass", p.subclass_type, p.flatten_ctx, tuple(int(d) for d in p.outer_size),
+                    tuple(int(d) for d in p.outer_stride), inner)
+        return ("tensor", tuple(int(d) for d in p._shape), str(torch_dtype(p)), str(torch_device(p)))
+
+    def zeros(self) -> torch.Tensor:
+        if self.subclass_type is None:
+            return torch.zeros(self.size, dtype=self.dtype, device=self.device)
+        inner = {a: q.value if isinstance(q, _Opaque) else q.zeros() for a, q in self.inner.items()}
+        ctx = resolve_context(self.flatten_ctx, self.size, self.stride)
+        return self.subclass_type.__tensor_unflatten__(inner, ctx, self.size, self.stride)
+
+
+class _Opaque:
+    """An opaque inner value of a :class:`StoredGradient` (a DTensor's device mesh)."""
+
+    __slots__ = ("value", "kind")
+
+    def __init__(self, value):
+        self.value, self.kind = value, type(value)
+
+
+def _expects_tensor(p) -> bool:
+    return isinstance(p, (TensorProxy, StoredGradient))
+
+
+def _expects_subclass(p) -> bool:
+    return isinstance(p, SubclassTensorProxy) or (isinstance(p, StoredGradient) and p.subclass_type is not None)
+
+
+def _kind_of(p):
+    return p.kind if isinstance(p, StoredGradient) else proxy_kind(p)
+
+
+def _zeros_for(p) -> torch.Tensor:
+    return p.zeros() if isinstance(p, StoredGradient) else _zeros_of(p)
+
+
 class StoredBackwardVariants(BackwardVariants):
     """The :class:`BackwardVariants` of an entry loaded from disk: it serves the compiled backward as the original
-    does (zero gradients for outputs nothing used, the outputs' differentiability, inputs changed in place), but has no
-    joint trace to build a backward for gradients of another kind than the outputs' from: :meth:`run` raises a
-    :class:`~thunder_subclass.errors.SubclassGradientError` saying how to get one."""
+    does (the gradient kinds it expects, zero gradients for outputs nothing used, coercion of subclass gradients, the
+    outputs' differentiability, inputs changed in place), from :class:`StoredGradient` descriptions in place of the
+    joint trace's proxies. A backward for gradients of another kind is built from the joint trace, which a loaded
+    entry does not have: :meth:`run` traces the call again in this process (as the first process did, the entry's
+    forward then recompiled: a miss) and, where that trace saved the same tensors as the loaded forward, runs the
+    backward variant the new trace's :class:`BackwardVariants` builds on the loaded forward's saved tensors."""
 
     def __init__(self, state, compile_data, compile_stats):
-        kinds, zeros, differentiable, mutated, from_outputs, effects = state
+        expected, differentiable, mutated, from_outputs, effects, saved_names, grad = state
         self.joint = None
         self.compile_data, self.compile_stats = compile_data, compile_stats
-        self.expected = tuple(torch.Tensor if k else None for k in kinds)
-        self.outputs = self.expected_proxy = tuple(zeros)
+        self.outputs = self.expected_proxy = [None if e is None else StoredGradient(e) for e in expected]
+        self.expected = tuple(None if p is None else p.kind for p in self.expected_proxy)
         self.grad_of = {}
-        self.saved_names = None
+        self.saved_names = list(saved_names)
         self._compiled = {}
         self._refused = threading.local()
         self.differentiable = None if differentiable is None else tuple(differentiable)
         self.mutated_inputs = tuple(tuple(m) for m in mutated)
         self._from_outputs = tuple(from_outputs)
         self.effects = effects
+        self.grad_enabled = grad
+        self._live: BackwardVariants | None = None  # the variants of the call traced again (run)
 
-    def canonical(self, grads) -> list | None:
-        self._refused.ids = set()
-        changed = None
-        for i, (g, z) in enumerate(zip(grads, self.expected_proxy)):
-            if g is None and z is not None:
-                changed = list(grads) if changed is None else changed
-                shape, dtype, device = z
-                changed[i] = torch.zeros(shape, dtype=getattr(torch, dtype.removeprefix("torch.")),
-                                         device=torch.device(device))
-        return changed
+    def run(self, saved: list, grads, call=None) -> tuple:
+        if self._live is None:
+            self._live = self._trace_again(grads, call)
+        return self._live.run(saved, grads)
 
-    def accepts(self, grads) -> bool:
-        return all(kind is None or g is None or runtime_kind(g) == kind for g, kind in zip(grads, self.expected))
-
-    def run(self, saved: list, grads) -> tuple:
+    def _trace_again(self, grads, call) -> BackwardVariants:
         kinds = [getattr(k, "__name__", k) for k in map(runtime_kind, grads)]
+        why = None
+        if call is None or call.cd is not self.compile_data:
+            why = "the call it came from is not known (a function compiled by thunder.compile's plugin entry)"
+        else:
+            resolved = call.live(check_versions=False)
+            if resolved is None:
+                why = "an argument of the call was freed since the forward"
+        if why is None:
+            args, kwargs, _ = resolved
+            entry = _thunder_internals.trace_anew(self.compile_data, self.compile_stats, call.eager, args, kwargs,
+                                                  grad=self.grad_enabled)
+            live = variants_in(entry.backward_fn) if entry.backward_fn is not None else None
+            if live is None or live.saved_names != self.saved_names:
+                why = "the call traced again in this process saves other tensors than the loaded forward"
+            else:
+                return live
         raise SubclassGradientError(
-            f"this compiled function's backward was loaded from the thunder_subclass disk cache, and it received "
-            f"gradients of kinds {kinds}, other than its outputs' (plain tensors). A backward for them is built from "
-            "the forward's trace, which a loaded entry does not have. Pass plain-tensor gradients to .backward(), or "
-            "compile without the disk cache (thunder_subclass.jit(..., disk_cache=False) or "
-            "THUNDER_SUBCLASS_DISK_CACHE=0)."
+            f"this compiled function's backward was loaded from the thunder_subclass disk cache and received "
+            f"gradients of kinds {kinds}, other than its outputs'; a backward for them is built from the forward's "
+            f"trace, which thunder_subclass traces again for a loaded entry, but could not here: {why}. Pass "
+            "gradients of the outputs' kinds to .backward(), or compile without the disk cache "
+            "(thunder_subclass.jit(..., disk_cache=False) or THUNDER_SUBCLASS_DISK_CACHE=0)."
         )
 
     def __repr__(self) -> str:
@@ -586,12 +679,13 @@ def replace_grads(compiled_backward, grads) -> list | None:
     return None if variants is None else variants.canonical(grads)
 
 
-def run_backward(compiled_backward, grads, take_saved_tensors):
-    """Run a backward variant when the compiled backward does not accept these gradients, else ``NOT_HANDLED``."""
+def run_backward(compiled_backward, grads, take_saved_tensors, call=None):
+    """Run a backward variant when the compiled backward does not accept these gradients, else ``NOT_HANDLED``
+    (``call``: the forward's ``plugin_state.RememberedCall``, or None)."""
     variants = _variants_of(compiled_backward)
     if variants is None or variants.accepts(grads):
         return _thunder_internals.NOT_HANDLED
-    return variants.run(take_saved_tensors(), list(grads))
+    return variants.run(take_saved_tensors(), list(grads), call)
 
 
 class SavedTensorNames(Transform):

@@ -91,6 +91,7 @@ from thunder_subclass._thunder_internals.runtime import (  # noqa: F401
     ModuleBindings,
     fast_call_path,
     remembering_calls,
+    trace_anew,
     with_call,
 )
 from thunder_subclass._thunder_internals.state_reads import caller_module_name, state_path_of  # noqa: F401

@@ -427,7 +427,9 @@ def _hook_thunder_function_backward(original):
                     side_channel["bw"] = replaced
                 else:
                     raw_args = tuple(replaced)
-            result = plugin_state.handlers.run_backward(ctx.compiled_backward, grads, functools.partial(_take_saved_tensors, ctx))
+            result = plugin_state.handlers.run_backward(ctx.compiled_backward, grads,
+                                                        functools.partial(_take_saved_tensors, ctx),
+                                                        getattr(ctx, "thunder_subclass_call", None))
             if result is not NOT_HANDLED:
                 if ctx.return_none_instead_of_grads:
                     result = [None] * len(result)

@@ -40,9 +40,9 @@ class Handlers:
       (a tuple of bools), or None for thunder's default (all).
     * ``replace_grads(compiled_backward, grads)``: the incoming gradients of a thunder backward call, changed,
       or None to keep them.
-    * ``run_backward(compiled_backward, grads, take_saved_tensors)``: the input gradients of a backward the plugin
-      runs instead of thunder's compiled one, or ``NOT_HANDLED``; ``take_saved_tensors()`` releases the saved
-      tensors to it.
+    * ``run_backward(compiled_backward, grads, take_saved_tensors, call)``: the input gradients of a backward the
+      plugin runs instead of thunder's compiled one, or ``NOT_HANDLED``; ``take_saved_tensors()`` releases the saved
+      tensors to it; ``call`` is the :class:`RememberedCall` its forward ran for (or None).
     * ``mutated_inputs(compiled_backward)``: pairs (position in a thunder forward call's ``flat_args``, position in
       its ``flat_output``) of the inputs changed in place and their new values (``grads_for_mutated_inputs``), or
       ``()``.
@@ -201,6 +201,23 @@ class RememberedCall:
         self.cd, self.eager = cd, eager
         self.flat_args = tuple(weak(x) for x in flat_args)
         self.versions = tuple((weakref.ref(x), x._version) for x in (*leaves, *flat_args) if isinstance(x, torch.Tensor))
+
+    def live(self, check_versions: bool = True) -> tuple | None:
+        """``(args, kwargs, flat_args)`` with the live tensors, or None if one was freed (or, with ``check_versions``,
+        changed in place since the forward)."""
+        from torch.utils._pytree import tree_flatten, tree_unflatten
+
+        for ref, version in self.versions:
+            t = ref()
+            if t is None or (check_versions and t._version != version):
+                return None
+
+        def live(x):
+            return x() if isinstance(x, weakref.ref) else x
+
+        leaves, spec = tree_flatten((self.args, self.kwargs))
+        args, kwargs = tree_unflatten([live(x) for x in leaves], spec)
+        return args, kwargs, [live(a) for a in self.flat_args]
 
 
 _calls = __import__("threading").local()  # .stack: (cd, eager, args, kwargs) of the compiled calls running now

@@ -24,6 +24,8 @@ how to read and run thunder's cache and where the hooks sit.
   cells of those names, replaced in the same hook: :func:`_use_disk_cache`) — a miss of a jit with an on-disk cache
   (the ``disk_cache`` of its :class:`CallPort`, ``thunder_subclass.disk_cache``) loads a stored entry instead of tracing
   when one accepts the call, and otherwise hands the entry built from the new trace to the cache to store.
+  :func:`trace_anew` runs that miss path on purpose, the jit's cache set aside, for a loaded training entry whose
+  backward needs the joint trace (``tangents.StoredBackwardVariants``).
 * ``core/module.py`` ``ThunderModule`` tables of parameters, buffers and submodules (private state, filled once by
   thunder) — kept bound to the module as it is now (:class:`ModuleBindings`): a parameter or submodule replaced after
   compiling is what the next call reads.
@@ -402,7 +404,7 @@ def _use_disk_cache(get_computation_and_inputs) -> None:
     def acquire_initial_trace(fn, args, kwargs, cd, cs, *rest, **kwrest):
         port = getattr(cd, PORT_ATTR, None)
         disk = None if port is None else port.disk_cache
-        if disk is None or cd.cache_option is not CACHE_OPTIONS.CONSTANT_VALUES:
+        if disk is None or cd.cache_option is not CACHE_OPTIONS.CONSTANT_VALUES or getattr(_anew, "on", False):
             pending.call = None
             return acquire(fn, args, kwargs, cd, cs, *rest, **kwrest)
         entry = disk.load(cd, cs, args, kwargs)
@@ -432,6 +434,36 @@ def _use_disk_cache(get_computation_and_inputs) -> None:
     apply_transforms_and_build_cache_entry.__wrapped__ = build
     acquire_cell.cell_contents = acquire_initial_trace
     build_cell.cell_contents = apply_transforms_and_build_cache_entry
+
+
+_anew = threading.local()  # .on: this thread traces a call again (trace_anew): the disk cache is not asked
+
+
+def trace_anew(cd, cs, eager: Callable | None, args: tuple, kwargs: dict, *, grad: bool):
+    """A new cache entry of the plugin jit with compile data ``cd`` (statistics ``cs``) for a call with ``args`` /
+    ``kwargs``, traced now as at a cache miss (thunder's ``get_computation_and_inputs`` with the plugin's hooks,
+    under grad mode ``grad``, the call being this thread's current compiled call as in :func:`remembering_calls`),
+    though an entry of the jit may accept the call. Meanwhile the jit's cache is set aside (restored afterwards, with
+    the statistics' last traces; the miss is counted) and its on-disk cache neither loads nor stores. For a loaded
+    entry whose backward needs the joint trace (``tangents.StoredBackwardVariants``)."""
+    last = ("last_traces", "last_prologue_traces", "last_epilogue_traces", "last_backward_traces", "last_prologue")
+    with TRACING_LOCK:
+        cache, saved = cs.interpreter_cache, {n: getattr(cs, n, None) for n in last}
+        grad_before = cd.is_grad_enabled
+        cs.interpreter_cache = []
+        _anew.on = True
+        plugin_state.push_call(cd, eager, args, kwargs)
+        try:
+            with torch.set_grad_enabled(grad):
+                entry, _, _ = cd.get_computation_and_inputs(*args, **kwargs)
+        finally:
+            plugin_state.pop_call()
+            _anew.on = False
+            cs.interpreter_cache = cache
+            cd.is_grad_enabled = grad_before
+            for n, v in saved.items():
+                setattr(cs, n, v)
+    return entry
 
 
 _just_built = threading.local()  # .entry: the cache entry this thread's call just built, until its first prologue ran

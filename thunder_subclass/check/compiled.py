@@ -65,7 +65,9 @@ def check_ops(report: SubclassReport, make: Callable[[int], torch.Tensor], appli
             continue
         x = make(0)
         before = clone_inner(x)
-        jf = thunder_subclass.jit(a.program.fn, fullgraph=True)  # a graph break would run it eagerly
+        # a graph break would run it eagerly; disk_cache=False: the check traces (an entry another check, or an earlier
+        # run, stored would not show how this subclass compiles now) and leaves nothing in the user's cache
+        jf = thunder_subclass.jit(a.program.fn, fullgraph=True, disk_cache=False)
         try:
             result = jf(x, *a.operands)
         except Exception as e:
@@ -156,7 +158,7 @@ def check_grads(report: SubclassReport, make: Callable[[int], torch.Tensor], pas
             skipped.append(f"{label} ({type(e).__name__})")
             continue
         try:
-            got = _grad_of(thunder_subclass.jit(fn, fullgraph=True), make(0), a.operands)
+            got = _grad_of(thunder_subclass.jit(fn, fullgraph=True, disk_cache=False), make(0), a.operands)
         except _NoGradient:
             got = None
         except Exception as e:
@@ -207,7 +209,7 @@ def check_dynamic(report: SubclassReport, make: Callable[[int], torch.Tensor], p
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # thunder calls its symbolic values experimental
-            jf = thunder_subclass.jit(program.fn, dynamic=True, fullgraph=True)
+            jf = thunder_subclass.jit(program.fn, dynamic=True, fullgraph=True, disk_cache=False)
             jf(x0, *ops0)
             got = jf(x1, *ops1)
     except Exception as e:
