@@ -178,3 +178,26 @@ def test_watch_rules():
     assert watched._watch(Custom(), version) is None  # its __eq__ may read anything
     assert watched._watch(Slotted(), version) is None  # slots have no version tag
     assert watched._watch(3, version) is None  # nothing to watch
+
+
+def test_hf_config_is_watched_and_a_config_write_is_seen():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                      num_attention_heads=2, num_key_value_heads=1, vocab_size=64)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    jm = thunder_subclass.jit(model)
+    ids = torch.randint(0, 64, (1, 5), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        for _ in range(3):
+            torch.testing.assert_close(jm(ids).logits, model(ids).logits)
+        checks = [v for v in _fused_constants(jm).values() if isinstance(v, watched.WatchedCheck)]
+        assert checks and all(c.last is not None for c in checks)  # the config compared once, then watched
+        misses = thunder.cache_misses(jm)
+        model.config.output_hidden_states = True  # a write through transformers' __setattr__
+        out, expected = jm(ids), model(ids)
+        assert thunder.cache_misses(jm) == misses + 1
+        assert len(out.hidden_states) == len(expected.hidden_states) == 2
+        for a, b in zip(out.hidden_states, expected.hidden_states):
+            torch.testing.assert_close(a, b)
+        torch.testing.assert_close(out.logits, expected.logits)
