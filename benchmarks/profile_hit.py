@@ -4,7 +4,8 @@ decode-size forward (torchao int8 weight-only, 1 x 8 tokens, ``no_grad``).
     python benchmarks/profile_hit.py [--cases twotensor_linear,int8_linear_stack,hf] [--repeats 7] [--iters 200]
                                      [--configs ts,ts+inductor,inductor] [--profile]
 
-Per case and configuration: the median (over ``--repeats`` rounds, every configuration timed in turn in each round,
+Per case and configuration: the first call's time (trace and compile, in this process: inductor's caches may be
+warm from an earlier case), and the median (over ``--repeats`` rounds, every configuration timed in turn in each round,
 so that a shared machine's noise hits them alike) of the mean time per call of a loop of ``--iters`` calls, and its
 ratio to inductor's. For the plugin's configurations it then splits one hit into its parts, each timed alone in a
 loop on the same arguments: the per-call cache info (``populate_cache_info``), the entry's prologue (its guards:
@@ -168,12 +169,16 @@ def main(argv=None):
     torch.set_num_threads(1)
     configs = args.configs.split(",")
     for case_name, case in cases(args.cases.split(",")).items():
-        steps, jfns = {}, {}
+        steps, jfns, firsts = {}, {}, {}
         for name in configs:
+            torch._dynamo.reset()
             fn = CONFIGS[name](copy.deepcopy(case["model"]))
             steps[name] = case["run"](fn)
             jfns[name] = fn
-            for _ in range(5):
+            start = time.perf_counter()
+            steps[name]()
+            firsts[name] = time.perf_counter() - start
+            for _ in range(4):
                 steps[name]()
         samples = {name: [] for name in steps}
         for _ in range(args.repeats):
@@ -183,7 +188,7 @@ def main(argv=None):
         print(f"\n== {case_name} (us per call, median of {args.repeats} x {args.iters}) ==")
         for name in configs:
             ratio = med[name] / med["inductor"] if "inductor" in med else float("nan")
-            print(f"  {name:<12} {med[name]:9.1f}  / inductor {ratio:5.2f}")
+            print(f"  {name:<12} {med[name]:9.1f}  / inductor {ratio:5.2f}   first call {firsts[name]:6.2f} s")
         for name in configs:
             if not name.startswith("ts"):
                 continue
