@@ -11,7 +11,9 @@ ratio to inductor's. For the plugin's configurations it then splits one hit into
 loop on the same arguments: the per-call cache info (``populate_cache_info``), the entry's prologue (its guards:
 tensor metadata, object reads, module and torch state), the computation and the epilogue; "wrappers" is the rest
 (the plugin's and thunder's per-call path: the module's ``__call__``, the fast path, the entry index, statistics).
-``--profile`` adds cProfile's top functions of the ``ts`` hit (by internal time).
+``--profile`` adds cProfile's top functions of the ``ts`` hit (by internal time). ``--watch-ab`` times instead, in
+one process and in alternation, ``ts`` as it is against ``ts`` whose object guards compare in full on every call (the
+checks before ``guards/watched.py``): the price of those comparisons on a hit.
 
 Wall clock on a shared machine: compare the ratios of one run, not absolute numbers across runs.
 """
@@ -165,8 +167,11 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--iters", type=int, default=200)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--watch-ab", action="store_true")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    if args.watch_ab:
+        return watch_ab(args)
     configs = args.configs.split(",")
     for case_name, case in cases(args.cases.split(",")).items():
         steps, jfns, firsts = {}, {}, {}
@@ -205,6 +210,35 @@ def main(argv=None):
             buf = io.StringIO()
             pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(25)
             print(buf.getvalue())
+
+
+def watch_ab(args):
+    """``ts`` with watched object guards against ``ts`` with every comparison run per call, side by side."""
+    from thunder_subclass.guards import objects
+
+    for case_name, case in cases(args.cases.split(",")).items():
+        steps = {}
+        for name in ("watched", "per call"):
+            fn = thunder_subclass.jit(copy.deepcopy(case["model"]))
+            step = case["run"](fn)
+            watched = objects.watched
+            if name == "per call":
+                objects.watched = lambda check: check  # the prologue is built at the first call
+            try:
+                step()
+            finally:
+                objects.watched = watched
+            for _ in range(4):
+                step()
+            steps[name] = step
+        samples = {name: [] for name in steps}
+        for _ in range(args.repeats):
+            for name, step in steps.items():
+                samples[name].append(per_call(step, args.iters))
+        med = {name: statistics.median(s) for name, s in samples.items()}
+        ratios = [a / b for a, b in zip(samples["watched"], samples["per call"])]
+        print(f"{case_name}: watched {med['watched']:.1f} us, per call {med['per call']:.1f} us, "
+              f"ratio {statistics.median(ratios):.3f} (median of {args.repeats} paired rounds)")
 
 
 if __name__ == "__main__":
