@@ -44,7 +44,7 @@ from thunder_subclass.guards.values import SCALARS
 __all__ = ["STATE_ONLY_CLASSES", "StateCheck", "WatchedCheck", "watched"]
 
 # (module, qualname) of classes whose own __getattribute__, __getattr__, __eq__ and __ne__ read only the instance's
-# attributes and its classes' (checked against transformers 4.55-5.x): the config's attribute_map lookups and
+# attributes and its classes' (read in transformers 5.24; PretrainedConfig is its older name): attribute_map lookups and
 # __eq__ comparing the __dict__s
 STATE_ONLY_CLASSES = frozenset({
     ("transformers.configuration_utils", "PreTrainedConfig"),
