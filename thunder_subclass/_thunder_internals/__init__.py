@@ -31,6 +31,7 @@ module                     concern
 :mod:`.module_dispatch`    per-thread module dispatch: submodules run a compiled ``forward`` while a graph-break
                            program runs their parent eagerly, without changing the user's modules
 :mod:`.executors`          thunder's torch_compile executor and the plugin's inductor regions
+:mod:`.dict_versions`    CPython's dict version tags (through torch's reader): the prologue's watched objects
 :mod:`.dtensor_masks`      DTensor's ``_MaskPartial`` mask buffers: fake runs leave them as they found them; a
                            traced value keeps its own
 :mod:`.install`            :func:`install` / :func:`uninstall`: the table of hook targets
@@ -52,6 +53,7 @@ from thunder_subclass._thunder_internals.autograd_hooks import (  # noqa: F401
     grads_for_mutated_inputs,
     newest_version,
 )
+from thunder_subclass._thunder_internals.dict_versions import class_dict, dict_version_reader  # noqa: F401
 from thunder_subclass._thunder_internals.dtensor_masks import (  # noqa: F401
     holds_mask,
     isolated_mask_buffers,

@@ -586,8 +586,13 @@ class ModuleBindings:
 
 def _identity_check(modules) -> Callable[[], bool]:
     """A generated function, true while each module in ``modules`` has the same entries in its ``_parameters``,
-    ``_buffers`` and ``_modules`` as now (the same objects, and no more)."""
-    consts: dict = {}
+    ``_buffers`` and ``_modules`` as now (the same objects, and no more): each dict's version tag is the one it has
+    now (``dict_versions``: one C call per dict, whatever it holds), or, where tags are not available, its length and
+    each entry compared."""
+    from thunder_subclass._thunder_internals.dict_versions import dict_version_reader
+
+    dict_version = dict_version_reader()
+    consts: dict = {"_version": dict_version}
     conditions: list[str] = []
     seen: set = set()
     for m in modules:
@@ -597,6 +602,9 @@ def _identity_check(modules) -> Callable[[], bool]:
         for d in (m._parameters, m._buffers, m._modules):
             name = f"d{len(consts)}"
             consts[name] = d
+            if dict_version is not None and type(d) is dict:
+                conditions.append(f"_version({name}) == {dict_version(d)}")
+                continue
             conditions.append(f"len({name}) == {len(d)}")
             for k, v in d.items():
                 value = f"c{len(consts)}"

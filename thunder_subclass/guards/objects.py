@@ -18,6 +18,7 @@ from typing import Any
 
 from thunder_subclass import _thunder_internals
 from thunder_subclass.guards.protocol import Guard, is_same_value, register_check
+from thunder_subclass.guards.watched import StateCheck, watched
 from thunder_subclass.guards.values import (
     equal_to_snapshot,
     function_snapshot,
@@ -214,6 +215,10 @@ class _Equal(_Compared):
     kind = "equal"
     compare = staticmethod(equal_to_snapshot)
 
+    def expression(self, v: str, const) -> str:
+        # `obj == snapshot` once per write to what it reads (guards.watched), not once per call
+        return self._typed(v, const, f"{const(watched(StateCheck(self)))}({v})")
+
     def explain(self, obj) -> str:
         return self._wrong_type(obj) or f"{self._what()} is {obj!r}, not equal to {self.value!r} as when traced"
 
@@ -243,7 +248,7 @@ class _State(ObjectSpec):
         return type(obj) is self.typ and same_state(obj, self.value)
 
     def expression(self, v: str, const) -> str:
-        return self._typed(v, const, f"{const(StateCheck(self))}({v})")
+        return self._typed(v, const, f"{const(watched(StateCheck(self)))}({v})")  # once per write (guards.watched)
 
     def explain(self, obj) -> str:
         return self._wrong_type(obj) or (f"{self._what()} changed since the trace was made: "
@@ -300,25 +305,6 @@ class _Keys(_Length):
 
 
 check_object = register_check("check_object", ("obj", "spec"))
-
-
-class StateCheck:
-    """A ``"state"`` spec's check in the fused prologue, which also says what changed when a miss is explained
-    (``FusedChecks.failure`` calls ``explain``)."""
-
-    __slots__ = ("spec",)
-
-    def __init__(self, spec: ObjectSpec):
-        self.spec = spec
-
-    def __call__(self, obj) -> bool:
-        return self.spec.matches(obj)
-
-    def explain(self, obj) -> str:
-        return self.spec.explain(obj)
-
-    def __repr__(self) -> str:
-        return f"<state check of the {self.spec.where or 'object'}>"
 
 
 class FunctionCheck(StateCheck):
