@@ -1,4 +1,4 @@
-"""The on-disk cache (``thunder_subclass.disk_cache``): a second process loads what the first stored, equal to eager;
+"""The on-disk cache (``thunder_subclass.runtime.disk_cache``): a second process loads what the first stored, equal to eager;
 corrupted, stale and foreign entries are never trusted.
 
 The restart itself runs in subprocesses (``_disk_cache_runner.py``); the checks of what a load trusts run in this
@@ -20,7 +20,7 @@ import torch
 from torch.testing._internal.two_tensor import TwoTensor
 
 import thunder_subclass
-from thunder_subclass import disk_cache
+from thunder_subclass.runtime import disk_cache
 
 _RUNNER = os.path.join(os.path.dirname(__file__), "_disk_cache_runner.py")
 

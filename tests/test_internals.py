@@ -85,7 +85,7 @@ def test_torch_compile_fusion_of_aten_symbols_is_registered_only_while_installed
     torch.testing.assert_close(out.b, expected.b)
     names = [b.sym.name for b in thunder.last_traces(jf)[-1].bound_symbols]
     assert sum(n.startswith("TorchCompile") for n in names) == 1 and "aten_special_erfcx_default" not in names, names
-    sym = thunder_subclass.aten_symbols.aten_symbol(torch.ops.aten.special_erfcx.default)
+    sym = thunder_subclass.frontend.aten_symbols.aten_symbol(torch.ops.aten.special_erfcx.default)
     assert sym.id in torch_compile_ex.implmap
     thunder_subclass.uninstall_hooks()
     try:
@@ -94,11 +94,11 @@ def test_torch_compile_fusion_of_aten_symbols_is_registered_only_while_installed
         thunder_subclass.install_hooks()
     assert sym.id in torch_compile_ex.implmap
     # not pointwise: joins regions through an opaque custom-op wrapper that keeps eager input layouts
-    scaled_mm = thunder_subclass.aten_symbols.aten_symbol(torch.ops.aten._scaled_mm.default)
+    scaled_mm = thunder_subclass.frontend.aten_symbols.aten_symbol(torch.ops.aten._scaled_mm.default)
     assert torch_compile_ex.implmap[scaled_mm.id].execution_transform is not None
     assert torch.ops.thunder_subclass_opaque.aten__scaled_mm_default.default._schema.arguments[1].name == "mat2"
     # in-place ops stay outside
-    assert thunder_subclass.aten_symbols.aten_symbol(torch.ops.aten.add_.Tensor).id not in torch_compile_ex.implmap
+    assert thunder_subclass.frontend.aten_symbols.aten_symbol(torch.ops.aten.add_.Tensor).id not in torch_compile_ex.implmap
 
 
 _TRACEBACK_PROGRAM = '''
@@ -167,7 +167,8 @@ def test_interpreter_fixes_are_parts_by_concern_each_with_its_table():
     import itertools
     import operator
 
-    from thunder_subclass._thunder_internals import fixes_iteration, interpreter_fixes
+    from thunder_subclass._thunder_internals.fixes import iteration as fixes_iteration
+    from thunder_subclass._thunder_internals import fixes as interpreter_fixes
 
     assert len(interpreter_fixes.PARTS) == 7
     targets = []

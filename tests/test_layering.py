@@ -115,7 +115,7 @@ def test_guards_are_one_protocol_in_files_by_concern():
     assert len(checks) >= 13
     for sym in checks:
         assert sym.id in protocol._GUARD_OF, sym.name
-    state_guards = __import__("thunder_subclass.state_guards", fromlist=["x"])
+    state_guards = __import__("thunder_subclass.guards.state", fromlist=["x"])
     for sym in (state_guards.check_module_slot_empty, state_guards.check_module_forward, state_guards.check_state_read):
         assert sym.id in protocol._GUARD_OF, sym.name
 
@@ -137,7 +137,7 @@ def test_the_internals_layer_holds_no_cache_policy():
                 assert not any(w in node.name.lower() for w in ("dynamic", "entryindex", "call_key", "bounded_call")), (
                     f"{path.name}: {node.name} is policy")
         assert "POLICY_ATTR" not in path.read_text(), path.name
-    from thunder_subclass import cache_policy
+    from thunder_subclass.runtime import cache_policy
 
     for step in ("graph breaks", "remembered call", "fast hit", "AutomaticDynamicShapes", "bound", "thunder's own"):
         assert step in cache_policy.compiled_call.__doc__, step

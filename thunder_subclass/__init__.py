@@ -34,12 +34,12 @@ from thunder_subclass.errors import (  # noqa: E402
     SubclassContractError,
 )
 from thunder_subclass.plugin import PLUGIN_NAME, TensorSubclassPlugin, explain, jit  # noqa: E402
-from thunder_subclass.graph_breaks import GraphBreak, GraphBreakReport, GraphBreakWarning  # noqa: E402
-from thunder_subclass.cache import config, explain_recompiles, last_miss_reasons  # noqa: E402
-from thunder_subclass.disk_cache import disk_cache_stats, reset_disk_cache_stats  # noqa: E402
-from thunder_subclass.proxy import SubclassTensorProxy  # noqa: E402
+from thunder_subclass.runtime.graph_breaks import GraphBreak, GraphBreakReport, GraphBreakWarning  # noqa: E402
+from thunder_subclass.runtime.cache import config, explain_recompiles, last_miss_reasons  # noqa: E402
+from thunder_subclass.runtime.disk_cache import disk_cache_stats, reset_disk_cache_stats  # noqa: E402
+from thunder_subclass.frontend.proxy import SubclassTensorProxy  # noqa: E402
 from thunder_subclass.rules import RuleHandle, make_subclass, register_grad_rule, register_implementation  # noqa: E402
-from thunder_subclass.aten_symbols import register_aten_symbol  # noqa: E402
+from thunder_subclass.frontend.aten_symbols import register_aten_symbol  # noqa: E402
 from thunder_subclass.hooks import install as install_hooks, uninstall as uninstall_hooks  # noqa: E402
 from thunder_subclass.inductor_executor import inductor_ex  # noqa: E402
 from thunder_subclass.check import SubclassReport, check_subclass  # noqa: E402

@@ -5,7 +5,7 @@ In: calls the interpreter meets while a plugin jit traces: ``DTensor.from_local`
 that ``parallelize_module`` puts on modules), and the hook functions of tensor-parallel styles
 (``ColwiseParallel._prepare_input_fn``, ``SequenceParallel._prepare_output_fn``, ...).
 
-What happens: each such call is recorded as ONE container bound symbol (``thunder_subclass.autograd.container_symbol``):
+What happens: each such call is recorded as ONE container bound symbol (``thunder_subclass.transforms.autograd.container_symbol``):
 the function runs once on fakes under the recorder, so its subsymbols are what DTensor does below it — the
 ``flatten_DTensor`` / ``unflatten_DTensor`` of its local tensors and the functional collectives its redistribution
 issues (``_c10d_functional.all_reduce`` / ``all_gather_into_tensor`` / ``reduce_scatter_tensor`` and ``wait_tensor``,
@@ -36,9 +36,9 @@ import torch
 from thunder.core.proxies import TensorProxy
 
 from thunder_subclass._thunder_internals import source_location, torch_version
-from thunder_subclass.autograd import record_function_call
+from thunder_subclass.transforms.autograd import record_function_call
 from thunder_subclass.errors import TorchFeatureUnavailableError, format_location
-from thunder_subclass.proxy import is_marked_leaf
+from thunder_subclass.frontend.proxy import is_marked_leaf
 
 __all__ = ["lookaside", "is_tensor_parallel_hook", "dtensor_entry_points"]
 

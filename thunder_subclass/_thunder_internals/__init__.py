@@ -27,7 +27,7 @@ module                     concern
 :mod:`.autograd_hooks`     the flatten point before executors, gradients of inputs changed in place,
                            ``ThunderFunction`` forward/backward
 :mod:`.runtime`            the per-call path, thunder's side: cache info and the fast way to a cache hit; its
-                           decisions come from above through a :class:`CallPort` (``thunder_subclass.cache_policy``)
+                           decisions come from above through a :class:`CallPort` (``thunder_subclass.runtime.cache_policy``)
 :mod:`.module_dispatch`    per-thread module dispatch: submodules run a compiled ``forward`` while a graph-break
                            program runs their parent eagerly, without changing the user's modules
 :mod:`.executors`          thunder's torch_compile executor and the plugin's inductor regions
@@ -70,7 +70,7 @@ from thunder_subclass._thunder_internals.install import (  # noqa: F401
     is_installed,
     uninstall,
 )
-from thunder_subclass._thunder_internals.interpreter_fixes import (  # noqa: F401
+from thunder_subclass._thunder_internals.fixes import (  # noqa: F401
     exception_source_lines,
     interpreter_fix_lookaside,
     is_hashable,

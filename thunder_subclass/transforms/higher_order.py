@@ -42,10 +42,10 @@ import optree
 
 from thunder.core.pytree import OPTREE_NAMESPACE
 
-from thunder_subclass.backward_effects import Snapshot
+from thunder_subclass.transforms.backward_effects import Snapshot
 from thunder_subclass.errors import HigherOrderGradientError
 from thunder_subclass._thunder_internals import NOT_HANDLED
-from thunder_subclass.tangents import forward_effects, variants_in
+from thunder_subclass.transforms.tangents import forward_effects, variants_in
 
 __all__ = ["create_graph_backward"]
 

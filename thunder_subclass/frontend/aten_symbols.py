@@ -37,7 +37,7 @@ from thunder.core.symbol import Symbol
 from thunder_subclass._thunder_internals import allow_torch_compile_fusion
 from thunder_subclass.errors import SubclassRegistrationError
 from thunder_subclass.executor import register_constant_symbol, subclass_executor, unique_operator_name
-from thunder_subclass.fake import FakeEnv, fake_execution, remember_stride, torch_device, torch_dtype
+from thunder_subclass.frontend.fake import FakeEnv, fake_execution, remember_stride, torch_device, torch_dtype
 
 __all__ = ["aten_symbol", "record_aten_call", "recording_backward", "register_aten_symbol", "THUNDER_EQUIVALENTS"]
 
@@ -169,7 +169,7 @@ _registered: dict[OpOverload, Symbol] = {}
 
 
 def has_registered_aten_symbols() -> bool:
-    """Whether any :func:`register_aten_symbol` registration is in place (see ``thunder_subclass.disk_cache``)."""
+    """Whether any :func:`register_aten_symbol` registration is in place (see ``thunder_subclass.runtime.disk_cache``)."""
     return bool(_registered)
 
 

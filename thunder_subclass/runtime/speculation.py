@@ -5,7 +5,7 @@ In: a conversion of a value computed from tensor data to a Python value while a 
 ``t.item()`` made (``if x.sum().item() > 0:``), ``.item()`` of a subclass tensor, and ``t.tolist()`` of a tensor (at
 most :data:`TOLIST_LIMIT` numbers: MoE routing's ``counts.tolist()``). thunder cannot trace past such a
 point (its proxies have no values), and the program would run as compiled regions with eager code between them
-(:mod:`thunder_subclass.graph_breaks`), as torch.compile breaks its graph there.
+(:mod:`thunder_subclass.runtime.graph_breaks`), as torch.compile breaks its graph there.
 
 What happens instead: the operations of the trace so far that the value depends on (its *slice*: torch-level bound
 symbols back to the inputs) are run eagerly on the call's real inputs (the torch function each symbol stands for, on
@@ -18,7 +18,7 @@ branch does not hold: no partial computation, no side effect, no wrong answer.
 
 The slice runs twice per call (in the prologue, and in the computation where the program uses its tensors); it is
 usually small (a reduction feeding a comparison). Not speculated, so that the program breaks the graph as before
-(the data-dependency error, then :mod:`~thunder_subclass.graph_breaks`): a value whose slice holds an in-place or
+(the data-dependency error, then :mod:`~thunder_subclass.runtime.graph_breaks`): a value whose slice holds an in-place or
 random operation (running it in the prologue would change inputs or the random state), a value computed after an
 in-place change of anything but a tensor the trace made from no tensor (which aliases no input) and the value does not
 read, an operation without a torch
@@ -43,10 +43,10 @@ from thunder.core.pytree import tree_flatten, tree_map
 from thunder.core.symbol import Symbol
 
 from thunder_subclass import _thunder_internals
-from thunder_subclass.cache import DEFAULT_SPECULATION_LIMIT, config
+from thunder_subclass.runtime.cache import DEFAULT_SPECULATION_LIMIT, config
 from thunder_subclass.executor import subclass_executor
 from thunder_subclass.guards import SubclassGuardFailure
-from thunder_subclass.proxy import SubclassTensorProxy
+from thunder_subclass.frontend.proxy import SubclassTensorProxy
 
 __all__ = ["SPECULATION_LIMIT", "TOLIST_LIMIT", "SpeculationSpec", "check_speculation", "lookaside", "record_input", "speculate"]
 
@@ -209,7 +209,7 @@ class SpeculationSpec:
 
 
 def _no_autocast():
-    from thunder_subclass.fake import autocast_context
+    from thunder_subclass.frontend.fake import autocast_context
 
     return autocast_context(())  # autocast off on every device, whatever the caller's state
 
@@ -272,7 +272,7 @@ def is_unsafe(bsym, *, random: bool = True) -> bool:
 def _step_for(bsym) -> _Step | None:
     from thunder.core import devices, dtypes
 
-    from thunder_subclass.recording import denormalize, torch_callable_for
+    from thunder_subclass.frontend.recording import denormalize, torch_callable_for
 
     def template(x):
         if isinstance(x, Proxy):
@@ -423,7 +423,7 @@ def _slice(target, trace, real_inputs: dict) -> tuple | None:
 def _compile(spec: SpeculationSpec, bsyms: list, real_inputs: dict, target) -> None:
     """Compile the steps of ``spec`` (as a region of their own: the flatten pass, then the plugin's and thunder's
     executors), checked against the eager value; left eager where that fails."""
-    from thunder_subclass.flatten import flatten_subclasses
+    from thunder_subclass.transforms.flatten import flatten_subclasses
 
     try:
         fn = _thunder_internals.region_callable(
@@ -468,7 +468,7 @@ def speculate(target, conversion: str) -> Any:
             f"no longer speculated on: the code around it runs eagerly from now on (data dependency)")
     spec = SpeculationSpec(inputs, steps, target.name, conversion, None, site)
     try:
-        from thunder_subclass.fake import real_execution
+        from thunder_subclass.frontend.fake import real_execution
 
         with real_execution():
             value = spec.evaluate(_real_values(real_inputs, inputs))
@@ -551,7 +551,7 @@ def refuse_unknown_numbers(sym, args: tuple, kwargs: dict) -> None:
     for a in tree_flatten((args, kwargs))[0]:
         if isinstance(a, NumberProxy) and a.value is None:
             from thunder_subclass.errors import format_location
-            from thunder_subclass.recording import subclass_names
+            from thunder_subclass.frontend.recording import subclass_names
 
             where = format_location(*_thunder_internals.source_location(skip_files=(__file__,)))
             raise NotImplementedError(

@@ -1,7 +1,7 @@
 """Stage 7, the flatten transform: subclasses leave the program before executors claim operations.
 
 In: a computation trace — after autograd, the joint forward+backward trace — holding subclass-level bound symbols
-recorded by interpretation and by the grad rules (``thunder_subclass.autograd``). Out: a trace in which each of them
+recorded by interpretation and by the grad rules (``thunder_subclass.transforms.autograd``). Out: a trace in which each of them
 is replaced by its subsymbols, so inner tensors flow as plain tensors through aten-level / thunder torch symbols that
 the torch, torch_compile and nvFuser executors can claim. One forward sweep with a substitution map:
 
@@ -34,7 +34,7 @@ from thunder.core.pytree import tree_flatten
 from thunder.core.trace import TraceProvenance, from_trace, tracectx
 
 from thunder_subclass._thunder_internals import is_torch_level_symbol, new_trace, size_computation
-from thunder_subclass.autograd import (
+from thunder_subclass.transforms.autograd import (
     grad_recipe_of,
     is_container_bsym,
     is_grad_bsym,
@@ -43,10 +43,10 @@ from thunder_subclass.autograd import (
 )
 from thunder_subclass.errors import UnsupportedSubclassOperationError
 from thunder_subclass.executor import subclass_executor
-from thunder_subclass.proxy import OpaqueObjectProxy, SubclassTensorProxy, proxy_kind
-from thunder_subclass.recording import record_call, recorded_argument_kinds, subclass_names, traced_grad_mode
+from thunder_subclass.frontend.proxy import OpaqueObjectProxy, SubclassTensorProxy, proxy_kind
+from thunder_subclass.frontend.recording import record_call, recorded_argument_kinds, subclass_names, traced_grad_mode
 from thunder_subclass.rules import call_rule, find_implementation
-from thunder_subclass.subclass_symbols import cotangent_flatten_symbol, ctx_arg, is_flatten_bsym, is_unflatten_bsym
+from thunder_subclass.frontend.subclass_symbols import cotangent_flatten_symbol, ctx_arg, is_flatten_bsym, is_unflatten_bsym
 
 __all__ = ["Flattener", "flatten_subclasses", "is_subclass_level", "needs_flattening"]
 

@@ -9,7 +9,7 @@ formulas with that plain tensor, which can change the type of the resulting grad
 * a gradient of the expected kind, or one that the subclass coerces with ``__coerce_same_metadata_as_tangent__``,
   runs the compiled backward (``flatten_cotangent_<Cls>`` coerces it and checks it at run time);
 * any other gradient selects a *backward variant*: the joint forward+backward trace is flattened again with the
-  gradient's actual kind (``thunder_subclass.flatten`` re-records every derivative whose gradient types change),
+  gradient's actual kind (``thunder_subclass.transforms.flatten`` re-records every derivative whose gradient types change),
   the backward part is cut out, fed with the tensors the compiled forward saved, compiled with the torch executor,
   memoised per gradient kind, and run.
 
@@ -42,10 +42,10 @@ from thunder_subclass.errors import (
     format_location,
 )
 from thunder_subclass.executor import register_symbol, subclass_executor
-from thunder_subclass.fake import FakeEnv, fake_execution, resolve_context, torch_device, torch_dtype
-from thunder_subclass.flatten import Flattener, flatten_subclasses, is_subclass_level
-from thunder_subclass.subclass_symbols import is_flatten_bsym, is_unflatten_bsym
-from thunder_subclass.proxy import (
+from thunder_subclass.frontend.fake import FakeEnv, fake_execution, resolve_context, torch_device, torch_dtype
+from thunder_subclass.transforms.flatten import Flattener, flatten_subclasses, is_subclass_level
+from thunder_subclass.frontend.subclass_symbols import is_flatten_bsym, is_unflatten_bsym
+from thunder_subclass.frontend.proxy import (
     OpaqueObjectProxy, SubclassTensorProxy, has_symbolic_sizes, proxy_kind, runtime_kind, subclass_proxy_from_tensor,
 )
 
@@ -142,7 +142,7 @@ class BackwardVariants:
         return f"BackwardVariants({len(self._compiled)} compiled)"
 
     def disk_state(self) -> tuple:
-        """How an entry stored on disk (``thunder_subclass.disk_cache``) holds this object: what the run-time hooks
+        """How an entry stored on disk (``thunder_subclass.runtime.disk_cache``) holds this object: what the run-time hooks
         read, without the joint trace (proxies, not storable). Only where every output is a plain tensor (or not a
         tensor): the zero gradients ``canonical`` makes then need a shape, dtype and device only. Raises ValueError
         otherwise (the entry is not stored)."""
@@ -316,7 +316,7 @@ class StoredBackwardVariants(BackwardVariants):
 
 def forward_effects(joint) -> str | None:
     """What a forward trace writes in place that outlives the call, or draws at random (a ``create_graph=True``
-    backward recomputes the forward eagerly only where it does neither: ``thunder_subclass.higher_order``); None if
+    backward recomputes the forward eagerly only where it does neither: ``thunder_subclass.transforms.higher_order``); None if
     nothing. Kept with an entry stored on disk (:class:`StoredBackwardVariants` has no joint trace)."""
 
     def walk(bsyms):
@@ -466,7 +466,7 @@ def _symbolic_tangent(gp, fake, tangent):
     """The gradient proxy for output ``gp`` with symbolic sizes when the coerced ``tangent`` differs from the output's
     fake only in flatten metadata that holds no sizes beyond the outer size and strides (a DTensor's gradient: its
     context records ``requires_grad``): the output's sizes (number proxies), the tangent's metadata; None otherwise."""
-    from thunder_subclass.fake import SizedContext, context_template
+    from thunder_subclass.frontend.fake import SizedContext, context_template
 
     if type(tangent) is not type(fake) or not isinstance(gp, SubclassTensorProxy):
         return None
@@ -497,7 +497,7 @@ def _symbolic_tangent(gp, fake, tangent):
 
 def _sizes_free(ctx) -> bool:
     """Whether a flatten context holds no size tuple other than the outer size / strides markers."""
-    from thunder_subclass.fake import SizedContext
+    from thunder_subclass.frontend.fake import SizedContext
 
     leaves = tree_flatten(ctx.template if isinstance(ctx, SizedContext) else ctx)[0]
     return not any(isinstance(v, torch.Size) for v in leaves)

@@ -51,7 +51,7 @@ from thunder_subclass._thunder_internals import (
     module_forward_hooks,
     tensor_metadata_guard,
 )
-from thunder_subclass.proxy import PLAIN_TENSOR_TYPES
+from thunder_subclass.frontend.proxy import PLAIN_TENSOR_TYPES
 
 __all__ = ["FusedChecks", "FusedPrologueChecks", "check_prologue", "fuse_prologue_checks"]
 
@@ -74,7 +74,7 @@ class FusedChecks:
 
     def state(self) -> dict:
         """What :meth:`from_state` needs to make these checks again (in another process: the on-disk cache,
-        ``thunder_subclass.disk_cache``): the generated source, the conditions, the names, the constants the source
+        ``thunder_subclass.runtime.disk_cache``): the generated source, the conditions, the names, the constants the source
         names (``c0``, ``c1``, ...) and the strides of the tensor checks."""
         namespace = self.fn.__globals__
         fixed = _Builder().constants
@@ -392,7 +392,7 @@ _THUNDER_CHECKS = {
 
 def fuse_prologue_checks(trace):
     """``trace`` (a prologue) with its fusible checks replaced by one ``check_prologue`` before its return, and the
-    checks of speculated values (``thunder_subclass.speculation``: they run operations on the inputs) after every
+    checks of speculated values (``thunder_subclass.runtime.speculation``: they run operations on the inputs) after every
     other check, so that an input of another type or shape is rejected before they run."""
     builder, kept, speculated = _Builder(), [], []
     for bsym in trace.bound_symbols:

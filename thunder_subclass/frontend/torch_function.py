@@ -38,8 +38,8 @@ from thunder_subclass import _thunder_internals
 from thunder_subclass.errors import UnsupportedSubclassOperationError, format_location
 from thunder_subclass.executor import register_symbol
 from thunder_subclass.guards import MISSING, add_tensor_type_guard, guard_tensor_type_attribute
-from thunder_subclass.interpretation import INPLACE_VIEW_OPS, inplace_view_call, subclass_class_attribute
-from thunder_subclass.proxy import PLAIN_TENSOR_TYPES, mark_leaf
+from thunder_subclass.frontend.interpretation import INPLACE_VIEW_OPS, inplace_view_call, subclass_class_attribute
+from thunder_subclass.frontend.proxy import PLAIN_TENSOR_TYPES, mark_leaf
 
 __all__ = [
     "TensorType", "tensor_type", "is_torch_function_subclass", "is_torch_function_subclass_value", "has_typed_proxy",

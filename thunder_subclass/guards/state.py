@@ -81,7 +81,7 @@ class EmptyModuleSlot(Guard):
     def expression(self, v: str, const) -> str:
         return f"{const(self)}({v})"
 
-    def disk_state(self) -> tuple:  # thunder_subclass.disk_cache
+    def disk_state(self) -> tuple:  # thunder_subclass.runtime.disk_cache
         return self.table, self.name
 
     @classmethod
@@ -150,7 +150,7 @@ class ModuleForward(Guard):
     def expression(self, v: str, const) -> str:
         return f"{const(self)}({v})"
 
-    def disk_state(self) -> tuple:  # thunder_subclass.disk_cache
+    def disk_state(self) -> tuple:  # thunder_subclass.runtime.disk_cache
         return self.instance, self.cls
 
     @classmethod
@@ -294,7 +294,7 @@ class StateRead(Guard):
         was = f"a {self.expected.__qualname__}" if self.kind == "type" else repr(self.expected)
         return f"{self.where()} is {now}, the trace was made for {was}"
 
-    def disk_state(self) -> tuple:  # thunder_subclass.disk_cache
+    def disk_state(self) -> tuple:  # thunder_subclass.runtime.disk_cache
         return self.anchor, self.steps, self.kind, self.expected
 
     @classmethod

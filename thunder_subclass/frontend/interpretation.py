@@ -6,7 +6,7 @@ interpretation with at least one ``SubclassTensorProxy`` argument (from ``torch.
 ``type`` and attribute reads on subclass proxies in user code.
 
 What happens: the torch operation runs once on *fake* subclass instances under the recorder of
-``thunder_subclass.recording`` (inner fakes made from the inner proxies' metadata, rebuilt with
+``thunder_subclass.frontend.recording`` (inner fakes made from the inner proxies' metadata, rebuilt with
 ``__tensor_unflatten__``; the aten calls the subclass's dispatch makes on plain inner tensors are recorded).
 
 Out: ONE bound symbol for the torch-level operation whose outputs carry the true result metadata (subclass or plain,
@@ -50,10 +50,10 @@ from thunder_subclass._thunder_internals import (
 )
 from thunder_subclass.errors import UnsupportedSubclassOperationError, UnsupportedTracingError, format_location
 from thunder_subclass.executor import register_symbol
-from thunder_subclass.fake import FakeEnv, stride_of
+from thunder_subclass.frontend.fake import FakeEnv, stride_of
 from thunder_subclass.guards import guard_buffer_flag, guard_python_attribute
-from thunder_subclass.proxy import SubclassTensorProxy, is_marked_leaf, rebuild_inner_refs
-from thunder_subclass.recording import (
+from thunder_subclass.frontend.proxy import SubclassTensorProxy, is_marked_leaf, rebuild_inner_refs
+from thunder_subclass.frontend.recording import (
     bind_unrolled,
     denormalize,
     is_traced_grad_enabled,

@@ -27,7 +27,7 @@ that class's calls are observed (forward hooks, removed after). Otherwise (and i
 module's own code holds the break) its children are compiled as above, and a module none of whose children broke at
 its break's location is observed. The callables that broke before an observation are traced once more on their next
 call (``_Taken.generation``), so a parent that broke only because of the child compiles around it; a mismatch at run
-time (:class:`~thunder_subclass.eager_calls.EagerCallMismatch`) runs the parent eagerly instead, with the result the child
+time (:class:`~thunder_subclass.runtime.eager_calls.EagerCallMismatch`) runs the parent eagerly instead, with the result the child
 already gave (it does not run again), and drops the
 observation.
 
@@ -65,8 +65,8 @@ from typing import Any
 
 import torch
 
-from thunder_subclass import eager_calls
-from thunder_subclass.eager_call_state import rng_state, set_rng_state
+from thunder_subclass.runtime import eager_calls
+from thunder_subclass.runtime.eager_call_state import rng_state, set_rng_state
 from thunder_subclass._thunder_internals import (
     data_dependent_exception_types,
     dispatching,

@@ -79,8 +79,8 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from thunder_subclass import unreached_grads
-from thunder_subclass.eager_call_state import (
+from thunder_subclass.runtime import unreached_grads
+from thunder_subclass.runtime.eager_call_state import (
     Replay,
     Snapshot,
     held_now,
@@ -170,7 +170,7 @@ def _leaf_kind(x: Any, *, proxy: bool) -> Any:
     if proxy:
         from thunder.core.proxies import NumberProxy, TensorProxy
 
-        from thunder_subclass.proxy import SubclassTensorProxy
+        from thunder_subclass.frontend.proxy import SubclassTensorProxy
 
         if isinstance(x, SubclassTensorProxy):
             return None
@@ -289,7 +289,7 @@ def _no_unsafe_operations_so_far() -> bool:
     from thunder.core.trace import get_tracectx
 
     from thunder_subclass._thunder_internals import view_symbols
-    from thunder_subclass.speculation import is_unsafe
+    from thunder_subclass.runtime.speculation import is_unsafe
 
     trace = get_tracectx()
     if trace is None or len(trace.scopes) > 1:
@@ -378,8 +378,8 @@ _NOT_RECORDED = object()
 
 
 def _record(root: Root, module: torch.nn.Module, wmodule, args: tuple, kwargs: dict) -> Any:
-    from thunder_subclass.fake import autocast_in_effect
-    from thunder_subclass.recording import is_traced_grad_enabled
+    from thunder_subclass.frontend.fake import autocast_in_effect
+    from thunder_subclass.frontend.recording import is_traced_grad_enabled
 
     grad = is_traced_grad_enabled()
     described = _described_call(module, args, kwargs, grad, proxy=True)
@@ -429,7 +429,7 @@ def _parameter_proxies(wmodule) -> list | None:
     from thunder.core.proxies import TensorProxy
 
     from thunder_subclass._thunder_internals import interpret_call
-    from thunder_subclass.proxy import SubclassTensorProxy
+    from thunder_subclass.frontend.proxy import SubclassTensorProxy
 
     wrapped = interpret_call(wrap_const(_trainable_parameters), wmodule)
     values = unwrap(wrapped)

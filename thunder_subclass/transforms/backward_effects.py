@@ -46,8 +46,8 @@ from thunder.core.proxies import TensorProxy
 from thunder.core.pytree import tree_map
 
 from thunder_subclass.errors import UnsupportedBackwardEffectError, format_location
-from thunder_subclass.fake import FakeEnv, fake_execution
-from thunder_subclass.recording import is_traced_grad_enabled
+from thunder_subclass.frontend.fake import FakeEnv, fake_execution
+from thunder_subclass.frontend.recording import is_traced_grad_enabled
 from thunder_subclass._thunder_internals import source_location
 
 __all__ = ["Snapshot", "backward_effect_error"]

@@ -13,7 +13,7 @@ same happens at trace time, on fake subclass instances:
 * Gradient *types* follow eager: the gradient of a ``TwoTensor`` parameter is a ``TwoTensor``; a plain parameter
   that meets a ``TwoTensor`` gets a ``TwoTensor`` gradient, as in eager. Because a gradient's type is only known once
   the operations after it have been differentiated, ``grad_<op>`` is first recorded for the gradient types PyTorch
-  would guess (those of the outputs) and is re-recorded by the flatten pass (``thunder_subclass.flatten``) if the
+  would guess (those of the outputs) and is re-recorded by the flatten pass (``thunder_subclass.transforms.flatten``) if the
   gradients that actually reach it have other types; it keeps a :class:`GradRecipe` (the fake autograd graph) for
   that.
 * ``torch.autograd.Function`` calls that involve subclasses are one ``<Function>_apply`` symbol, differentiated with
@@ -21,7 +21,7 @@ same happens at trace time, on fake subclass instances:
 * The plugin's own boundary symbols (``flatten_*``, ``unflatten_*``, ``aten_*``) are constants for autodiff
   (``thunder_subclass.executor.register_constant_symbol``).
 
-The forward of a rule is recorded with the same machinery as unrolling (``thunder_subclass.recording``).
+The forward of a rule is recorded with the same machinery as unrolling (``thunder_subclass.frontend.recording``).
 """
 
 from __future__ import annotations
@@ -42,12 +42,12 @@ from thunder.core.pytree import tree_flatten, tree_map
 from thunder.core.symbol import Symbol
 from thunder.core.trace import get_tracectx
 
-from thunder_subclass.aten_symbols import recording_backward
-from thunder_subclass.backward_effects import backward_effect_error
+from thunder_subclass.frontend.aten_symbols import recording_backward
+from thunder_subclass.transforms.backward_effects import backward_effect_error
 from thunder_subclass.executor import register_symbol, subclass_executor, unique_operator_name
-from thunder_subclass.fake import FakeEnv, autocast_context, autocast_in_effect, fake_execution
-from thunder_subclass.proxy import SubclassTensorProxy, has_subclass_proxy, proxy_kind
-from thunder_subclass.recording import (
+from thunder_subclass.frontend.fake import FakeEnv, autocast_context, autocast_in_effect, fake_execution
+from thunder_subclass.frontend.proxy import SubclassTensorProxy, has_subclass_proxy, proxy_kind
+from thunder_subclass.frontend.recording import (
     RecordingMode,
     bind_unrolled,
     call_location,
@@ -60,7 +60,7 @@ from thunder_subclass.recording import (
     subclass_names,
     torch_callable_for,
 )
-from thunder_subclass.interpretation import (
+from thunder_subclass.frontend.interpretation import (
     INPLACE_VIEW_OPS, STORAGE_QUERIES, is_answered_from_metadata, storage_query_error, subclass_class_attribute,
 )
 from thunder_subclass.rules import call_rule, find_grad_rule

@@ -632,11 +632,11 @@ def runtime_kind(t: Any) -> Any:
 
 # ---------------------------------------------------------------------------------------------------------------
 # flatten_<Cls>: the symbol that exposes a subclass proxy's inner tensors in a trace (unflatten_<Cls>, which builds
-# one, is in thunder_subclass.subclass_symbols)
+# one, is in thunder_subclass.frontend.subclass_symbols)
 # ---------------------------------------------------------------------------------------------------------------
 
 _flatten: dict[type, Symbol] = {}
-flatten_ids: set[str] = set()  # ids of the flatten symbols (thunder_subclass.subclass_symbols adds its own)
+flatten_ids: set[str] = set()  # ids of the flatten symbols (thunder_subclass.frontend.subclass_symbols adds its own)
 
 
 def flatten_symbol(cls: type) -> Symbol:

@@ -1,4 +1,4 @@
-"""Who may have written an on-disk cache entry: the checks ``thunder_subclass.disk_cache`` makes before it reads one.
+"""Who may have written an on-disk cache entry: the checks ``thunder_subclass.runtime.disk_cache`` makes before it reads one.
 
 A stored entry is Python source that is executed, and may hold pickled values: whoever can write it can run code in
 every process that loads it. So the cache is private to the user who owns it:

@@ -140,7 +140,7 @@ def _grad_transform(*args, **kwargs):
 
 def ensure_dropout_rule(sym) -> None:
     """Claim ``ltorch.dropout`` (``sym``) for plain tensors by the plugin's executor (once per process)."""
-    from thunder_subclass.autograd import ensure_plain_rule
+    from thunder_subclass.transforms.autograd import ensure_plain_rule
 
     _symbols_made()
     ensure_plain_rule(sym, _claims, _execution_transform, _grad_transform)

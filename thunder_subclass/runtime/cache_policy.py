@@ -1,6 +1,6 @@
 """Stage 1 (entry points) at run time, the per-call policy of a ``thunder_subclass.jit`` function: the per-call
 wrappers composed in the order a call runs through them (:func:`compiled_call`), automatic dynamic shapes
-(:class:`AutomaticDynamicShapes`), the cache bound (:func:`bounded`, with :class:`thunder_subclass.cache.CachePolicy`)
+(:class:`AutomaticDynamicShapes`), the cache bound (:func:`bounded`, with :class:`thunder_subclass.runtime.cache.CachePolicy`)
 and the order entries are tried in (:class:`EntryIndex`).
 
 In: what ``thunder.jit`` returned for the user's function or module, with the jit's cache policy and options. What
@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from thunder_subclass import cache, graph_breaks
+from thunder_subclass.runtime import cache, graph_breaks
 from thunder_subclass._thunder_internals import (
     CacheLimitReached,
     CallPort,
@@ -230,7 +230,7 @@ def compiled_call(jfn, fn: Callable, policy: cache.CachePolicy, *, automatic_dyn
     1. graph breaks (``graph_breaks.with_graph_breaks``, when ``graph_break_jit`` is given: ``fullgraph=False``): a
        call thunder cannot trace whole runs the user's code eagerly with compiled regions;
     2. the remembered call (``_thunder_internals.remembering_calls``): while it runs, this thread's current compiled
-       call, for a ``create_graph=True`` backward (``thunder_subclass.higher_order``);
+       call, for a ``create_graph=True`` backward (``thunder_subclass.transforms.higher_order``);
     3. the fast hit (``_thunder_internals.fast_call_path``): the entries' prologues tried in :class:`EntryIndex`
        order, a hit's computation run without thunder's wrapper layers (only under the constant-values cache);
     4. at a miss of the fast path, under the tracing lock: :class:`AutomaticDynamicShapes` (``automatic_dynamic``)
@@ -239,7 +239,7 @@ def compiled_call(jfn, fn: Callable, policy: cache.CachePolicy, *, automatic_dyn
        per-call path inside thunder's cache lookup, ``CallPort.on_miss``), runs ``policy.eager``;
     6. thunder's own ``fn_`` (its cache lookup, and tracing at a miss).
 
-    ``disk_cache`` (a ``thunder_subclass.disk_cache.DiskCache``, or None) is asked at a miss inside thunder's cache
+    ``disk_cache`` (a ``thunder_subclass.runtime.disk_cache.DiskCache``, or None) is asked at a miss inside thunder's cache
     lookup, before tracing (``CallPort.disk_cache``). The policy is kept on the result as ``cache.POLICY_ATTR``
     (``explain_recompiles`` reads it)."""
     from thunder.core.module import ThunderModule

@@ -39,7 +39,7 @@ from thunder_subclass._thunder_internals import (
 )
 from thunder_subclass.errors import UnsupportedModuleHookError, format_location
 from thunder_subclass.guards import add_module_hooks_guard
-from thunder_subclass.state_guards import guard_module_forward
+from thunder_subclass.guards.state import guard_module_forward
 
 __all__ = ["call_impl_lookaside"]
 

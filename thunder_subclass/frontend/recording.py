@@ -1,12 +1,12 @@
-"""The recording machinery shared by unrolling (``thunder_subclass.interpretation``) and differentiation
-(``thunder_subclass.autograd``): run a torch operation on fake subclass instances, record the aten calls their
+"""The recording machinery shared by unrolling (``thunder_subclass.frontend.interpretation``) and differentiation
+(``thunder_subclass.transforms.autograd``): run a torch operation on fake subclass instances, record the aten calls their
 ``__torch_dispatch__`` makes, and bind the result as one bound symbol with those calls as subsymbols.
 
 In: a torch callable and proxy arguments (or a thunder torch symbol: :func:`torch_callable_for` and
 :func:`denormalize` give the torch callable and arguments it stands for). What happens: the arguments become fakes
-(``thunder_subclass.fake``), the callable runs under :class:`RecordingMode`, which steps aside for wrapper subclasses
+(``thunder_subclass.frontend.fake``), the callable runs under :class:`RecordingMode`, which steps aside for wrapper subclasses
 (so their ``__torch_dispatch__`` runs) and records the aten calls they make on plain inner tensors. Out
-(:func:`emit_calls`): ``flatten_<Cls>`` of the subclass inputs -> aten-level symbols (``thunder_subclass.aten_symbols``)
+(:func:`emit_calls`): ``flatten_<Cls>`` of the subclass inputs -> aten-level symbols (``thunder_subclass.frontend.aten_symbols``)
 -> ``unflatten_<Cls>`` of subclass results, appended to a scope, and the results as proxies with the true metadata.
 Errors raised while running on fakes become typed errors naming the subclass, the op and the user's source line
 (:func:`dispatch_error`).
@@ -55,7 +55,7 @@ from thunder_subclass._thunder_internals import (
     torch_to_thunder_symbols,
     trace_state,
 )
-from thunder_subclass.aten_symbols import record_aten_call
+from thunder_subclass.frontend.aten_symbols import record_aten_call
 from thunder_subclass.errors import (
     SubclassDispatchError,
     SubclassProtocolError,
@@ -64,10 +64,10 @@ from thunder_subclass.errors import (
     UnsupportedTracingError,
     format_location,
 )
-from thunder_subclass.fake import (
+from thunder_subclass.frontend.fake import (
     FakeEnv, SizedContext, context_template, fake_execution, has_symints, real_execution,
 )
-from thunder_subclass.proxy import (
+from thunder_subclass.frontend.proxy import (
     SubclassTensorProxy,
     flatten_tensor,
     has_symbolic_sizes,
@@ -78,7 +78,7 @@ from thunder_subclass.proxy import (
     record_flatten,
     record_opaque_constant,
 )
-from thunder_subclass.subclass_symbols import record_unflatten
+from thunder_subclass.frontend.subclass_symbols import record_unflatten
 
 __all__ = [
     "RecordingMode", "torch_callable_for", "denormalize", "op_name", "subclass_names", "run_on_fakes", "record_call",
@@ -577,8 +577,8 @@ def _freeze(v: Any) -> Any:
 def _proxy_signature(p: TensorProxy, ids: dict) -> tuple:
     from torch.nested._internal.nested_tensor import NestedTensor
 
-    from thunder_subclass.fake import stride_of, value_source
-    from thunder_subclass.proxy import is_marked_leaf, nested_int_of
+    from thunder_subclass.frontend.fake import stride_of, value_source
+    from thunder_subclass.frontend.proxy import is_marked_leaf, nested_int_of
 
     if id(p) in ids:  # the same value again (x * x): the fake run sees one fake, not two
         return ("same", ids[id(p)])
@@ -635,7 +635,7 @@ def _shareable(env: FakeEnv, calls: list, out: Any) -> bool:
     recorded calls read and it returned is an input's fake or an earlier call's result (not one kept from an earlier
     operation in a flatten context)."""
     from thunder_subclass._thunder_internals import registered_nested_int
-    from thunder_subclass.proxy import OpaqueObjectProxy
+    from thunder_subclass.frontend.proxy import OpaqueObjectProxy
 
     if env.mutated or env.known_values or env.context_states:
         return False

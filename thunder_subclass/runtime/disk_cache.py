@@ -36,7 +36,7 @@ attributes, globals read) are the prologue's own, run on every candidate entry.
 Safety: a file is written to a temporary name in its directory and renamed into place (``os.replace``), so readers
 see a whole file or none; a file carries the SHA-256 of its payload, and one that does not parse or match it is
 corrupted: it is removed, with a :class:`~thunder_subclass.errors.DiskCacheWarning`, and the call compiles. The cache
-is private to its user (``thunder_subclass.disk_trust``): directories are made ``0700`` and entries ``0600``, and an
+is private to its user (``thunder_subclass.runtime.disk_trust``): directories are made ``0700`` and entries ``0600``, and an
 entry owned by another user, or under a directory others can write, is never read (a ``DiskCacheWarning`` says why).
 An entry whose recorded files changed, or whose names no longer resolve to the same kind of object, is stale: it is
 removed silently. An entry's source runs only after these checks, and its prologue guards the call as any entry's.
@@ -78,11 +78,13 @@ from typing import Any
 
 import torch
 
-from thunder_subclass import _thunder_internals, aten_symbols, eager_calls, rules
-from thunder_subclass.disk_trust import make_private_dirs, untrusted_reason
+from thunder_subclass import _thunder_internals, rules
+from thunder_subclass.frontend import aten_symbols
+from thunder_subclass.runtime import eager_calls
+from thunder_subclass.runtime.disk_trust import make_private_dirs, untrusted_reason
 from thunder_subclass.errors import DiskCacheWarning
-from thunder_subclass.prologue import FusedChecks
-from thunder_subclass.subclass_symbols import FlattenContext
+from thunder_subclass.guards.prologue import FusedChecks
+from thunder_subclass.frontend.subclass_symbols import FlattenContext
 
 __all__ = ["DiskCache", "disk_cache_stats", "reset_disk_cache_stats", "default_cache_dir", "FORMAT",
            "DEFAULT_SIZE_LIMIT"]

@@ -46,7 +46,7 @@ from thunder_subclass._thunder_internals import (
     traced_autocast_states,
 )
 from thunder_subclass.errors import SubclassProtocolError
-from thunder_subclass.proxy import (
+from thunder_subclass.frontend.proxy import (
     STRIDE_ATTR,
     STRIDES_LIKE_ATTR,
     OpaqueObjectProxy,

@@ -1,7 +1,7 @@
 """The cache policy of a ``thunder_subclass.jit`` function: a bound on its cache entries, why calls missed, and what
 a call past the bound does.
 
-In: the cache misses of one compiled function (from the per-call path, ``thunder_subclass.cache_policy``: a call that no cache
+In: the cache misses of one compiled function (from the per-call path, ``thunder_subclass.runtime.cache_policy``: a call that no cache
 entry's prologue accepts), each with the reason every entry gave. What happens: each miss's reasons are kept (the
 last :data:`KEPT_MISSES`) for :func:`explain_recompiles`; while the function has fewer than ``cache_size_limit``
 entries a miss traces a new one, as before; past the bound it is not traced: a one-time
@@ -42,18 +42,18 @@ class _Config:
 
     * ``cache_size_limit`` (default :data:`DEFAULT_CACHE_SIZE_LIMIT`, 8 like ``torch.compile``'s
       ``recompile_limit``): the most cache entries (traces) one compiled function keeps; a call that none of them
-      accepts then runs eagerly (see :mod:`thunder_subclass.cache`). ``None``: no bound.
+      accepts then runs eagerly (see :mod:`thunder_subclass.runtime.cache`). ``None``: no bound.
     * ``disk_cache`` (default True, as torch.compile's caches are; False when the environment variable
       ``THUNDER_SUBCLASS_DISK_CACHE`` is ``0`` (or ``false``, ``off``, ``no``) when ``thunder_subclass`` is imported): whether compiled functions keep
       their cache entries on disk too, so that another process compiling the same code loads them instead of tracing
-      (see :mod:`thunder_subclass.disk_cache`). ``thunder_subclass.jit(fn, disk_cache=False)`` turns it off for one
+      (see :mod:`thunder_subclass.runtime.disk_cache`). ``thunder_subclass.jit(fn, disk_cache=False)`` turns it off for one
       function.
     * ``disk_cache_dir`` (default None: ``$THUNDER_SUBCLASS_CACHE_DIR``, else ``~/.cache/thunder_subclass``): where.
     * ``disk_cache_size_limit`` (default 256 MiB): the most bytes the disk cache keeps; past it the least recently
       used entries are removed. ``None``: no bound.
     * ``speculation_limit`` (default :data:`DEFAULT_SPECULATION_LIMIT`, 4): how many different values one source line
       may speculate for one compiled function (a branch on tensor data traced as one program per value, see
-      :mod:`thunder_subclass.speculation`) before the code around it runs eagerly instead (a graph break). Read when a
+      :mod:`thunder_subclass.runtime.speculation`) before the code around it runs eagerly instead (a graph break). Read when a
       value is speculated. ``None``: no bound (each new value is a new trace, up to ``cache_size_limit``).
     """
 
@@ -142,7 +142,7 @@ def _first_line(text: str) -> str:
     return text.splitlines()[0] if text else text
 
 
-POLICY_ATTR = "_thunder_subclass_cache_policy"  # on the compiled function or module (thunder_subclass.cache_policy)
+POLICY_ATTR = "_thunder_subclass_cache_policy"  # on the compiled function or module (thunder_subclass.runtime.cache_policy)
 
 
 def _policy(jfn) -> CachePolicy:

@@ -1,7 +1,7 @@
 """The symbols at the boundary between a subclass object and its inner tensors.
 
 * ``flatten_<Cls>(x, attrs)`` -> the inner tensors of ``x`` named by ``attrs`` (``getattr`` at run time; defined
-  with the proxy, ``thunder_subclass.proxy.flatten_symbol``, since reading ``x.a`` records it);
+  with the proxy, ``thunder_subclass.frontend.proxy.flatten_symbol``, since reading ``x.a`` records it);
 * ``flatten_cotangent_<Cls>(g, attrs, ctx)`` -> the inner tensors of a gradient passed to ``.backward()``, checked;
 * ``unflatten_<Cls>(inner..., attrs, ctx, outer_size, outer_stride)`` -> ``Cls.__tensor_unflatten__(...)``.
 
@@ -20,8 +20,8 @@ from thunder.core.symbol import Symbol
 from thunder_subclass._thunder_internals import remember_symbol_origin
 from thunder_subclass.errors import SubclassGradientError
 from thunder_subclass.executor import register_symbol
-from thunder_subclass.fake import FakeEnv, resolve_context
-from thunder_subclass.proxy import SubclassTensorProxy, flatten_ids, size_values, subclass_proxy_from_tensor
+from thunder_subclass.frontend.fake import FakeEnv, resolve_context
+from thunder_subclass.frontend.proxy import SubclassTensorProxy, flatten_ids, size_values, subclass_proxy_from_tensor
 
 __all__ = [
     "unflatten_symbol", "cotangent_flatten_symbol", "is_flatten_bsym", "is_unflatten_bsym", "record_unflatten",

@@ -30,17 +30,17 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from thunder_subclass._thunder_internals import (
-    fixes_attributes,
-    fixes_comparisons,
-    fixes_constant_keys,
-    fixes_epilogue,
-    fixes_exceptions,
-    fixes_iteration,
-    fixes_torch_calls,
+from thunder_subclass._thunder_internals.fixes import (
+    attributes as fixes_attributes,
+    comparisons as fixes_comparisons,
+    constant_keys as fixes_constant_keys,
+    epilogue as fixes_epilogue,
+    exceptions as fixes_exceptions,
+    iteration as fixes_iteration,
+    torch_calls as fixes_torch_calls,
 )
-from thunder_subclass._thunder_internals.fixes_exceptions import exception_source_lines
-from thunder_subclass._thunder_internals.fixes_torch_calls import torch_arguments
+from thunder_subclass._thunder_internals.fixes.exceptions import exception_source_lines
+from thunder_subclass._thunder_internals.fixes.torch_calls import torch_arguments
 from thunder_subclass._thunder_internals.plugin_state import is_hashable
 
 __all__ = ["PARTS", "exception_source_lines", "hook_targets", "interpreter_fix_lookaside", "is_hashable",

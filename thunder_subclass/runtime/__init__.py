@@ -1,0 +1,1 @@
+"""What runs per call and between calls (see ``thunder_subclass.__init__``)."""
