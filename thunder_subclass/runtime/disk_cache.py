@@ -42,7 +42,7 @@ An entry whose recorded files changed, or whose names no longer resolve to the s
 removed silently. An entry's source runs only after these checks, and its prologue guards the call as any entry's.
 
 Location: ``thunder_subclass.config.disk_cache_dir``, else ``$THUNDER_SUBCLASS_CACHE_DIR``, else
-``~/.cache/thunder_subclass``; under it ``v2/<key>/<entry>.json``. Size: at most
+``~/.cache/thunder_subclass``; under it ``v3/<key>/<entry>.json``. Size: at most
 ``thunder_subclass.config.disk_cache_size_limit`` bytes (default 256 MiB); after a write past it the least recently
 used entries (file modification time, refreshed at each load) are removed.
 
@@ -89,7 +89,7 @@ from thunder_subclass.frontend.subclass_symbols import FlattenContext
 __all__ = ["DiskCache", "disk_cache_stats", "reset_disk_cache_stats", "default_cache_dir", "FORMAT",
            "DEFAULT_SIZE_LIMIT"]
 
-FORMAT = 2  # 2: functions named with their code
+FORMAT = 3  # 2: functions named with their code; 3: the plugin's modules moved into folders (issue 42)
 DEFAULT_SIZE_LIMIT = 256 * 2**20
 MAX_ENTRIES_TRIED = 8  # entries of one key tried at a miss (newest first)
 _SUFFIX = ".json"
