@@ -178,3 +178,57 @@ def test_the_internals_layer_holds_no_cache_policy():
 
     for step in ("graph breaks", "remembered call", "fast hit", "AutomaticDynamicShapes", "bound", "thunder's own"):
         assert step in cache_policy.compiled_call.__doc__, step
+
+
+# one stage numbering for docstrings, the package's __init__ and docs/how-it-works.md
+STAGES = {1: "entry", 2: "per call", 3: "inputs and guards", 4: "interpretation", 5: "autograd",
+          6: "flatten and executors", 7: "incoming gradients"}
+# the stages each folder holds; top-level stage modules by name
+STAGES_OF = {"runtime": {2}, "guards": {3}, "frontend": {3, 4}, "transforms": {5, 6, 7}}
+TOP_LEVEL_STAGE_MODULES = {"plugin": 1, "fsdp": 1, "distributed": 4, "hf": 4, "inductor_executor": 6}
+# the parts of the guards package that are not a stage of their own but guard kinds and their helpers
+GUARD_PARTS = {"guards.protocol", "guards.values", "guards.tensors", "guards.objects", "guards.inputs",
+               "guards.object_reads", "guards.write_backs"}
+
+
+def _stage_modules() -> dict[str, str]:
+    """module -> its docstring, for every module of a pipeline folder (its __init__ excepted, but for the guards')
+    and the top-level stage modules."""
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = _module_name(path)
+        in_folder = _folder(name) is not None and (path.stem != "__init__" or name == "guards")
+        if (in_folder and name not in GUARD_PARTS) or name in TOP_LEVEL_STAGE_MODULES:
+            found[name] = ast.get_docstring(ast.parse(path.read_text())) or ""
+    return found
+
+
+def test_every_stage_module_opens_with_its_stage_then_in_what_happens_out():
+    import re
+
+    modules = _stage_modules()
+    assert len(modules) >= 30, sorted(modules)
+    for name, doc in modules.items():
+        m = re.match(r"Stage (\d) \(([^,)]+)", doc)
+        assert m, f"{name}: the docstring does not open with its stage: {doc[:80]!r}"
+        number, stage = int(m[1]), m[2]
+        assert STAGES.get(number) == stage, f"{name}: stage {number} is {STAGES.get(number)!r}, not {stage!r}"
+        allowed = STAGES_OF.get(_folder(name)) or {TOP_LEVEL_STAGE_MODULES[name]}
+        assert number in allowed, f"{name} is stage {number}, which lives in {allowed}"
+        flowing = " ".join(doc.split())
+        for part in ("In:", "What happens", "Out"):
+            assert part in flowing, f"{name}: the docstring has no {part!r}"
+
+
+def test_one_numbering_in_the_package_docstring_and_how_it_works():
+    import re
+
+    init = thunder_subclass.__doc__
+    how = (PACKAGE.parent / "docs" / "how-it-works.md").read_text()
+    for number, stage in STAGES.items():
+        assert re.search(rf"^{number}\. {stage}[:,] ", init, re.M), f"__init__ does not list stage {number}, {stage}"
+        assert re.search(rf"^{number}\. \*\*{stage}\*\* ", how, re.M | re.I), f"how-it-works.md: stage {number}"
+    # the package's pipeline names every stage module
+    for name in _stage_modules():
+        if name != "guards":
+            assert f"``{name.split('.')[-1]}``" in init or f"``{name}``" in init, f"__init__ does not name {name}"

@@ -3,12 +3,34 @@
 Import ``thunder_subclass`` before (or instead of) ``thunder``: under torch 2.13-2.15, thunder 0.2.6 only imports after
 the compatibility shims in ``thunder_subclass._thunder_internals`` has run.
 
-Pipeline (module per stage): ``plugin`` (entry, with ``cache``: the cache bound and miss reasons) -> ``guards`` (input proxies, prologue) -> ``interpretation``
-(unroll ``__torch_dispatch__`` on fakes, with ``recording``) -> ``aten_symbols`` -> ``autograd`` / ``rules`` ->
-``flatten`` (before executors) -> ``tangents`` (incoming gradients); ``inductor_executor`` (optional fusion executor:
-regions compiled by inductor without dynamo). Below them: ``proxy``, ``fake``,
-``subclass_symbols``, ``executor``; at the bottom ``_thunder_internals`` (every access to thunder internals);
-``hooks`` wires the stages into thunder's hooks.
+Pipeline, in the order a call meets it (one numbering with ``docs/how-it-works.md``; each stage module's docstring
+opens with its stage, then In / What happens / Out):
+
+1. entry: ``plugin`` (``jit``, the ``"tensor-subclass"`` plugin), ``fsdp`` (FSDP2 models, compiled between their
+   hooks); ``hooks`` wires stages 3-7 into thunder's hooks.
+2. per call, ``runtime/``: ``cache_policy`` composes the wrappers a call runs through (graph breaks, the remembered
+   call, the fast hit, automatic dynamic shapes, the cache bound and miss reasons of ``cache``); ``disk_cache`` (with
+   ``disk_trust``); programs thunder cannot trace whole: ``graph_breaks`` (regions at module boundaries),
+   ``eager_calls`` (a submodule called eagerly inside a region, with ``eager_call_state`` and ``unreached_grads``),
+   ``speculation`` (data-dependent branches computed while tracing and guarded).
+3. inputs and guards, ``guards/``: an input becomes a proxy (``frontend.proxy``) with prologue guards, one
+   protocol (``guards.protocol``), guards on Python state (``guards.state``); a cache entry's checks run as one
+   generated function (``guards.prologue``).
+4. interpretation, ``frontend/``: torch operations on subclass proxies unrolled through ``__torch_dispatch__``
+   (``interpretation``) on fakes (``fake``), recorded (``recording``) as aten-level symbols (``aten_symbols``) between
+   ``flatten_<Cls>`` / ``unflatten_<Cls>`` (``subclass_symbols``); ``torch_function``, ``module_calls``,
+   ``native_effects``, ``checkpoints``, ``grad_modes``; ``distributed`` and ``hf`` (top level) for DTensor and
+   transformers.
+5. autograd, ``transforms/``: ``autograd`` (grad rules, ``rules`` for registered ones), ``backward_effects``,
+   ``higher_order``, ``random_ops``.
+6. flatten and executors: ``transforms.flatten`` (subclasses leave the program; executor implementations of
+   ``rules`` claim operations), then thunder's executors, or ``inductor_executor``, and thunder's forward/backward
+   split.
+7. incoming gradients: ``transforms.tangents``.
+
+Beside the pipeline: ``executor`` (the plugin's operator executor, home of its symbols), ``errors``, ``rules`` (the
+extension points), ``check`` (``check_subclass``), ``demo``, ``examples``. At the bottom: ``_thunder_internals``
+(every access to thunder and torch internals), importing no stage.
 """
 
 from thunder_subclass._thunder_internals import ensure_thunder_importable as _ensure_thunder_importable

@@ -1,4 +1,4 @@
-"""Stage 4 for torch.distributed: DTensor's entry and exit points and tensor parallelism's module hooks.
+"""Stage 4 (interpretation) for torch.distributed: DTensor's entry and exit points and tensor parallelism's module hooks.
 
 In: calls the interpreter meets while a plugin jit traces: ``DTensor.from_local``, ``DTensor.to_local``,
 ``DTensor.redistribute``, ``DTensor.full_tensor``, ``distribute_tensor`` (in user code, and in the input/output hooks
@@ -18,6 +18,8 @@ Why not thunder's own: thunder 0.2.6 registers these functions as its experiment
 next operation saw a plain tensor next to a DTensor ("aten.addmm.default got mixed torch.Tensor and DTensor"). The
 TP style hooks are recorded whole because thunder's interpreter spends most of a TP model's first call stepping
 through their Python (placement checks, redistribution planning).
+
+Out: one container bound symbol per call, whose result proxies are DTensor subclass proxies.
 
 Under ``FakeTensorMode`` ``funcol._are_we_tracing()`` is true, so DTensor waits on each collective at once and no
 ``AsyncCollectiveTensor`` is made while tracing; at run time the functional collective returns a plain tensor that the

@@ -1,4 +1,8 @@
-"""Stage 1, entry points: ``thunder_subclass.jit`` and the ``"tensor-subclass"`` thunder plugin.
+"""Stage 1 (entry), entry points: ``thunder_subclass.jit`` and the ``"tensor-subclass"`` thunder plugin.
+
+In: the user's function or module and the jit's options. What happens: the options are checked and turned into
+thunder's (executors, transforms, the cache option), and the per-call path is composed (stage 2,
+``thunder_subclass.runtime.cache_policy``). Out: the compiled function or module.
 
 Both put the plugin's executor first in the jit's executor list and install the hooks (``thunder_subclass.hooks``,
 idempotently). The executor's presence is what makes the hooks act for that jit and for no other.

@@ -1,4 +1,5 @@
-"""Extension points: grad rules and executor implementations for (subclass type, torch op) pairs.
+"""Extension points of stages 5 (autograd) and 6 (flatten and executors): grad rules and executor implementations
+for (subclass type, torch op) pairs.
 
 * :func:`register_grad_rule` — how a torch operation on a subclass is differentiated, replacing the default (PyTorch's
   derivative run through ``__torch_dispatch__``, ``thunder_subclass.transforms.autograd``). The rule follows thunder's

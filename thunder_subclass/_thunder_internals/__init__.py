@@ -17,12 +17,12 @@ module                     concern
 :mod:`.plugin_state`       what every hook shares: the installed :class:`Handlers`, :func:`is_plugin_active`
 :mod:`.tracing`            tracing hooks: proxify, ``Symbol.__call__``, the lookaside, in-place aliases, the
                            interpreter's frames and bytecode decoding
-:mod:`.interpreter_fixes`  where thunder's interpreter runs ordinary Python unlike CPython (found with Hugging Face):
+:mod:`.fixes`              where thunder's interpreter runs ordinary Python unlike CPython (found with Hugging Face):
                            the parts' lookaside tables merged, their hook targets; the parts, one per concern:
-                           :mod:`.fixes_attributes`, :mod:`.fixes_iteration`, :mod:`.fixes_torch_calls`,
-                           :mod:`.fixes_epilogue`, :mod:`.fixes_comparisons`, :mod:`.fixes_exceptions`,
-                           :mod:`.fixes_constant_keys`
-:mod:`.interpreter_dicts`  ``dict(iterable)`` raises what iterating its argument raises (thunder dropped it)
+                           :mod:`.fixes.attributes`, :mod:`.fixes.iteration`, :mod:`.fixes.torch_calls`,
+                           :mod:`.fixes.epilogue`, :mod:`.fixes.comparisons`, :mod:`.fixes.exceptions`,
+                           :mod:`.fixes.constant_keys`
+:mod:`.fixes.dicts`        ``dict(iterable)`` raises what iterating its argument raises (thunder dropped it)
 :mod:`.symbolic_values`    ``cache="symbolic values"``: number pins and thunder's own fixes under that option
 :mod:`.autograd_hooks`     the flatten point before executors, gradients of inputs changed in place,
                            ``ThunderFunction`` forward/backward

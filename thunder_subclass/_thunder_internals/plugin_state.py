@@ -1,6 +1,6 @@
 """What every hook shares: the :class:`Handlers` the plugin installed and whether a plugin jit is active.
 
-The hooks (:mod:`.tracing`, :mod:`.runtime`, :mod:`.autograd_hooks`, :mod:`.interpreter_fixes`,
+The hooks (:mod:`.tracing`, :mod:`.runtime`, :mod:`.autograd_hooks`, :mod:`.fixes`,
 :mod:`.symbolic_values`) know thunder's side of each hook only; what a hook does for the plugin is a :class:`Handlers`
 callback that ``thunder_subclass.hooks`` (the layer above the stages) passes to :func:`.install.install`, kept here as
 :data:`handlers`. A hook acts only while a jit that uses the plugin is tracing or transforming

@@ -8,7 +8,7 @@ number that reaches it is pinned (:func:`pin_numbers`, called by ``thunder_subcl
 fake: the input numbers it is computed from get a value check in the prologue). The hooks below fix what thunder
 0.2.6 itself gets wrong under symbolic values; each acts only for a plugin jit with that cache option:
 ``jit_ext.unpack_inputs`` (parameters tagged ``STATIC_MEMORY_LOCATION``: :func:`unpacked_parameters_tagged`, entered
-by :mod:`.interpreter_fixes`' hook of it), ``StringProxy``'s comparison methods
+by :mod:`.fixes`' hook of it), ``StringProxy``'s comparison methods
 (inherited from ``Proxy``, which raises), and, through the ``general_jit_lookaside`` hook of :mod:`.tracing`,
 thunder's bool lookaside (a number input used only in a branch is guarded; thunder reuses a stale trace),
 list/tuple ``__getitem__`` with a number index, ``isinstance`` of a number proxy, ``len()`` whose ``__len__`` returns a
@@ -140,7 +140,7 @@ class _TaggingUnpackParameter:
 
 @contextlib.contextmanager
 def unpacked_parameters_tagged():
-    """While thunder's ``jit_ext.unpack_inputs`` runs (its hook is :mod:`.interpreter_fixes`'s, which enters this).
+    """While thunder's ``jit_ext.unpack_inputs`` runs (its hook is :mod:`.fixes`'s, which enters this).
     Under symbolic values a parameter's sizes have provenance ``<param>.shape[i]``, so unpack_inputs unpacks the
     parameter as an intermediate (a fresh proxy) and then asserts it carries STATIC_MEMORY_LOCATION, which only the
     parameter's own proxy has: "Parameter was not tagged with STATIC_MEMORY_LOCATION" (``thunder.jit(nn.Linear(4, 4),

@@ -14,7 +14,7 @@ Hooks (thunder 0.2.6 paths, relative to the installed ``thunder/``):
   "A symbol ... was called while processing a primitive", replacing the original error).
 * ``core/jit_ext.py`` ``general_jit_lookaside`` — calls of a wrapper-subclass class (construction in traced code),
   ``isinstance`` and ``type`` on subclass proxies behave as in eager (``Handlers.lookaside``); then the lookasides of
-  :mod:`.interpreter_fixes` and :mod:`.symbolic_values`. Two interpreter bugs of thunder 0.2.6 are worked around here
+  :mod:`.fixes` and :mod:`.symbolic_values`. Two interpreter bugs of thunder 0.2.6 are worked around here
   for plugin jits: classes with a pybind11 base (DTensor placements under torch 2.13) are called as Python, not
   interpreted (:func:`is_pybind11_class`: interpreting their ``__init__`` aborts the process), and a keyword argument
   named ``fn`` no longer collides with the lookaside's own parameter. Plugin functions handed to user code as values

@@ -1,6 +1,9 @@
-"""Stage 5, aten-level symbols: one generic, table-driven path from a ``torch._ops.OpOverload`` to a thunder symbol.
+"""Stage 4 (interpretation), aten-level symbols: one generic, table-driven path from a ``torch._ops.OpOverload`` to a
+thunder symbol.
 
 In: an aten call recorded below a subclass's ``__torch_dispatch__`` (op, proxy arguments, fake results).
+What happens: the op is mapped to thunder's equivalent torch-level symbol where one computes the same thing, else to a
+generic symbol made for the op (below), bound to the call's proxies.
 Out: bound symbols in the current trace scope.
 
 * Where thunder has a torch-level symbol that computes exactly the same thing, :data:`THUNDER_EQUIVALENTS` maps the

@@ -1,8 +1,9 @@
-"""Stage 3 (interpretation), ``torch.utils.checkpoint.checkpoint`` in traced code: the reentrant variant is a graph
+"""Stage 4 (interpretation), ``torch.utils.checkpoint.checkpoint`` in traced code: the reentrant variant is a graph
 break.
 
 In: a call of ``torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=..., ...)`` in code that
-``thunder_subclass.jit`` traces. Out: with ``use_reentrant=False`` thunder's own lookaside (it traces ``function``
+``thunder_subclass.jit`` traces. What happens: a lookaside reads ``use_reentrant`` before thunder sees the call.
+Out: with ``use_reentrant=False`` thunder's own lookaside (it traces ``function``
 into thunder's ``checkpoint`` symbol, recomputed in the backward); with ``use_reentrant=True``, or the argument left
 out (eager then warns and runs the reentrant variant, torch 2.13), an
 :class:`~thunder_subclass.errors.UnsupportedCheckpointError`: a graph break (the code around it runs eagerly, so the

@@ -1,6 +1,8 @@
-"""Fake tensors for tracing: a ``FakeTensorMode`` per thread and the two-way map between proxies and fakes.
+"""Stage 4 (interpretation), fake tensors for tracing: a ``FakeTensorMode`` per thread and the two-way map between
+proxies and fakes.
 
-In: thunder proxies (plain and subclass). Out: fake tensors with the same metadata (subclass fakes are rebuilt with
+In: thunder proxies (plain and subclass). What happens: each proxy's metadata becomes a fake tensor of the
+thread's mode, and each fake result gets a proxy. Out: fake tensors with the same metadata (subclass fakes are rebuilt with
 ``__tensor_unflatten__`` on fake inner tensors), and proxies for fake results. Used by interpretation (running an
 operation on fake subclass instances) and by the metas of aten-level symbols.
 

@@ -1,5 +1,9 @@
-"""Grad modes the traced code changes: what eager records for autograd inside ``torch.inference_mode()`` and
-``torch.enable_grad()`` blocks of the compiled function.
+"""Stage 4 (interpretation), grad modes the traced code changes: what eager records for autograd inside
+``torch.inference_mode()`` and ``torch.enable_grad()`` blocks of the compiled function.
+
+In: a grad-mode change in traced code (``torch.inference_mode()`` entered, ``torch.enable_grad()``,
+``torch.set_grad_enabled``), and the grad mode when the compiled function returns. What happens: each case below.
+Out: a trace that turns grad mode off and on as eager does, or a graph-break error where it cannot.
 
 * ``torch.inference_mode()`` entered in traced code: its ``torch._C._InferenceMode`` is a C object whose ``__enter__``
   thunder 0.2.6's interpreter ran natively, unseen: the trace recorded the block's operations as differentiable and

@@ -1,4 +1,4 @@
-"""Stage 4, interpretation-time unrolling of ``__torch_dispatch__``.
+"""Stage 4 (interpretation), interpretation-time unrolling of ``__torch_dispatch__``.
 
 In: a torch-level thunder symbol (``ltorch.mul``, ``ltorch.linear``, ...) called during ``thunder.jit``'s
 interpretation with at least one ``SubclassTensorProxy`` argument (from ``torch.mul(x)``, ``x.mul()`` or

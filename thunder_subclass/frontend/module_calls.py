@@ -1,4 +1,4 @@
-"""Stage 4, module calls in traced code: ``nn.Module.__call__`` with its forward hooks, read once and guarded.
+"""Stage 4 (interpretation), module calls in traced code: ``nn.Module.__call__`` with its forward hooks, read once and guarded.
 
 In: a call ``module(*args, **kwargs)`` that thunder's interpreter meets while a plugin jit traces (it reaches the
 lookaside as ``Module._call_impl(module, *args, **kwargs)``).
@@ -11,6 +11,9 @@ parallelism puts hooks on every parallelized module, and a small transformer blo
 long. The hooks read become part of what the trace depends on: a prologue check per module (``guards.check_module_hooks``)
 makes a call after hooks were added or removed a cache miss, and a new trace runs them (thunder 0.2.6 itself never
 notices such changes: a hook registered after the first call was silently not run).
+
+Out: the call's result, traced as ``_call_impl`` would give it, and one ``check_module_hooks`` prologue check per
+module called.
 
 Global forward hooks (``register_module_forward_hook`` / ``register_module_forward_pre_hook``) run first, as in
 ``_call_impl``, and are part of what each module's check compares. A module with backward hooks (its own or global

@@ -1,8 +1,9 @@
-"""Stage 3 (interpretation), native calls that change Python objects the trace did not make: graph breaks.
+"""Stage 4 (interpretation), native calls that change Python objects the trace did not make: graph breaks.
 
 In: a call that thunder's interpreter would run natively (a C function, method or slot: it cannot look inside)
 whose argument is an object read from outside the traced code (an argument, a global, an attribute of the module,
-a class attribute, a module imported in the body) and that the call would change. Out: an
+a class attribute, a module imported in the body) and that the call would change. What happens: the call is
+recognised (below) before it runs. Out: an
 :class:`~thunder_subclass.errors.UnsupportedGlobalStateError` raised in the traced program before the call runs: a
 graph break (the code around it runs eagerly, with eager's values on every call), raised with ``fullgraph=True``.
 

@@ -1,7 +1,9 @@
-"""Stage 2, proxies: how a tensor wrapper subclass is represented in thunder traces.
+"""Stage 3 (inputs and guards), proxies: how a tensor wrapper subclass is represented in thunder traces (inputs, and the
+results of the operations stage 4 interprets).
 
 In: a real subclass value reaching the interpreter (an argument, a parameter, a buffer), or the result metadata of an
-operation that returns a subclass. Out: a :class:`SubclassTensorProxy`, a ``TensorProxy`` for the *outer* tensor
+operation that returns a subclass. What happens: the value's ``__tensor_flatten__`` names its inner tensors, each of
+which becomes a proxy in turn. Out: a :class:`SubclassTensorProxy`, a ``TensorProxy`` for the *outer* tensor
 (shape, dtype, device, requires_grad as the subclass reports them, never taken from an inner tensor) that also carries
 the subclass type, its inner tensor proxies by attribute name (recursively for nested subclasses), the flatten context
 (``__tensor_flatten__()[1]``) and the outer strides (``__tensor_unflatten__`` needs them).

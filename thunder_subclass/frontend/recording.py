@@ -1,4 +1,4 @@
-"""The recording machinery shared by unrolling (``thunder_subclass.frontend.interpretation``) and differentiation
+"""Stage 4 (interpretation), the recording machinery shared by unrolling (``thunder_subclass.frontend.interpretation``) and differentiation
 (``thunder_subclass.transforms.autograd``): run a torch operation on fake subclass instances, record the aten calls their
 ``__torch_dispatch__`` makes, and bind the result as one bound symbol with those calls as subsymbols.
 

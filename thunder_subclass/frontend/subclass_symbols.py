@@ -1,4 +1,7 @@
-"""The symbols at the boundary between a subclass object and its inner tensors.
+"""Stage 4 (interpretation), the symbols at the boundary between a subclass object and its inner tensors.
+
+In: a subclass type the trace meets (an input, an operation's subclass argument or result, a gradient).
+What happens: its pair of symbols is made, once per type, in the plugin's executor. Out: these symbols:
 
 * ``flatten_<Cls>(x, attrs)`` -> the inner tensors of ``x`` named by ``attrs`` (``getattr`` at run time; defined
   with the proxy, ``thunder_subclass.frontend.proxy.flatten_symbol``, since reading ``x.a`` records it);

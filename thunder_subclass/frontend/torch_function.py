@@ -1,7 +1,11 @@
-"""Stage 4, subclasses that override only ``__torch_function__``: ``torch.Tensor`` subclasses that are not wrapper
+"""Stage 4 (interpretation), subclasses that override only ``__torch_function__``: ``torch.Tensor`` subclasses that are not wrapper
 subclasses (``t.as_subclass(C)``, ``C(t)``, ``torch.Tensor._make_subclass(C, t)``, a ``__new__`` calling
 ``super().__new__(cls, data)``). Such a value *is* a tensor with its own storage; only its Python type, its instance
 attributes and its class's ``__torch_function__`` differ from a plain tensor.
+
+In: such a value as an input, as the argument of a torch operation, made or read in traced code, or returned. What
+happens: each case below. Out: plain symbols on a typed ``TensorProxy`` in the trace; instances of the class again
+in the caller's hands.
 
 In traces such a value is a plain ``TensorProxy`` *typed* with its class (:class:`TensorType`, kept on the proxy):
 * an input is guarded on its exact type (``guards.check_tensor_type``) and, at run time, taken to a plain tensor at the

@@ -1,7 +1,8 @@
-"""Stage 3b, a cheaper prologue: a cache entry's checks run as one generated function instead of one call each.
+"""Stage 3 (inputs and guards) at run time, a cheaper prologue: a cache entry's checks run as one generated function instead of one call each.
 
 In: the prologue trace thunder built for a ``thunder_subclass.jit`` call (unpacking of arguments, parameters, module
-attributes and the per-call cache info, each followed by its check). Out: the same unpacking, and before the return
+attributes and the per-call cache info, each followed by its check). What happens: each check asks its guard for an
+inline expression. Out: the same unpacking, and before the return
 ONE ``check_prologue`` bound symbol whose argument is a :class:`FusedChecks`: a Python function generated for this
 trace from the checks it replaces, each one an inline expression with the same meaning as the check it stands for:
 

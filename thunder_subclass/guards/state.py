@@ -1,6 +1,7 @@
-"""Stage 3, prologue guards on Python state that thunder's unpacking of the inputs leaves unchecked.
+"""Stage 3 (inputs and guards), prologue guards on Python state that thunder's unpacking of the inputs leaves unchecked.
 
-In: a value traced code read that thunder neither proxies nor checks in the prologue. Out: a prologue check that
+In: a value traced code read that thunder neither proxies nor checks in the prologue. What happens: the assumption the
+trace makes about it is found (below). Out: a prologue check that
 holds on every call what the trace assumed about it (a call for which it fails is a cache miss and a new trace), or,
 for a value that differs on every call, a graph break. Each assumption and the check that holds it:
 

@@ -1,4 +1,4 @@
-"""The cache policy of a ``thunder_subclass.jit`` function: a bound on its cache entries, why calls missed, and what
+"""Stage 2 (per call), the cache policy of a ``thunder_subclass.jit`` function: a bound on its cache entries, why calls missed, and what
 a call past the bound does.
 
 In: the cache misses of one compiled function (from the per-call path, ``thunder_subclass.runtime.cache_policy``: a call that no cache

@@ -1,4 +1,4 @@
-"""Stage 1 (entry points) at run time, the per-call policy of a ``thunder_subclass.jit`` function: the per-call
+"""Stage 2 (per call), the per-call policy of a ``thunder_subclass.jit`` function: the per-call
 wrappers composed in the order a call runs through them (:func:`compiled_call`), automatic dynamic shapes
 (:class:`AutomaticDynamicShapes`), the cache bound (:func:`bounded`, with :class:`thunder_subclass.runtime.cache.CachePolicy`)
 and the order entries are tried in (:class:`EntryIndex`).

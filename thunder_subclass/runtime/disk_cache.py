@@ -1,4 +1,4 @@
-"""The on-disk cache of a ``thunder_subclass.jit`` function: a restarted process reuses the compilation of an earlier one.
+"""Stage 2 (per call), the on-disk cache of a ``thunder_subclass.jit`` function: a restarted process reuses the compilation of an earlier one.
 
 In: a cache miss of a compiled function (no entry of its in-memory cache accepts the call) under thunder's
 constant-values cache, in a process where the disk cache is on (the default, as torch.compile's caches are; off with

@@ -1,4 +1,8 @@
-"""Who may have written an on-disk cache entry: the checks ``thunder_subclass.runtime.disk_cache`` makes before it reads one.
+"""Stage 2 (per call), who may have written an on-disk cache entry: the checks ``thunder_subclass.runtime.disk_cache``
+makes before it reads one.
+
+In: the path of an entry about to be read, or of a directory about to be written. What happens: its ownership and
+modes are checked (below). Out: None when it may be read, else the reason it may not.
 
 A stored entry is Python source that is executed, and may hold pickled values: whoever can write it can run code in
 every process that loads it. So the cache is private to the user who owns it:

@@ -1,7 +1,8 @@
-"""What an eager call inside a compiled region could change, checked on every call, and the replay of a call whose
+"""Stage 2 (per call), what an eager call inside a compiled region could change, checked on every call, and the replay of a call whose
 check failed (for ``eager_calls.py``; its docstring says what the trace assumes).
 
 In: a module about to run as an eager call (:func:`snapshot` before it), and after it (:func:`unchanged`).
+What happens: what it could change is recorded before and compared after.
 Out: whether the run was pure; on a failed check, a :class:`Replay` of the call's result that the parent's eager run
 uses instead of calling the child again (:func:`replaying`, :func:`take_replay`).
 

@@ -1,8 +1,9 @@
-"""Graph breaks inside a compiled region: a submodule whose own code breaks runs as ONE eager operation of its
-parent's trace.
+"""Stage 2 (per call), graph breaks inside a compiled region: a submodule whose own code breaks runs as ONE eager
+operation of its parent's trace.
 
 In: a module call ``child(*args)`` that thunder's interpreter meets while tracing a region of a graph-break program
 (``graph_breaks._Program``), where ``child`` broke before with arguments of this kind and its eager run was observed.
+What happens: the call is recorded as one symbol instead of being traced (when all the conditions below hold).
 Out: one bound symbol, ``eager_module_call(spec, *tensors)`` (``eager_module_call_with_grad``, differentiated as
 ``eager_module_call_forward`` / ``eager_module_call_backward``, when gradients flow), whose outputs are proxies with
 the metadata the observed run gave; at run time the symbol calls ``child`` eagerly (``Module.__call__``, its hooks,

@@ -1,6 +1,8 @@
-"""Stage 1 for programs thunder cannot trace whole: graph breaks at module boundaries, and eager calls inside regions.
+"""Stage 2 (per call) for programs thunder cannot trace whole: graph breaks at module boundaries, and eager calls inside regions.
 
 In: a function or module given to ``thunder_subclass.jit`` (without ``fullgraph=True``) and the arguments of a call.
+What happens: the call is traced whole; where tracing fails with a graph-break kind, the program runs as regions
+(below).
 Out: the call's result, equal to eager: from the whole program compiled as one trace when it traces, else from the
 program's own Python run eagerly with each submodule compiled as a *region*, recursively.
 

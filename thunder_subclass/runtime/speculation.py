@@ -1,4 +1,5 @@
-"""Data-dependent branches traced as one program: the value a branch reads is computed while tracing and guarded.
+"""Stage 2 (per call), data-dependent branches traced as one program: the value a branch reads is computed while tracing
+and guarded.
 
 In: a conversion of a value computed from tensor data to a Python value while a plugin jit traces —
 ``if tensor:`` / ``bool(t)``, ``int(t)``, ``float(t)``, ``operator.index(t)`` of a tensor, the same of a number
@@ -13,7 +14,8 @@ real tensors and subclass tensors, under ``no_grad`` and without autocast), the 
 code, which goes on tracing the branch it picks, and a prologue check ``check_speculation(spec, inputs)`` is added:
 on every later call the prologue runs the same slice on that call's inputs and compares the value (exactly; NaN
 equal to NaN). Another value is a cache miss (``thunder_subclass.explain_recompiles`` says which value changed), and
-the new trace takes the other branch. Because the check is in the prologue, a call never runs any of a trace whose
+the new trace takes the other branch. Out: the Python value, handed to the traced code, and the check. Because the
+check is in the prologue, a call never runs any of a trace whose
 branch does not hold: no partial computation, no side effect, no wrong answer.
 
 The slice runs twice per call (in the prologue, and in the computation where the program uses its tensors); it is

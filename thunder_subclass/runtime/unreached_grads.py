@@ -1,9 +1,10 @@
-"""Stage 5 (runtime, backward), parameters an eager call inside a compiled region did not reach keep ``.grad`` None.
+"""Stage 2 (per call, the backward), parameters an eager call inside a compiled region did not reach keep ``.grad`` None.
 
 In: the backward of an eager module call (``eager_calls``) found that the child's autograd graph of this call does
 not reach some of its trainable parameters (an expert no token was routed to). thunder's compiled backward returns a
 gradient for every input that requires grad, so those parameters would get a zero gradient accumulated, where eager
 leaves ``.grad`` at None (and an optimizer then skips them: no weight decay, no momentum step).
+What happens: each such parameter gets a hook for this backward only.
 Out: for each such parameter whose ``.grad`` is None when the backward reaches the call, a post-accumulate-grad hook
 (``Tensor.register_post_accumulate_grad_hook``) that sets ``.grad`` back to None when what this backward accumulated
 is all zeros; the hooks are removed when this backward ends (``_thunder_internals.at_end_of_backward``), whether or

@@ -1,8 +1,12 @@
-"""Stage 6, autograd: subclass operations differentiate above ``__torch_dispatch__``, as in PyTorch.
+"""Stage 5 (autograd), subclass operations differentiate above ``__torch_dispatch__``, as in PyTorch.
 
 PyTorch runs autograd above the Python dispatch key: a torch op on a subclass is differentiated with the op's own
 derivative formula, and the backward's torch ops go through the subclass's ``__torch_dispatch__`` again. Here the
-same happens at trace time, on fake subclass instances:
+same happens at trace time, on fake subclass instances.
+
+In: a torch-level symbol unrolled on subclass proxies, a ``torch.autograd.Function`` call, or a container call.
+What happens: a grad rule is registered for it (below). Out: the rule, which thunder's autodiff calls, and the
+``grad_<op>`` bound symbols it records:
 
 * Every torch-level symbol that was unrolled on subclass proxies gets a grad rule in the plugin's executor
   (``OperatorExecutor.register_implementation(sym, checker=..., grad_transform=...)``, the public route thunder's

@@ -1,4 +1,4 @@
-"""Stage 6 (autograd), a check: Python-level side effects in a custom ``torch.autograd.Function.backward``.
+"""Stage 5 (autograd), a check: Python-level side effects in a custom ``torch.autograd.Function.backward``.
 
 In: a ``MyFunction.apply(*args)`` met while tracing (``autograd.function_apply_lookaside``), with gradients flowing.
 What happens: the Function's forward and then its backward run once on fakes, watched for what the compiled program

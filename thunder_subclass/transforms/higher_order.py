@@ -1,4 +1,4 @@
-"""Stage 6 (autograd) at run time: a backward with ``create_graph=True`` (gradient penalties, Hessian-vector products).
+"""Stage 5 (autograd) at run time: a backward with ``create_graph=True`` (gradient penalties, Hessian-vector products).
 
 In: a compiled function's thunder backward called with grad mode on (``torch.autograd.grad(..., create_graph=True)``,
 ``.backward(create_graph=True)``), the call its forward ran for (``plugin_state.RememberedCall``, kept weakly on the

@@ -1,11 +1,12 @@
-"""Random operations that draw from torch's generator as eager does, so that a seeded compiled run equals eager's
-bitwise (stage: autograd / executors, for plain tensors).
+"""Stage 5 (autograd), random operations that draw from torch's generator as eager does, so that a seeded compiled run
+equals eager's bitwise (plain tensors; the executor claims them).
 
 In: a call of ``torch.nn.functional.dropout`` (thunder's ``ltorch.dropout``; ``nn.Dropout`` calls it) on a plain
 tensor in training, with a Python-number ``p`` strictly between 0 and 1 or a symbolic one (``dynamic=True``, or the
 trace automatic dynamic shapes make after a miss: its value reaches ``eager_dropout`` when it runs, 0 and 1 drawing
 nothing, as in eager), in a trace of ``thunder_subclass.jit``; and ``inplace=True`` on any tensor
 (:func:`dropout_lookaside`, below).
+What happens: the call is recorded as the plugin's dropout instead of thunder's decomposition.
 Out: the plugin's executor claims it (:func:`ensure_dropout_rule`, registered the first time a trace meets one):
 forward ``eager_dropout(a, p)`` and, with gradients, backward ``eager_dropout_backward(grad, saved, p)``.
 

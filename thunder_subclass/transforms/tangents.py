@@ -1,4 +1,8 @@
-"""Stage 8, incoming gradients: ``.backward(grad)`` on a subclass output behaves as in eager.
+"""Stage 7 (incoming gradients), ``.backward(grad)`` on a subclass output behaves as in eager.
+
+In: the gradients ``.backward(grad)`` passes for the outputs of a compiled function. What happens: a gradient of
+another kind than the compiled backward expects selects a backward made for it (below). Out: the input gradients,
+as eager gives them.
 
 The compiled backward is made for gradients of the kind of each output (a ``TwoTensor`` output gets a ``TwoTensor``
 gradient), which is what ``.backward()`` without arguments passes and what torch.compile assumes. Eager PyTorch also

@@ -6,19 +6,19 @@ concern, each with its ``hook_targets()`` (owner, attribute, hook maker) and its
 by function, as thunder's lookaside map: function -> ``choose(fn, wrapped_args, wrapped_kwargs)``, which gives the
 lookaside for that call or None), and where a callable is known by its type, ``type_lookasides()``:
 
-* :mod:`.fixes_attributes`: ``type.__call__``, ``getattr`` / ``object.__getattribute__`` through a class's
+* :mod:`.attributes`: ``type.__call__``, ``getattr`` / ``object.__getattribute__`` through a class's
   ``__getattribute__``, ``hasattr`` / ``vars`` / ``getattr`` with a computed name read through the interpreter,
   ``object.__setattr__`` and C ``__setattr__`` slots, ``isinstance`` with a Python ``__instancecheck__``;
-* :mod:`.fixes_iteration`: Python stand-ins for ``itertools`` / ``functools.cmp_to_key`` / ``operator`` getters,
+* :mod:`.iteration`: Python stand-ins for ``itertools`` / ``functools.cmp_to_key`` / ``operator`` getters,
   ``sorted`` / ``min`` / ``max`` / ``map`` / ``filter`` as Python, only builtin sequences iterated by thunder;
-* :mod:`.fixes_torch_calls`: ``torch.cat`` / ``F.scaled_dot_product_attention`` / ``torch.tensor``, a torch-level
+* :mod:`.torch_calls`: ``torch.cat`` / ``F.scaled_dot_product_attention`` / ``torch.tensor``, a torch-level
   symbol's arguments as torch takes them (:func:`torch_arguments`), numbers computed from tensor data in branches,
   slice bounds in indexing;
-* :mod:`.fixes_epilogue`: attribute writes and buffer writes, and Python objects returned, reach the caller;
-* :mod:`.fixes_comparisons`: ``is`` / ``==`` / ordering / dict-key lookups reported, list methods thunder lacks;
-* :mod:`.fixes_exceptions`: the line an exception was raised at, as CPython keeps it
+* :mod:`.epilogue`: attribute writes and buffer writes, and Python objects returned, reach the caller;
+* :mod:`.comparisons`: ``is`` / ``==`` / ordering / dict-key lookups reported, list methods thunder lacks;
+* :mod:`.exceptions`: the line an exception was raised at, as CPython keeps it
   (:func:`exception_source_lines`);
-* :mod:`.fixes_constant_keys`: dict key objects and set items read from the inputs, guarded and unpacked.
+* :mod:`.constant_keys`: dict key objects and set items read from the inputs, guarded and unpacked.
 
 This module puts the parts together: :func:`interpreter_fix_lookaside` (the lookaside of the ``general_jit_lookaside``
 hook of :mod:`.tracing` asks it first) and :func:`hook_targets` (the parts' targets, for :mod:`.install`).

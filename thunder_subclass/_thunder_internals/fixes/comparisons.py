@@ -1,7 +1,7 @@
 """Interpreter fixes, comparisons: identity and value comparisons reported (the trace depends on them), list
 methods thunder lacks, CPython's rich-comparison order.
 
-Part of the interpreter fixes (:mod:`.interpreter_fixes` dispatches to each part's ``lookasides()`` table and
+Part of the interpreter fixes (:mod:`~thunder_subclass._thunder_internals.fixes` dispatches to each part's ``lookasides()`` table and
 installs its ``hook_targets()``); each acts only while a plugin jit traces (:func:`~.plugin_state.is_plugin_active`)
 and names what it works around:
 

@@ -1,6 +1,6 @@
 """Interpreter fixes, torch calls: torch functions and arguments as torch takes them.
 
-Part of the interpreter fixes (:mod:`.interpreter_fixes` dispatches to each part's ``lookasides()`` table and
+Part of the interpreter fixes (:mod:`~thunder_subclass._thunder_internals.fixes` dispatches to each part's ``lookasides()`` table and
 installs its ``hook_targets()``); each acts only while a plugin jit traces (:func:`~.plugin_state.is_plugin_active`)
 and names what it works around:
 
