@@ -1,5 +1,5 @@
-"""The on-disk cache (``thunder_subclass.runtime.disk_cache``): a second process loads what the first stored, equal to eager;
-corrupted, stale and foreign entries are never trusted.
+"""The on-disk cache (``thunder_subclass.runtime.disk_cache``): a second process loads what the first stored, equal to
+eager; corrupted, stale and foreign entries are never trusted.
 
 The restart itself runs in subprocesses (``_disk_cache_runner.py``); the checks of what a load trusts run in this
 process with a second ``thunder_subclass.jit`` of the same code (an empty in-memory cache: its first call goes to disk,

@@ -1,5 +1,5 @@
-"""Graph breaks inside a compiled region (thunder_subclass/runtime/eager_calls.py): a submodule whose own code breaks runs as
-one eager operation of its parent's trace, so the parents that broke only because of it compile (issue 26)."""
+"""Graph breaks inside a compiled region (thunder_subclass/runtime/eager_calls.py): a submodule whose own code breaks
+runs as one eager operation of its parent's trace, so the parents that broke only because of it compile (issue 26)."""
 
 import warnings
 

@@ -1,5 +1,5 @@
-"""Branches on tensor values traced as one program (``thunder_subclass.runtime.speculation``): the value is computed while
-tracing, the branch it picks is traced, and the prologue checks the value on every call; what is not speculated
+"""Branches on tensor values traced as one program (``thunder_subclass.runtime.speculation``): the value is computed
+while tracing, the branch it picks is traced, and the prologue checks the value on every call; what is not speculated
 breaks the graph as before."""
 
 import warnings

@@ -1,17 +1,19 @@
-"""Stage 4 (interpretation) for torch.distributed: DTensor's entry and exit points and tensor parallelism's module hooks.
+"""Stage 4 (interpretation) for torch.distributed: DTensor's entry and exit points and tensor parallelism's module
+hooks.
 
 In: calls the interpreter meets while a plugin jit traces: ``DTensor.from_local``, ``DTensor.to_local``,
 ``DTensor.redistribute``, ``DTensor.full_tensor``, ``distribute_tensor`` (in user code, and in the input/output hooks
 that ``parallelize_module`` puts on modules), and the hook functions of tensor-parallel styles
 (``ColwiseParallel._prepare_input_fn``, ``SequenceParallel._prepare_output_fn``, ...).
 
-What happens: each such call is recorded as ONE container bound symbol (``thunder_subclass.transforms.autograd.container_symbol``):
-the function runs once on fakes under the recorder, so its subsymbols are what DTensor does below it — the
-``flatten_DTensor`` / ``unflatten_DTensor`` of its local tensors and the functional collectives its redistribution
-issues (``_c10d_functional.all_reduce`` / ``all_gather_into_tensor`` / ``reduce_scatter_tensor`` and ``wait_tensor``,
-which have fake kernels and become aten-level symbols that run the real collectives at call time; the process group
-is a string argument). Its gradient is PyTorch's, run on fakes (``from_local``'s backward, ``redistribute``'s reverse
-collectives), as for ``torch.autograd.Function`` calls. The flatten pass inlines it like any container.
+What happens: each such call is recorded as ONE container bound symbol
+(``thunder_subclass.transforms.autograd.container_symbol``): the function runs once on fakes under the recorder, so its
+subsymbols are what DTensor does below it — the ``flatten_DTensor`` / ``unflatten_DTensor`` of its local tensors and the
+functional collectives its redistribution issues (``_c10d_functional.all_reduce`` / ``all_gather_into_tensor`` /
+``reduce_scatter_tensor`` and ``wait_tensor``, which have fake kernels and become aten-level symbols that run the real
+collectives at call time; the process group is a string argument). Its gradient is PyTorch's, run on fakes
+(``from_local``'s backward, ``redistribute``'s reverse collectives), as for ``torch.autograd.Function`` calls. The
+flatten pass inlines it like any container.
 
 Why not thunder's own: thunder 0.2.6 registers these functions as its experimental ``dtensor.torch.*`` symbols
 (``torch/experimental/dtensor_torch_and_prims.py``), which return its own ``DTensorProxy``, not a subclass proxy: the

@@ -2,8 +2,8 @@
 trace.
 
 In: a call of such a function in traced code. What happens: it is traced as the equivalent below. Out: the symbols of
-that equivalent. Interpreter lookasides, consulted by ``thunder_subclass.hooks`` for every call a plugin jit traces. Active
-only when the user's program has imported transformers (this module never imports it, and changes nothing in it):
+that equivalent. Interpreter lookasides, consulted by ``thunder_subclass.hooks`` for every call a plugin jit traces.
+Active only when the user's program has imported transformers (this module never imports it, and changes nothing in it):
 the table below is built from ``sys.modules["transformers.masking_utils"]`` the first time a traced call finds it
 loaded. The general interpreter fixes that Hugging Face models also need (``type.__call__``, iteration of user
 Sequences, ``torch.cat`` of the empty cache initialiser, ``enable_gqa``, objects such as ``DynamicCache`` returned from

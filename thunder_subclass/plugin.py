@@ -64,17 +64,18 @@ def jit(fn: Callable, /, *, fullgraph: bool = False, cache_size_limit: int | Non
     A program thunder cannot trace as one graph (data-dependent control flow or shapes: ``if tensor:``, ``.item()``
     branching, ``nonzero``, boolean masks; operations thunder has no symbol for) runs anyway, equal to eager: its
     own code eagerly, each submodule that traces compiled as a region (graph breaks, see
-    ``thunder_subclass.runtime.graph_breaks``), with a one-time :class:`~thunder_subclass.runtime.graph_breaks.GraphBreakWarning`
-    naming each break; ``compiled.graph_breaks`` and :func:`explain` list breaks and regions. ``fullgraph=True``
-    raises the first break's error instead.
+    ``thunder_subclass.runtime.graph_breaks``), with a one-time
+    :class:`~thunder_subclass.runtime.graph_breaks.GraphBreakWarning` naming each break; ``compiled.graph_breaks`` and
+    :func:`explain` list breaks and regions. ``fullgraph=True`` raises the first break's error instead.
 
     Takes the same keyword arguments as ``thunder.jit``; ``executors`` (default: thunder's default executors) gets
-    the plugin's executor put first, and ``transforms`` gets :class:`thunder_subclass.transforms.tangents.SavedTensorNames`
-    appended (it lets ``.backward(grad)`` accept gradients of other kinds than the outputs', as eager does), and
-    thunder's compile option ``thunderfx_disable_split_autograd`` defaults to True (faster per call; see the code).
-    Per call it is thunder's jit with less overhead: the prologue's checks run as one generated function
-    (``thunder_subclass.guards.prologue``; tensor metadata through torch's C++ tensor guard), and cache hits take a shorter
-    path (``thunder_subclass.runtime.cache_policy.compiled_call``); the guards are the same.
+    the plugin's executor put first, and ``transforms`` gets
+    :class:`thunder_subclass.transforms.tangents.SavedTensorNames` appended (it lets ``.backward(grad)`` accept
+    gradients of other kinds than the outputs', as eager does), and thunder's compile option
+    ``thunderfx_disable_split_autograd`` defaults to True (faster per call; see the code). Per call it is thunder's jit
+    with less overhead: the prologue's checks run as one generated function (``thunder_subclass.guards.prologue``;
+    tensor metadata through torch's C++ tensor guard), and cache hits take a shorter path
+    (``thunder_subclass.runtime.cache_policy.compiled_call``); the guards are the same.
 
     Sizes (``dynamic``, as ``torch.compile``'s): by default (``dynamic=None`` and no ``cache`` option) a call traces
     with the sizes it sees as constants, and after a cache miss caused only by new tensor sizes (or int values) the
@@ -216,8 +217,8 @@ def _deepcopy_compiled_module(self, memo: dict):
 
 def explain(fn: Callable, /, *args, **kwargs) -> graph_breaks.GraphBreakReport:
     """Compile ``fn`` with :func:`jit` (or take a :func:`jit` result), call it once with ``args`` / ``kwargs``
-    without the graph-break warning, and return its :class:`~thunder_subclass.runtime.graph_breaks.GraphBreakReport`: the
-    breaks (the user's file:line, the reason, what ran eagerly) and the compiled regions (qualified name -> jitted
+    without the graph-break warning, and return its :class:`~thunder_subclass.runtime.graph_breaks.GraphBreakReport`:
+    the breaks (the user's file:line, the reason, what ran eagerly) and the compiled regions (qualified name -> jitted
     function, for ``thunder.last_traces``). A new break compiles the children of the module that took it as regions
     in this call (a plain :func:`jit` call first runs that module's code eagerly, observing the submodule that holds
     the break); from the next call on, that submodule is an eager call inside its parents' compiled trace where it

@@ -27,7 +27,8 @@ module                     concern
 :mod:`.autograd_hooks`     the flatten point before executors, gradients of inputs changed in place,
                            ``ThunderFunction`` forward/backward
 :mod:`.runtime`            the per-call path, thunder's side: cache info and the fast way to a cache hit; its
-                           decisions come from above through a :class:`CallPort` (``thunder_subclass.runtime.cache_policy``)
+                           decisions come from above through a :class:`CallPort`
+                           (``thunder_subclass.runtime.cache_policy``)
 :mod:`.module_dispatch`    per-thread module dispatch: submodules run a compiled ``forward`` while a graph-break
                            program runs their parent eagerly, without changing the user's modules
 :mod:`.executors`          thunder's torch_compile executor and the plugin's inductor regions

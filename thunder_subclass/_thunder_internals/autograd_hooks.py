@@ -30,11 +30,11 @@ Hooks (thunder 0.2.6 paths, relative to the installed ``thunder/``):
   so that their autograd history becomes the compiled function's, as eager's becomes the in-place ops'.
 * ``executors/torch_autograd.py`` ``ThunderFunction.backward`` — when ``.backward(grad)`` passes gradients of another
   kind than the compiled backward expects (a plain tensor for a ``TwoTensor`` output), a backward made for those
-  gradients runs instead (``Handlers.replace_grads`` / ``run_backward``: ``thunder_subclass.transforms.tangents``); otherwise
-  thunder's own backward runs unchanged (saved tensors released as thunder does: ``ctx.maybe_clear_saved_tensors``).
-  The gradient of a changed input whose new value nothing used stays undefined, as in eager
-  (``Handlers.gradless_inputs``). A backward run with grad mode on (``create_graph=True``: autograd enables grad mode
-  in a backward only then) goes to ``Handlers.create_graph_backward`` instead: thunder's backward is
+  gradients runs instead (``Handlers.replace_grads`` / ``run_backward``: ``thunder_subclass.transforms.tangents``);
+  otherwise thunder's own backward runs unchanged (saved tensors released as thunder does:
+  ``ctx.maybe_clear_saved_tensors``). The gradient of a changed input whose new value nothing used stays undefined, as
+  in eager (``Handlers.gradless_inputs``). A backward run with grad mode on (``create_graph=True``: autograd enables
+  grad mode in a backward only then) goes to ``Handlers.create_graph_backward`` instead: thunder's backward is
   ``once_differentiable`` and its gradients have no history (torch's check looks at the incoming gradients only, so
   a loss on the gradient silently lost its second-order term). For it, the forward hook keeps on ``ctx`` the
   user-level call the forward ran for (``plugin_state.current_call``, tensors held weakly; the per-call wrapper of

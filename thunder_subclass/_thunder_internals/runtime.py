@@ -1,9 +1,9 @@
 """The per-call path of a compiled function, thunder's side: thunder's cache info and a shorter way to a cache hit.
 
 Every decision on this path (may a miss trace, past the cache bound; does a miss trace with symbolic sizes; which
-entries a call tries first) is made above this layer, by ``thunder_subclass.runtime.cache_policy``, and reaches this module
-as one :class:`CallPort` per compiled function (as the hooks' :class:`~.plugin_state.Handlers`); this module knows
-how to read and run thunder's cache and where the hooks sit.
+entries a call tries first) is made above this layer, by ``thunder_subclass.runtime.cache_policy``, and reaches this
+module as one :class:`CallPort` per compiled function (as the hooks' :class:`~.plugin_state.Handlers`); this module
+knows how to read and run thunder's cache and where the hooks sit.
 
 * ``thunder/__init__.py`` ``_with_cache_info_ctx`` (hook) — for a plugin jit, the per-call cache info groups tensor
   arguments as aliases only when they are the same view (thunder groups any that share a storage and replaces one by
@@ -11,7 +11,8 @@ how to read and run thunder's cache and where the hooks sit.
   jit's ``populate_cache_info`` (the closure cell of that name in the ``get_computation_and_inputs`` it decorates) is
   replaced by one that fills the same entries with less work when no autocast, DDP/FSDP or possible alias is involved
   (:func:`_use_fast_populate_cache_info`), and calls thunder's otherwise.
-* ``thunder/__init__.py`` ``fn_`` (not a hook: :func:`fast_call_path`, applied by ``thunder_subclass.runtime.cache_policy``
+* ``thunder/__init__.py`` ``fn_`` (not a hook: :func:`fast_call_path`, applied by
+``thunder_subclass.runtime.cache_policy``
   to what ``thunder.jit`` returns) — calls reach a cache hit through the same steps as thunder's ``fn_`` (cache info,
   prologues under the compile data, computation, connection to autograd, epilogue, grad mode, statistics) without
   its wrapper layers; everything else (autocast, tracing, misses) calls thunder's ``fn_``.
@@ -22,8 +23,8 @@ how to read and run thunder's cache and where the hooks sit.
   the call is not traced (:class:`CacheLimitReached`, caught by the stage's per-call wrapper, which runs it eagerly).
 * ``thunder/__init__.py`` ``acquire_initial_trace`` and ``apply_transforms_and_build_cache_entry`` (the closure
   cells of those names, replaced in the same hook: :func:`_use_disk_cache`) — a miss of a jit with an on-disk cache
-  (the ``disk_cache`` of its :class:`CallPort`, ``thunder_subclass.runtime.disk_cache``) loads a stored entry instead of tracing
-  when one accepts the call, and otherwise hands the entry built from the new trace to the cache to store.
+  (the ``disk_cache`` of its :class:`CallPort`, ``thunder_subclass.runtime.disk_cache``) loads a stored entry instead of
+  tracing when one accepts the call, and otherwise hands the entry built from the new trace to the cache to store.
 * ``core/module.py`` ``ThunderModule`` tables of parameters, buffers and submodules (private state, filled once by
   thunder) — kept bound to the module as it is now (:class:`ModuleBindings`): a parameter or submodule replaced after
   compiling is what the next call reads.
@@ -157,8 +158,8 @@ def _hook_with_cache_info_ctx(original):
 
 TRACING_LOCK = threading.RLock()
 """Held while a plugin jit looks its cache up through thunder's ``get_computation_and_inputs`` and, on a miss,
-traces (and while a backward variant is built, ``thunder_subclass.transforms.tangents``). Process-wide and re-entrant: a trace
-that builds another (a nested jit, a backward variant) in the same thread goes on. Never held by a cache hit of the
+traces (and while a backward variant is built, ``thunder_subclass.transforms.tangents``). Process-wide and re-entrant: a
+trace that builds another (a nested jit, a backward variant) in the same thread goes on. Never held by a cache hit of the
 fast path."""
 
 
@@ -307,9 +308,9 @@ class CacheLimitReached(Exception):
 
 @dataclasses.dataclass(frozen=True)
 class CallPort:
-    """What the per-call path of one compiled function asks the stage above it (``thunder_subclass.runtime.cache_policy``,
-    which makes every decision; this module knows only thunder's side), kept on the jit's compile data as
-    ``PORT_ATTR``:
+    """What the per-call path of one compiled function asks the stage above it
+    (``thunder_subclass.runtime.cache_policy``, which makes every decision; this module knows only thunder's side), kept
+    on the jit's compile data as ``PORT_ATTR``:
 
     * ``on_miss(call, n_entries, reasons)``: at a miss inside thunder's cache lookup (call number ``call``,
       ``n_entries`` entries, ``reasons[i]`` why each rejected the call, newest first), whether a new entry may be
@@ -320,7 +321,8 @@ class CallPort:
     * ``entry_index``: the order the fast path tries entries in: ``key(args, kwargs, grad)`` of a call,
       ``bucket(cache, key)`` (the entries to try first, last hit last), ``add(key, entry)`` (an entry found outside
       the bucket accepted a call of that key).
-    * ``disk_cache``: the jit's on-disk cache (``thunder_subclass.runtime.disk_cache``), or None: :func:`_use_disk_cache`.
+    * ``disk_cache``: the jit's on-disk cache (``thunder_subclass.runtime.disk_cache``), or None:
+    :func:`_use_disk_cache`.
 
     The one record of the plugin's per-jit state that this module reads from thunder's compile data (besides the
     per-thread grad mode its compile-data class reads, :func:`_per_thread_grad_mode`).

@@ -4,9 +4,9 @@ Plain inputs' sizes, subclass arguments' sizes and number inputs become NumberPr
 not check. Subclass operations run on fakes whose sizes are symbols of a torch ``ShapeEnv`` (:class:`ShapeSymbols`,
 torch's ``torch/fx/experimental/symbolic_shapes.py``); what a run relied on becomes a prologue check
 (:func:`add_size_guards`). Where that cannot be done, the operation runs on fakes of the current sizes and every
-number that reaches it is pinned (:func:`pin_numbers`, called by ``thunder_subclass.frontend.fake`` where a proxy becomes a
-fake: the input numbers it is computed from get a value check in the prologue). The hooks below fix what thunder
-0.2.6 itself gets wrong under symbolic values; each acts only for a plugin jit with that cache option:
+number that reaches it is pinned (:func:`pin_numbers`, called by ``thunder_subclass.frontend.fake`` where a proxy
+becomes a fake: the input numbers it is computed from get a value check in the prologue). The hooks below fix what
+thunder 0.2.6 itself gets wrong under symbolic values; each acts only for a plugin jit with that cache option:
 ``jit_ext.unpack_inputs`` (parameters tagged ``STATIC_MEMORY_LOCATION``: :func:`unpacked_parameters_tagged`, entered
 by :mod:`.fixes`' hook of it), ``StringProxy``'s comparison methods
 (inherited from ``Proxy``, which raises), and, through the ``general_jit_lookaside`` hook of :mod:`.tracing`,

@@ -695,8 +695,8 @@ def _inspect_attr(obj, name: str):
 def recording_interpreted_code():
     """Within this block (in this thread), every code object thunder's interpreter runs for a plugin jit is added to
     the set it yields (the interpreter decodes each frame's bytecode through :class:`_CachedInstructionsDis`). The
-    on-disk cache (``thunder_subclass.runtime.disk_cache``) records the source files of what a trace interpreted so that a
-    later process can tell whether that code changed. Nested blocks each see their own set."""
+    on-disk cache (``thunder_subclass.runtime.disk_cache``) records the source files of what a trace interpreted so that
+    a later process can tell whether that code changed. Nested blocks each see their own set."""
     saved, codes = _code_recorder.codes, set()
     _code_recorder.codes = codes
     try:

@@ -2,8 +2,8 @@
 proxies and fakes.
 
 In: thunder proxies (plain and subclass). What happens: each proxy's metadata becomes a fake tensor of the
-thread's mode, and each fake result gets a proxy. Out: fake tensors with the same metadata (subclass fakes are rebuilt with
-``__tensor_unflatten__`` on fake inner tensors), and proxies for fake results. Used by interpretation (running an
+thread's mode, and each fake result gets a proxy. Out: fake tensors with the same metadata (subclass fakes are rebuilt
+with ``__tensor_unflatten__`` on fake inner tensors), and proxies for fake results. Used by interpretation (running an
 operation on fake subclass instances) and by the metas of aten-level symbols.
 
 Symbolic sizes: under ``cache="symbolic values"`` a recording may give its :class:`FakeEnv` a

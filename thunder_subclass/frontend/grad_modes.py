@@ -18,8 +18,9 @@ Out: a trace that turns grad mode off and on as eager does, or a graph-break err
   compiled program under the caller's grad mode (its forward is decorated ``torch.no_grad()``), so the results of an
   ``enable_grad`` block neither required grad nor connected to autograd, and plain tensors failed in thunder's epilogue
   (``TypeError: epilogue() takes 1 positional argument but 2 were given``). This raises
-  :class:`~thunder_subclass.errors.UnsupportedGlobalStateError`, a graph-break kind (``thunder_subclass.runtime.graph_breaks``):
-  by default the function runs eagerly, with ``fullgraph=True`` the error reaches the user.
+  :class:`~thunder_subclass.errors.UnsupportedGlobalStateError`, a graph-break kind
+  (``thunder_subclass.runtime.graph_breaks``): by default the function runs eagerly, with ``fullgraph=True`` the error
+  reaches the user.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Stage 4 (interpretation), module calls in traced code: ``nn.Module.__call__`` with its forward hooks, read once and guarded.
+"""Stage 4 (interpretation), module calls in traced code: ``nn.Module.__call__`` with its forward hooks, read once and
+guarded.
 
 In: a call ``module(*args, **kwargs)`` that thunder's interpreter meets while a plugin jit traces (it reaches the
 lookaside as ``Module._call_impl(module, *args, **kwargs)``).

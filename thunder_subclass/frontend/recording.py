@@ -1,15 +1,16 @@
-"""Stage 4 (interpretation), the recording machinery shared by unrolling (``thunder_subclass.frontend.interpretation``) and differentiation
-(``thunder_subclass.transforms.autograd``): run a torch operation on fake subclass instances, record the aten calls their
-``__torch_dispatch__`` makes, and bind the result as one bound symbol with those calls as subsymbols.
+"""Stage 4 (interpretation), the recording machinery shared by unrolling (``thunder_subclass.frontend.interpretation``)
+and differentiation (``thunder_subclass.transforms.autograd``): run a torch operation on fake subclass instances, record
+the aten calls their ``__torch_dispatch__`` makes, and bind the result as one bound symbol with those calls as
+subsymbols.
 
 In: a torch callable and proxy arguments (or a thunder torch symbol: :func:`torch_callable_for` and
 :func:`denormalize` give the torch callable and arguments it stands for). What happens: the arguments become fakes
-(``thunder_subclass.frontend.fake``), the callable runs under :class:`RecordingMode`, which steps aside for wrapper subclasses
-(so their ``__torch_dispatch__`` runs) and records the aten calls they make on plain inner tensors. Out
-(:func:`emit_calls`): ``flatten_<Cls>`` of the subclass inputs -> aten-level symbols (``thunder_subclass.frontend.aten_symbols``)
--> ``unflatten_<Cls>`` of subclass results, appended to a scope, and the results as proxies with the true metadata.
-Errors raised while running on fakes become typed errors naming the subclass, the op and the user's source line
-(:func:`dispatch_error`).
+(``thunder_subclass.frontend.fake``), the callable runs under :class:`RecordingMode`, which steps aside for wrapper
+subclasses (so their ``__torch_dispatch__`` runs) and records the aten calls they make on plain inner tensors. Out
+(:func:`emit_calls`): ``flatten_<Cls>`` of the subclass inputs -> aten-level symbols
+(``thunder_subclass.frontend.aten_symbols``) -> ``unflatten_<Cls>`` of subclass results, appended to a scope, and the
+results as proxies with the true metadata. Errors raised while running on fakes become typed errors naming the subclass,
+the op and the user's source line (:func:`dispatch_error`).
 """
 
 from __future__ import annotations

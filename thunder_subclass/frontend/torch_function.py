@@ -1,5 +1,5 @@
-"""Stage 4 (interpretation), subclasses that override only ``__torch_function__``: ``torch.Tensor`` subclasses that are not wrapper
-subclasses (``t.as_subclass(C)``, ``C(t)``, ``torch.Tensor._make_subclass(C, t)``, a ``__new__`` calling
+"""Stage 4 (interpretation), subclasses that override only ``__torch_function__``: ``torch.Tensor`` subclasses that are
+not wrapper subclasses (``t.as_subclass(C)``, ``C(t)``, ``torch.Tensor._make_subclass(C, t)``, a ``__new__`` calling
 ``super().__new__(cls, data)``). Such a value *is* a tensor with its own storage; only its Python type, its instance
 attributes and its class's ``__torch_function__`` differ from a plain tensor.
 

@@ -2,11 +2,11 @@
 
 In: a tensor the interpreter meets as an input of a plugin jit (argument, parameter, buffer): a wrapper subclass
 becomes a ``SubclassTensorProxy`` (:func:`proxify_input`), a plain tensor thunder's ``TensorProxy``, a typed tensor
-(``thunder_subclass.frontend.torch_function``) a proxy of its type. What happens: each gets the guards of ``guards.tensors``
-(its type, metadata, strides, shared ragged sizes; the values dispatch reads, when it reads them), and the trace's
-flags (:class:`~thunder_subclass.guards.tensors.TraceFlags`) a dispatch-mode check on its first tensor input. Out: jit
-constraints that ``unpack_inputs`` turns into prologue checks. A failing check makes the prologue raise, which
-thunder treats as a cache miss: a new trace, never a stale one.
+(``thunder_subclass.frontend.torch_function``) a proxy of its type. What happens: each gets the guards of
+``guards.tensors`` (its type, metadata, strides, shared ragged sizes; the values dispatch reads, when it reads them),
+and the trace's flags (:class:`~thunder_subclass.guards.tensors.TraceFlags`) a dispatch-mode check on its first tensor
+input. Out: jit constraints that ``unpack_inputs`` turns into prologue checks. A failing check makes the prologue raise,
+which thunder treats as a cache miss: a new trace, never a stale one.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Stage 3 (inputs and guards) at run time, a cheaper prologue: a cache entry's checks run as one generated function instead of one call each.
+"""Stage 3 (inputs and guards) at run time, a cheaper prologue: a cache entry's checks run as one generated function
+instead of one call each.
 
 In: the prologue trace thunder built for a ``thunder_subclass.jit`` call (unpacking of arguments, parameters, module
 attributes and the per-call cache info, each followed by its check). What happens: each check asks its guard for an

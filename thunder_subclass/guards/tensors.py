@@ -216,8 +216,8 @@ class SubclassSpec(Guard):
 
     def expression(self, v: str, const) -> str:
         """A Python expression true exactly when :meth:`matches` of the value named ``v`` is (the same checks in the
-        same order, inline: ``thunder_subclass.guards.prologue`` puts it in a generated function). ``const(obj)`` names a
-        constant, ``const.fresh()`` a new local name. Uses ``_plain``, ``_same`` (:func:`is_same_value`) and
+        same order, inline: ``thunder_subclass.guards.prologue`` puts it in a generated function). ``const(obj)`` names
+        a constant, ``const.fresh()`` a new local name. Uses ``_plain``, ``_same`` (:func:`is_same_value`) and
         ``_MISSING``.
 
         ``const.tensor(x, shape, dtype, device, requires_grad, plain, strides)``, when given, stands for each check of a

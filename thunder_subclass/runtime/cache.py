@@ -1,10 +1,10 @@
-"""Stage 2 (per call), the cache policy of a ``thunder_subclass.jit`` function: a bound on its cache entries, why calls missed, and what
-a call past the bound does.
+"""Stage 2 (per call), the cache policy of a ``thunder_subclass.jit`` function: a bound on its cache entries, why calls
+missed, and what a call past the bound does.
 
-In: the cache misses of one compiled function (from the per-call path, ``thunder_subclass.runtime.cache_policy``: a call that no cache
-entry's prologue accepts), each with the reason every entry gave. What happens: each miss's reasons are kept (the
-last :data:`KEPT_MISSES`) for :func:`explain_recompiles`; while the function has fewer than ``cache_size_limit``
-entries a miss traces a new one, as before; past the bound it is not traced: a one-time
+In: the cache misses of one compiled function (from the per-call path, ``thunder_subclass.runtime.cache_policy``: a call
+that no cache entry's prologue accepts), each with the reason every entry gave. What happens: each miss's reasons are
+kept (the last :data:`KEPT_MISSES`) for :func:`explain_recompiles`; while the function has fewer than
+``cache_size_limit`` entries a miss traces a new one, as before; past the bound it is not traced: a one-time
 :class:`~thunder_subclass.errors.CacheLimitWarning` names the check that failed, and the call runs the original
 function eagerly, as ``torch.compile`` does at its ``recompile_limit`` (values, types and gradients are eager's;
 calls that an entry accepts keep running compiled). Out: the result of the call.
@@ -46,15 +46,15 @@ class _Config:
     * ``disk_cache`` (default True, as torch.compile's caches are; False when the environment variable
       ``THUNDER_SUBCLASS_DISK_CACHE`` is ``0`` (or ``false``, ``off``, ``no``) when ``thunder_subclass`` is imported): whether compiled functions keep
       their cache entries on disk too, so that another process compiling the same code loads them instead of tracing
-      (see :mod:`thunder_subclass.runtime.disk_cache`). ``thunder_subclass.jit(fn, disk_cache=False)`` turns it off for one
-      function.
+      (see :mod:`thunder_subclass.runtime.disk_cache`). ``thunder_subclass.jit(fn, disk_cache=False)`` turns it off for
+      one function.
     * ``disk_cache_dir`` (default None: ``$THUNDER_SUBCLASS_CACHE_DIR``, else ``~/.cache/thunder_subclass``): where.
     * ``disk_cache_size_limit`` (default 256 MiB): the most bytes the disk cache keeps; past it the least recently
       used entries are removed. ``None``: no bound.
     * ``speculation_limit`` (default :data:`DEFAULT_SPECULATION_LIMIT`, 4): how many different values one source line
       may speculate for one compiled function (a branch on tensor data traced as one program per value, see
-      :mod:`thunder_subclass.runtime.speculation`) before the code around it runs eagerly instead (a graph break). Read when a
-      value is speculated. ``None``: no bound (each new value is a new trace, up to ``cache_size_limit``).
+      :mod:`thunder_subclass.runtime.speculation`) before the code around it runs eagerly instead (a graph break). Read
+      when a value is speculated. ``None``: no bound (each new value is a new trace, up to ``cache_size_limit``).
     """
 
     __slots__ = ("cache_size_limit", "disk_cache", "disk_cache_dir", "disk_cache_size_limit", "speculation_limit")

@@ -1,7 +1,7 @@
 """Stage 2 (per call), the per-call policy of a ``thunder_subclass.jit`` function: the per-call
 wrappers composed in the order a call runs through them (:func:`compiled_call`), automatic dynamic shapes
-(:class:`AutomaticDynamicShapes`), the cache bound (:func:`bounded`, with :class:`thunder_subclass.runtime.cache.CachePolicy`)
-and the order entries are tried in (:class:`EntryIndex`).
+(:class:`AutomaticDynamicShapes`), the cache bound (:func:`bounded`, with
+:class:`thunder_subclass.runtime.cache.CachePolicy`) and the order entries are tried in (:class:`EntryIndex`).
 
 In: what ``thunder.jit`` returned for the user's function or module, with the jit's cache policy and options. What
 happens: the decisions are made here and handed to the per-call path of the bottom layer
@@ -239,8 +239,8 @@ def compiled_call(jfn, fn: Callable, policy: cache.CachePolicy, *, automatic_dyn
        per-call path inside thunder's cache lookup, ``CallPort.on_miss``), runs ``policy.eager``;
     6. thunder's own ``fn_`` (its cache lookup, and tracing at a miss).
 
-    ``disk_cache`` (a ``thunder_subclass.runtime.disk_cache.DiskCache``, or None) is asked at a miss inside thunder's cache
-    lookup, before tracing (``CallPort.disk_cache``). The policy is kept on the result as ``cache.POLICY_ATTR``
+    ``disk_cache`` (a ``thunder_subclass.runtime.disk_cache.DiskCache``, or None) is asked at a miss inside thunder's
+    cache lookup, before tracing (``CallPort.disk_cache``). The policy is kept on the result as ``cache.POLICY_ATTR``
     (``explain_recompiles`` reads it)."""
     from thunder.core.module import ThunderModule
 

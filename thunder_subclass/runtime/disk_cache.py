@@ -1,4 +1,5 @@
-"""Stage 2 (per call), the on-disk cache of a ``thunder_subclass.jit`` function: a restarted process reuses the compilation of an earlier one.
+"""Stage 2 (per call), the on-disk cache of a ``thunder_subclass.jit`` function: a restarted process reuses the
+compilation of an earlier one.
 
 In: a cache miss of a compiled function (no entry of its in-memory cache accepts the call) under thunder's
 constant-values cache, in a process where the disk cache is on (the default, as torch.compile's caches are; off with
@@ -36,10 +37,10 @@ attributes, globals read) are the prologue's own, run on every candidate entry.
 Safety: a file is written to a temporary name in its directory and renamed into place (``os.replace``), so readers
 see a whole file or none; a file carries the SHA-256 of its payload, and one that does not parse or match it is
 corrupted: it is removed, with a :class:`~thunder_subclass.errors.DiskCacheWarning`, and the call compiles. The cache
-is private to its user (``thunder_subclass.runtime.disk_trust``): directories are made ``0700`` and entries ``0600``, and an
-entry owned by another user, or under a directory others can write, is never read (a ``DiskCacheWarning`` says why).
-An entry whose recorded files changed, or whose names no longer resolve to the same kind of object, is stale: it is
-removed silently. An entry's source runs only after these checks, and its prologue guards the call as any entry's.
+is private to its user (``thunder_subclass.runtime.disk_trust``): directories are made ``0700`` and entries ``0600``,
+and an entry owned by another user, or under a directory others can write, is never read (a ``DiskCacheWarning`` says
+why). An entry whose recorded files changed, or whose names no longer resolve to the same kind of object, is stale: it
+is removed silently. An entry's source runs only after these checks, and its prologue guards the call as any entry's.
 
 Location: ``thunder_subclass.config.disk_cache_dir``, else ``$THUNDER_SUBCLASS_CACHE_DIR``, else
 ``~/.cache/thunder_subclass``; under it ``v3/<key>/<entry>.json``. Size: at most

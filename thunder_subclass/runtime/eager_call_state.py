@@ -1,5 +1,5 @@
-"""Stage 2 (per call), what an eager call inside a compiled region could change, checked on every call, and the replay of a call whose
-check failed (for ``eager_calls.py``; its docstring says what the trace assumes).
+"""Stage 2 (per call), what an eager call inside a compiled region could change, checked on every call, and the replay
+of a call whose check failed (for ``eager_calls.py``; its docstring says what the trace assumes).
 
 In: a module about to run as an eager call (:func:`snapshot` before it), and after it (:func:`unchanged`).
 What happens: what it could change is recorded before and compared after.

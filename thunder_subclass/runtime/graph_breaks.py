@@ -1,4 +1,5 @@
-"""Stage 2 (per call) for programs thunder cannot trace whole: graph breaks at module boundaries, and eager calls inside regions.
+"""Stage 2 (per call) for programs thunder cannot trace whole: graph breaks at module boundaries, and eager calls inside
+regions.
 
 In: a function or module given to ``thunder_subclass.jit`` (without ``fullgraph=True``) and the arguments of a call.
 What happens: the call is traced whole; where tracing fails with a graph-break kind, the program runs as regions
@@ -29,8 +30,8 @@ that class's calls are observed (forward hooks, removed after). Otherwise (and i
 module's own code holds the break) its children are compiled as above, and a module none of whose children broke at
 its break's location is observed. The callables that broke before an observation are traced once more on their next
 call (``_Taken.generation``), so a parent that broke only because of the child compiles around it; a mismatch at run
-time (:class:`~thunder_subclass.runtime.eager_calls.EagerCallMismatch`) runs the parent eagerly instead, with the result the child
-already gave (it does not run again), and drops the
+time (:class:`~thunder_subclass.runtime.eager_calls.EagerCallMismatch`) runs the parent eagerly instead, with the result
+the child already gave (it does not run again), and drops the
 observation.
 
 Children of one class share one jitted function (the module is its first argument), so N identical blocks trace

@@ -20,8 +20,8 @@ branch does not hold: no partial computation, no side effect, no wrong answer.
 
 The slice runs twice per call (in the prologue, and in the computation where the program uses its tensors); it is
 usually small (a reduction feeding a comparison). Not speculated, so that the program breaks the graph as before
-(the data-dependency error, then :mod:`~thunder_subclass.runtime.graph_breaks`): a value whose slice holds an in-place or
-random operation (running it in the prologue would change inputs or the random state), a value computed after an
+(the data-dependency error, then :mod:`~thunder_subclass.runtime.graph_breaks`): a value whose slice holds an in-place
+or random operation (running it in the prologue would change inputs or the random state), a value computed after an
 in-place change of anything but a tensor the trace made from no tensor (which aliases no input) and the value does not
 read, an operation without a torch
 function, a proxy made inside another operation's scope, or a value not reached from the inputs; and a source line

@@ -1,4 +1,5 @@
-"""Stage 2 (per call, the backward), parameters an eager call inside a compiled region did not reach keep ``.grad`` None.
+"""Stage 2 (per call, the backward), parameters an eager call inside a compiled region did not reach keep ``.grad``
+None.
 
 In: the backward of an eager module call (``eager_calls``) found that the child's autograd graph of this call does
 not reach some of its trainable parameters (an expert no token was routed to). thunder's compiled backward returns a

@@ -17,8 +17,8 @@ What happens: a grad rule is registered for it (below). Out: the rule, which thu
 * Gradient *types* follow eager: the gradient of a ``TwoTensor`` parameter is a ``TwoTensor``; a plain parameter
   that meets a ``TwoTensor`` gets a ``TwoTensor`` gradient, as in eager. Because a gradient's type is only known once
   the operations after it have been differentiated, ``grad_<op>`` is first recorded for the gradient types PyTorch
-  would guess (those of the outputs) and is re-recorded by the flatten pass (``thunder_subclass.transforms.flatten``) if the
-  gradients that actually reach it have other types; it keeps a :class:`GradRecipe` (the fake autograd graph) for
+  would guess (those of the outputs) and is re-recorded by the flatten pass (``thunder_subclass.transforms.flatten``) if
+  the gradients that actually reach it have other types; it keeps a :class:`GradRecipe` (the fake autograd graph) for
   that.
 * ``torch.autograd.Function`` calls that involve subclasses are one ``<Function>_apply`` symbol, differentiated with
   the Function's own ``backward`` (run by PyTorch's autograd on fakes).

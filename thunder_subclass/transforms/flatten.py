@@ -1,9 +1,10 @@
-"""Stage 6 (flatten and executors), the flatten transform: subclasses leave the program before executors claim operations.
+"""Stage 6 (flatten and executors), the flatten transform: subclasses leave the program before executors claim
+operations.
 
 In: a computation trace — after autograd, the joint forward+backward trace — holding subclass-level bound symbols
-recorded by interpretation and by the grad rules (``thunder_subclass.transforms.autograd``). Out: a trace in which each of them
-is replaced by its subsymbols, so inner tensors flow as plain tensors through aten-level / thunder torch symbols that
-the torch, torch_compile and nvFuser executors can claim. What happens: one forward sweep with a substitution map:
+recorded by interpretation and by the grad rules (``thunder_subclass.transforms.autograd``). Out: a trace in which each
+of them is replaced by its subsymbols, so inner tensors flow as plain tensors through aten-level / thunder torch symbols
+that the torch, torch_compile and nvFuser executors can claim. What happens: one forward sweep with a substitution map:
 
 * subclass-level symbols (torch-level symbols unrolled on subclass proxies, ``grad_<op>``, autograd.Function
   calls) are inlined, recursively;

@@ -13,9 +13,9 @@ formulas with that plain tensor, which can change the type of the resulting grad
 * a gradient of the expected kind, or one that the subclass coerces with ``__coerce_same_metadata_as_tangent__``,
   runs the compiled backward (``flatten_cotangent_<Cls>`` coerces it and checks it at run time);
 * any other gradient selects a *backward variant*: the joint forward+backward trace is flattened again with the
-  gradient's actual kind (``thunder_subclass.transforms.flatten`` re-records every derivative whose gradient types change),
-  the backward part is cut out, fed with the tensors the compiled forward saved, compiled with the torch executor,
-  memoised per gradient kind, and run.
+  gradient's actual kind (``thunder_subclass.transforms.flatten`` re-records every derivative whose gradient types
+  change), the backward part is cut out, fed with the tensors the compiled forward saved, compiled with the torch
+  executor, memoised per gradient kind, and run.
 
 :class:`BackwardVariants` is created by the flatten pass for each joint trace, travels into the backward trace as an
 argument of ``flatten_cotangent_<Cls>``, learns the names of the saved tensors from :class:`SavedTensorNames` (a
@@ -146,8 +146,8 @@ class BackwardVariants:
         return f"BackwardVariants({len(self._compiled)} compiled)"
 
     def disk_state(self) -> tuple:
-        """How an entry stored on disk (``thunder_subclass.runtime.disk_cache``) holds this object: what the run-time hooks
-        read, without the joint trace (proxies, not storable). Only where every output is a plain tensor (or not a
+        """How an entry stored on disk (``thunder_subclass.runtime.disk_cache``) holds this object: what the run-time
+        hooks read, without the joint trace (proxies, not storable). Only where every output is a plain tensor (or not a
         tensor): the zero gradients ``canonical`` makes then need a shape, dtype and device only. Raises ValueError
         otherwise (the entry is not stored)."""
         if self.saved_names is None or any(k not in (None, torch.Tensor) for k in self.expected):
@@ -320,8 +320,8 @@ class StoredBackwardVariants(BackwardVariants):
 
 def forward_effects(joint) -> str | None:
     """What a forward trace writes in place that outlives the call, or draws at random (a ``create_graph=True``
-    backward recomputes the forward eagerly only where it does neither: ``thunder_subclass.transforms.higher_order``); None if
-    nothing. Kept with an entry stored on disk (:class:`StoredBackwardVariants` has no joint trace)."""
+    backward recomputes the forward eagerly only where it does neither: ``thunder_subclass.transforms.higher_order``);
+    None if nothing. Kept with an entry stored on disk (:class:`StoredBackwardVariants` has no joint trace)."""
 
     def walk(bsyms):
         for b in bsyms:

@@ -1,8 +1,8 @@
 """Interpreter fixes, attributes: object creation, attribute reads and writes, ``isinstance``, as CPython runs them.
 
-Part of the interpreter fixes (:mod:`~thunder_subclass._thunder_internals.fixes` dispatches to each part's ``lookasides()`` table and
-installs its ``hook_targets()``); each acts only while a plugin jit traces (:func:`~.plugin_state.is_plugin_active`)
-and names what it works around:
+Part of the interpreter fixes (:mod:`~thunder_subclass._thunder_internals.fixes` dispatches to each part's
+``lookasides()`` table and installs its ``hook_targets()``); each acts only while a plugin jit traces
+(:func:`~.plugin_state.is_plugin_active`) and names what it works around:
 
 * ``core/interpreter.py`` ``_type_call_lookaside`` (through the ``general_jit_lookaside`` hook of :mod:`.tracing`) —
   ``type.__call__`` as CPython runs it, ``__init__`` looked up on the type (thunder's reads it from the instance:

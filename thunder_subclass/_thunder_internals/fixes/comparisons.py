@@ -1,9 +1,9 @@
 """Interpreter fixes, comparisons: identity and value comparisons reported (the trace depends on them), list
 methods thunder lacks, CPython's rich-comparison order.
 
-Part of the interpreter fixes (:mod:`~thunder_subclass._thunder_internals.fixes` dispatches to each part's ``lookasides()`` table and
-installs its ``hook_targets()``); each acts only while a plugin jit traces (:func:`~.plugin_state.is_plugin_active`)
-and names what it works around:
+Part of the interpreter fixes (:mod:`~thunder_subclass._thunder_internals.fixes` dispatches to each part's
+``lookasides()`` table and installs its ``hook_targets()``); each acts only while a plugin jit traces
+(:func:`~.plugin_state.is_plugin_active`) and names what it works around:
 
 * ``core/interpreter.py`` ``_default_opcode_handler_map["IS_OP"]`` / ``["COMPARE_OP"]`` — thunder compares the
   operands natively (``a is b``, ``a == b``), so nothing tells the trace that its branch depends on their identity or

@@ -1,8 +1,8 @@
 """Interpreter fixes, constant keys: what traced code reads from dict key objects and set items is guarded.
 
-Part of the interpreter fixes (:mod:`~thunder_subclass._thunder_internals.fixes` dispatches to each part's ``lookasides()`` table and
-installs its ``hook_targets()``); each acts only while a plugin jit traces (:func:`~.plugin_state.is_plugin_active`)
-and names what it works around:
+Part of the interpreter fixes (:mod:`~thunder_subclass._thunder_internals.fixes` dispatches to each part's
+``lookasides()`` table and installs its ``hook_targets()``); each acts only while a plugin jit traces
+(:func:`~.plugin_state.is_plugin_active`) and names what it works around:
 
 * ``core/interpreter.py`` ``populate_item_wrappers`` — thunder wraps a dict's keys as constants, so what traced code
   read from a key object (``for k in TABLE: x + k.n``) was inlined unchecked. The keys of a dict read from the inputs

@@ -4,9 +4,9 @@ thunder's interpreter runs ``dict(...)`` / ``OrderedDict(...)`` through its own 
 (``core/interpreter.py`` ``MutMappingWrapperMethods.__init__``, the provenance-tracking lookaside of
 ``dict.__init__``), which calls its ``update`` and drops what that returns: an exception raised while iterating the
 argument (``dict(zip(a, b, strict=True))`` of unequal lengths, a ``next()`` the plugin refuses on an iterator from
-outside the trace, ``thunder_subclass.frontend.native_effects``) was lost, and the dict came out empty or partial, silently.
-The hook returns the interpreter's exception signal when ``update`` gives it, else what thunder's wrapper returns
-(``None``). Hooks acting only while a jit that uses the plugin traces; removable with the others.
+outside the trace, ``thunder_subclass.frontend.native_effects``) was lost, and the dict came out empty or partial,
+silently. The hook returns the interpreter's exception signal when ``update`` gives it, else what thunder's wrapper
+returns (``None``). Hooks acting only while a jit that uses the plugin traces; removable with the others.
 """
 
 from __future__ import annotations

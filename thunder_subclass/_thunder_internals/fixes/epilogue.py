@@ -1,8 +1,8 @@
 """Interpreter fixes, the epilogue: what traced code wrote to objects it did not make reaches the caller.
 
-Part of the interpreter fixes (:mod:`~thunder_subclass._thunder_internals.fixes` dispatches to each part's ``lookasides()`` table and
-installs its ``hook_targets()``); each acts only while a plugin jit traces (:func:`~.plugin_state.is_plugin_active`)
-and names what it works around:
+Part of the interpreter fixes (:mod:`~thunder_subclass._thunder_internals.fixes` dispatches to each part's
+``lookasides()`` table and installs its ``hook_targets()``); each acts only while a plugin jit traces
+(:func:`~.plugin_state.is_plugin_active`) and names what it works around:
 
 * ``core/jit_ext.py`` ``process_recorded_modifications`` — attribute writes of dtypes, devices and strings on input
   objects (its assertion admits Proxy, int, float, tuple, None, Device); attribute writes on an object the prologue

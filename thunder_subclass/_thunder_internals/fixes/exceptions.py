@@ -1,8 +1,8 @@
 """Interpreter fixes, exception lines: the line an exception was raised at, as CPython keeps it.
 
-Part of the interpreter fixes (:mod:`~thunder_subclass._thunder_internals.fixes` dispatches to each part's ``lookasides()`` table and
-installs its ``hook_targets()``); each acts only while a plugin jit traces (:func:`~.plugin_state.is_plugin_active`)
-and names what it works around:
+Part of the interpreter fixes (:mod:`~thunder_subclass._thunder_internals.fixes` dispatches to each part's
+``lookasides()`` table and installs its ``hook_targets()``); each acts only while a plugin jit traces
+(:func:`~.plugin_state.is_plugin_active`) and names what it works around:
 
 * ``core/interpreter.py`` ``InterpreterCompileCtx.interpret`` — thunder adds an interpreted frame to an exception's
   traceback at the line the frame is at when the exception leaves it: after a ``with`` block's ``__exit__`` or a

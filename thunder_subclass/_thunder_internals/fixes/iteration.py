@@ -1,9 +1,9 @@
 """Interpreter fixes, iteration: Python stand-ins for ``itertools`` / ``functools.cmp_to_key`` / ``operator``
 getters, ``sorted``/``min``/``max``/``map``/``filter`` run as Python, and which objects count as sequences.
 
-Part of the interpreter fixes (:mod:`~thunder_subclass._thunder_internals.fixes` dispatches to each part's ``lookasides()`` table and
-installs its ``hook_targets()``); each acts only while a plugin jit traces (:func:`~.plugin_state.is_plugin_active`)
-and names what it works around:
+Part of the interpreter fixes (:mod:`~thunder_subclass._thunder_internals.fixes` dispatches to each part's
+``lookasides()`` table and installs its ``hook_targets()``); each acts only while a plugin jit traces
+(:func:`~.plugin_state.is_plugin_active`) and names what it works around:
 
 * ``core/jit_ext.py`` module global ``Sequence`` (used by ``general_jit_lookaside``, ``proxify``,
   ``recursively_proxy``) — only builtin sequences are iterated, not a user's ``collections.abc.Sequence``

@@ -1,8 +1,8 @@
 """Interpreter fixes, torch calls: torch functions and arguments as torch takes them.
 
-Part of the interpreter fixes (:mod:`~thunder_subclass._thunder_internals.fixes` dispatches to each part's ``lookasides()`` table and
-installs its ``hook_targets()``); each acts only while a plugin jit traces (:func:`~.plugin_state.is_plugin_active`)
-and names what it works around:
+Part of the interpreter fixes (:mod:`~thunder_subclass._thunder_internals.fixes` dispatches to each part's
+``lookasides()`` table and installs its ``hook_targets()``); each acts only while a plugin jit traces
+(:func:`~.plugin_state.is_plugin_active`) and names what it works around:
 
 * ``torch.cat`` / ``F.scaled_dot_product_attention`` / ``torch.tensor`` (lookasides) — ATen's rule skipping 1-D
   empty tensors in ``cat`` (thunder's ``prims.cat_meta``: IndexError on DynamicCache's ``torch.tensor([])``);
