@@ -9,6 +9,7 @@ import dataclasses
 import importlib
 import json
 import os
+import pathlib
 import subprocess
 import sys
 import textwrap
@@ -329,6 +330,15 @@ def test_an_entry_written_before_the_package_moved_into_folders_is_not_read(disk
     stats = disk_cache.disk_cache_stats()
     assert stats["hits"] == 0 and stats["stale"] == 0 and stats["corrupted"] == 0 and stats["stores"] == 1, stats
     assert old.exists() and len(_entries(disk / f"v{payload['format']}")) == 1
+
+
+def test_the_plugins_source_hash_covers_every_module_of_the_package():
+    # an edit of any module of the plugin (in any of its folders) makes every stored entry a miss
+    root, paths = disk_cache._plugin_source_files()
+    assert root == pathlib.Path(thunder_subclass.__file__).resolve().parent
+    names = {p.relative_to(root).as_posix() for p in paths}
+    assert {"__init__.py", "plugin.py", "frontend/proxy.py", "guards/tensors.py", "transforms/flatten.py",
+            "runtime/disk_cache.py", "_thunder_internals/fixes/attributes.py"} <= names
 
 
 def test_other_shapes_are_other_entries(disk, model_module):

@@ -131,7 +131,8 @@ def _user_stacklevel() -> int:
     import thunder
     import torch.nn.modules.module as module
 
-    own = tuple(os.path.dirname(f) + os.sep for f in (__file__, thunder.__file__, module.__file__))
+    package = os.path.dirname(os.path.dirname(__file__))  # thunder_subclass/ (this module is in runtime/)
+    own = (package + os.sep, *(os.path.dirname(f) + os.sep for f in (thunder.__file__, module.__file__)))
     frame, level = sys._getframe(1), 1
     while frame is not None and frame.f_code.co_filename.startswith(own):
         frame, level = frame.f_back, level + 1

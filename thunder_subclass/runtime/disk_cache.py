@@ -181,14 +181,20 @@ def _is_generated_code(filename: str) -> bool:
 _package_hash: str | None = None
 
 
+def _plugin_source_files() -> tuple[pathlib.Path, list[pathlib.Path]]:
+    """The package's directory (this module is in its ``runtime/``) and every source file below it."""
+    root = pathlib.Path(__file__).resolve().parent.parent
+    return root, sorted(root.rglob("*.py"))
+
+
 def _plugin_source_hash() -> str:
     """SHA-256 of the plugin's own source files (its behaviour shapes every trace; its version string does not change
     with every edit)."""
     global _package_hash
     if _package_hash is None:
-        root = pathlib.Path(__file__).parent
+        root, paths = _plugin_source_files()
         h = hashlib.sha256()
-        for path in sorted(root.rglob("*.py")):
+        for path in paths:
             h.update(str(path.relative_to(root)).encode())
             h.update(path.read_bytes())
         _package_hash = h.hexdigest()
