@@ -182,3 +182,25 @@ def test_interpreter_fixes_are_parts_by_concern_each_with_its_table():
     assert interpreter_fixes.interpreter_fix_lookaside(operator.itemgetter(1), (object(),), {}) is not None
     assert interpreter_fixes.interpreter_fix_lookaside(len, (object(),), {}) is None
     assert interpreter_fixes.interpreter_fix_lookaside([].append, (), {}) is None  # (a method: not a fix)
+
+
+def _branchy(x):
+    if x.sum() > 0:  # a data-dependent branch: speculated, counted per source line
+        return x * 2
+    return x - 1
+
+
+def test_per_jit_state_is_one_typed_record_on_the_compile_data():
+    # the call port, the per-thread grad mode and the speculation counts live in one JitRecord, under one key
+    jf = thunder_subclass.jit(_branchy)
+    x = torch.ones(3)
+    torch.testing.assert_close(jf(x), _branchy(x))
+    torch.testing.assert_close(jf(-x), _branchy(-x))  # the other branch: a miss, a second trace
+    assert thunder.cache_misses(jf) == 2
+    cd = thunder.compile_data(jf)
+    assert [k for k in vars(cd) if k.startswith("_thunder_subclass")] == ["_thunder_subclass_jit_record"]
+    record = _thunder_internals.jit_record(cd)
+    assert isinstance(record, _thunder_internals.JitRecord)
+    assert isinstance(record.call_port, _thunder_internals.CallPort)
+    assert record.grad_mode is not None and cd.is_grad_enabled is torch.is_grad_enabled()
+    assert sum(record.speculations.values()) == 2, record.speculations

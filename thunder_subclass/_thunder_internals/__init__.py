@@ -26,6 +26,7 @@ module                     concern
 :mod:`.symbolic_values`    ``cache="symbolic values"``: number pins and thunder's own fixes under that option
 :mod:`.autograd_hooks`     the flatten point before executors, gradients of inputs changed in place,
                            ``ThunderFunction`` forward/backward
+:mod:`.jit_record`         the plugin's per-jit state: one typed record on a jit's compile data
 :mod:`.runtime`            the per-call path, thunder's side: cache info and the fast way to a cache hit; its
                            decisions come from above through a :class:`CallPort`
                            (``thunder_subclass.runtime.cache_policy``)
@@ -76,6 +77,7 @@ from thunder_subclass._thunder_internals.fixes import (  # noqa: F401
     interpreter_fix_lookaside,
     is_hashable,
 )
+from thunder_subclass._thunder_internals.jit_record import JitRecord, jit_record  # noqa: F401
 from thunder_subclass._thunder_internals.plugin_state import (  # noqa: F401
     NOT_HANDLED,
     Handlers,

@@ -34,8 +34,8 @@ knows how to read and run thunder's cache and where the hooks sit.
   call.
 
 Owner of state: the fast path keeps the jit's compile data and stats weakly (no cycle through the compiled function)
-and the port's index of the cache entries, freed with the compiled function; the :class:`CallPort` lives on the
-compile data (``PORT_ATTR``).
+and the port's index of the cache entries, freed with the compiled function; the :class:`CallPort` lives in the compile
+data's one record of plugin state (``jit_record(cd).call_port``, :mod:`.jit_record`).
 
 Threads. Owner of each piece of shared state, and who frees it:
 
@@ -75,6 +75,7 @@ from typing import Any
 import torch
 
 from thunder_subclass._thunder_internals import plugin_state
+from thunder_subclass._thunder_internals.jit_record import jit_record
 from thunder_subclass._thunder_internals.thunder_state import building_entry, undoing_on_trace_failure
 from thunder_subclass._thunder_internals.torch_state import is_user_dispatch_mode_active
 
@@ -159,8 +160,8 @@ def _hook_with_cache_info_ctx(original):
 TRACING_LOCK = threading.RLock()
 """Held while a plugin jit looks its cache up through thunder's ``get_computation_and_inputs`` and, on a miss,
 traces (and while a backward variant is built, ``thunder_subclass.transforms.tangents``). Process-wide and re-entrant: a
-trace that builds another (a nested jit, a backward variant) in the same thread goes on. Never held by a cache hit of the
-fast path."""
+trace that builds another (a nested jit, a backward variant) in the same thread goes on. Never held by a cache hit of
+the fast path."""
 
 
 @functools.cache
@@ -196,27 +197,25 @@ def _with_per_thread_grad_mode(cls: type) -> type:
     class PerThreadGradModeCompileData(cls):
         @property
         def is_grad_enabled(self) -> bool:
-            return getattr(self.__dict__[_GRAD_MODE_ATTR], "value", True)  # thunder's initial value
+            return getattr(jit_record(self).grad_mode, "value", True)  # thunder's initial value
 
         @is_grad_enabled.setter
         def is_grad_enabled(self, value: bool) -> None:
-            self.__dict__[_GRAD_MODE_ATTR].value = value
+            jit_record(self).grad_mode.value = value
 
     PerThreadGradModeCompileData.__name__ = PerThreadGradModeCompileData.__qualname__ = cls.__name__
     return PerThreadGradModeCompileData
 
 
-_GRAD_MODE_ATTR = "_thunder_subclass_grad_mode"
-
-
 def _per_thread_grad_mode(cd) -> None:
     """Make compile data ``cd``'s ``is_grad_enabled`` per thread (owned by the thread: a ``threading.local`` on
     ``cd``, each thread's value freed with the thread or with ``cd``)."""
-    if _GRAD_MODE_ATTR in cd.__dict__:
+    state = jit_record(cd)
+    if state.grad_mode is not None:
         return
     local = threading.local()
     local.value = cd.__dict__.get("is_grad_enabled", True)
-    cd.__dict__[_GRAD_MODE_ATTR] = local
+    state.grad_mode = local
     cd.__class__ = _with_per_thread_grad_mode(type(cd))
     cd.__dict__.pop("is_grad_enabled", None)
 
@@ -310,7 +309,7 @@ class CacheLimitReached(Exception):
 class CallPort:
     """What the per-call path of one compiled function asks the stage above it
     (``thunder_subclass.runtime.cache_policy``, which makes every decision; this module knows only thunder's side), kept
-    on the jit's compile data as ``PORT_ATTR``:
+    in the jit's compile data (``call_port`` of its :class:`~thunder_subclass._thunder_internals.jit_record.JitRecord`):
 
     * ``on_miss(call, n_entries, reasons)``: at a miss inside thunder's cache lookup (call number ``call``,
       ``n_entries`` entries, ``reasons[i]`` why each rejected the call, newest first), whether a new entry may be
@@ -324,8 +323,8 @@ class CallPort:
     * ``disk_cache``: the jit's on-disk cache (``thunder_subclass.runtime.disk_cache``), or None:
     :func:`_use_disk_cache`.
 
-    The one record of the plugin's per-jit state that this module reads from thunder's compile data (besides the
-    per-thread grad mode its compile-data class reads, :func:`_per_thread_grad_mode`).
+    Kept in the jit's one record of plugin state (:func:`~thunder_subclass._thunder_internals.jit_record.jit_record`),
+    beside the per-thread grad mode its compile-data class reads (:func:`_per_thread_grad_mode`).
     """
 
     on_miss: Callable[[int, int, list], bool]
@@ -334,19 +333,16 @@ class CallPort:
     disk_cache: Any = None
 
 
-PORT_ATTR = "_thunder_subclass_call_port"  # on thunder's CompileData: the jit's CallPort
-
-
 def _use_bounded_tracing(get_computation_and_inputs) -> None:
     """For a plugin jit, thunder's ``acquire_initial_trace`` (a local function of ``thunder.jit`` that
     ``get_computation_and_inputs`` calls through its closure cell of that name at each cache miss, after every entry's
-    prologue rejected the call) is replaced by one that first asks the jit's :class:`CallPort` (``PORT_ATTR`` on its
-    compile data, set by :func:`fast_call_path`; none for ``thunder.compile(..., plugins=...)``): it hands the
-    port's ``on_miss`` the reason each entry rejected the call (the prologues run again, their messages built now: a
-    miss traces, which costs far more), and raises :class:`CacheLimitReached` instead of tracing when the port says
-    the cache is full. The trace is made under ``thunder_state.undoing_on_trace_failure``: if it raises, what it did
-    to the caller's objects is undone (input lists and dicts the traced code changed). Left as is when the closure is not as
-    expected."""
+    prologue rejected the call) is replaced by one that first asks the jit's :class:`CallPort` (``call_port`` of its
+    compile data's ``jit_record``, set by :func:`fast_call_path`; none for ``thunder.compile(..., plugins=...)``): it
+    hands the port's ``on_miss`` the reason each entry rejected the call (the prologues run again, their messages
+    built now: a miss traces, which costs far more), and raises :class:`CacheLimitReached` instead of tracing when the
+    port says the cache is full. The trace is made under ``thunder_state.undoing_on_trace_failure``: if it raises,
+    what it did to the caller's objects is undone (input lists and dicts the traced code changed). Left as is when the
+    closure is not as expected."""
     code = get_computation_and_inputs.__code__
     if "acquire_initial_trace" not in code.co_freevars or get_computation_and_inputs.__closure__ is None:
         return
@@ -356,7 +352,7 @@ def _use_bounded_tracing(get_computation_and_inputs) -> None:
         return
 
     def acquire_initial_trace(fn, args, kwargs, cd, cs, *rest, **kwrest):
-        port = getattr(cd, PORT_ATTR, None)
+        port = jit_record(cd).call_port
         if port is not None and not port.on_miss(cs.calls, len(cs.interpreter_cache),
                                                  _rejections(cd, cs, args, kwargs)):
             raise CacheLimitReached()
@@ -402,7 +398,7 @@ def _use_disk_cache(get_computation_and_inputs) -> None:
     pending = threading.local()  # this thread's traced call, from acquire_initial_trace to the entry built
 
     def acquire_initial_trace(fn, args, kwargs, cd, cs, *rest, **kwrest):
-        port = getattr(cd, PORT_ATTR, None)
+        port = jit_record(cd).call_port
         disk = None if port is None else port.disk_cache
         if disk is None or cd.cache_option is not CACHE_OPTIONS.CONSTANT_VALUES:
             pending.call = None
@@ -643,7 +639,7 @@ def fast_call_path(jfn, thunder_call: Callable, port: CallPort, bindings: Module
     a user's dispatch mode go to ``thunder_call`` (thunder's ``fn_`` under the stage's bound); a call no entry's
     prologue accepts (a cache miss) goes to ``port.trace_miss``, under :data:`TRACING_LOCK`.
 
-    The decisions are the stage's, through ``port`` (:class:`CallPort`, kept on the compile data as ``PORT_ATTR``
+    The decisions are the stage's, through ``port`` (:class:`CallPort`, kept in the compile data's ``jit_record``
     also where this path does not apply, for :func:`_use_bounded_tracing`): the order entries are tried in
     (``port.entry_index``, so that a hit's cost does not grow with the number of entries), how a miss traces. A
     module's parameter, buffer and submodule tables follow the module (``bindings``: :class:`ModuleBindings`)."""
@@ -656,7 +652,7 @@ def fast_call_path(jfn, thunder_call: Callable, port: CallPort, bindings: Module
     from thunder.core.trace import is_tracing
 
     cd, cs = jfn._lc_cd, jfn._lc_cs
-    setattr(cd, PORT_ATTR, port)
+    jit_record(cd).call_port = port
     original = thunder_call
     populate = getattr(cd, "populate_cache_info", None)
     if cd.cache_option is not CACHE_OPTIONS.CONSTANT_VALUES or populate is None:

@@ -488,20 +488,11 @@ def speculate(target, conversion: str) -> Any:
 
 
 def _site_counts() -> dict | None:
-    """Values speculated per source line for the compiled function being traced (kept on its compile data)."""
+    """Values speculated per source line for the compiled function being traced (kept in its ``jit_record``)."""
     from thunder.core.compile_data import get_compile_data
 
     cd = get_compile_data()
-    if cd is None:
-        return None
-    counts = getattr(cd, "_thunder_subclass_speculations", None)
-    if counts is None:
-        counts = {}
-        try:
-            cd._thunder_subclass_speculations = counts
-        except AttributeError:
-            return None
-    return counts
+    return None if cd is None else _thunder_internals.jit_record(cd).speculations
 
 
 _CONVERTERS = {bool: "bool", int: "int", float: "float", operator.index: "index"}
