@@ -281,7 +281,7 @@ def test_after_a_first_call_in_regions_the_parents_are_traced_again_around_the_e
     jm = thunder_subclass.jit(model)
     x = torch.randn(6, 8)
     with torch.no_grad():
-        with thunder_subclass.runtime.graph_breaks.explaining(jm):  # the first call compiles the children as regions
+        with thunder_subclass.explaining(jm):  # the first call compiles the children as regions
             torch.testing.assert_close(jm(x), eager(x))
         report = jm.graph_breaks
         # blocks.0 and its router broke; the router's eager run was observed, so blocks.1 (same class as blocks.0)

@@ -56,7 +56,12 @@ from thunder_subclass.errors import (  # noqa: E402
     SubclassContractError,
 )
 from thunder_subclass.plugin import PLUGIN_NAME, TensorSubclassPlugin, explain, jit  # noqa: E402
-from thunder_subclass.runtime.graph_breaks import GraphBreak, GraphBreakReport, GraphBreakWarning  # noqa: E402
+from thunder_subclass.runtime.graph_breaks import (  # noqa: E402
+    GraphBreak,
+    GraphBreakReport,
+    GraphBreakWarning,
+    explaining,
+)
 from thunder_subclass.runtime.cache import config, explain_recompiles, last_miss_reasons  # noqa: E402
 from thunder_subclass.runtime.disk_cache import disk_cache_stats, reset_disk_cache_stats  # noqa: E402
 from thunder_subclass.frontend.proxy import SubclassTensorProxy  # noqa: E402
@@ -80,6 +85,7 @@ __version__ = "0.1.0"
 __all__ = [
     "jit",
     "explain",
+    "explaining",
     "GraphBreak",
     "GraphBreakReport",
     "GraphBreakWarning",
