@@ -11,11 +11,11 @@ turn; prints one table of ratios (time / the row's baseline). Rows:
   (``config.speculation_limit = 0``: the branch is a graph break) and eager.
 * ``eager call``: a mixture-of-experts layer whose expert loop skips the experts no token was routed to (a
   data-dependent ``nonzero``): under ``ts`` the model traces as one program around one eager call of the MoE block
-  (``thunder_subclass.eager_calls``); baseline: eager PyTorch; also shown: eager calls off (the lookaside disabled for
-  the benchmark: the parent breaks too, each child a region).
+  (``thunder_subclass.runtime.eager_calls``); baseline: eager PyTorch; also shown: eager calls off (the lookaside
+  disabled for the benchmark: the parent breaks too, each child a region).
 * ``automatic dynamic``: a small MLP called with a batch size it has not seen: after one size change the default
-  (``dynamic=None``) traces with symbolic sizes (``thunder_subclass.cache_policy.AutomaticDynamicShapes``); baseline:
-  ``dynamic=False``, a constant-size trace of the same program for that size.
+  (``dynamic=None``) traces with symbolic sizes (``thunder_subclass.runtime.cache_policy.AutomaticDynamicShapes``);
+  baseline: ``dynamic=False``, a constant-size trace of the same program for that size.
 
 Wall clock on a shared machine: compare the ratios of one run. The disk cache is off here (first calls trace).
 """
@@ -37,7 +37,7 @@ import torch  # noqa: E402
 
 import thunder_subclass  # noqa: E402  (before thunder)
 import thunder  # noqa: E402
-from thunder_subclass import eager_calls  # noqa: E402
+from thunder_subclass.runtime import eager_calls  # noqa: E402
 
 torch.set_num_threads(1)
 thunder_subclass.config.disk_cache = False

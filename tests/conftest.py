@@ -7,7 +7,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-# The disk cache is on by default (thunder_subclass.disk_cache): the tests never write into the user's cache
+# The disk cache is on by default (thunder_subclass.runtime.disk_cache): the tests never write into the user's cache
 # directory. Each test gets a directory of its own (_private_disk_cache), in this process and, through the
 # environment, in the subprocesses it starts, so no test is served an entry another test stored and every test runs
 # as it does alone.

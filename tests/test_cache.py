@@ -168,7 +168,7 @@ def test_a_hit_on_the_oldest_entry_runs_one_prologue():
 
 
 def test_hit_failure_messages_are_not_built():
-    from thunder_subclass import prologue
+    from thunder_subclass.guards import prologue
 
     built = []
     original = prologue.FusedChecks.failure

@@ -1,5 +1,5 @@
-"""The on-disk cache (``thunder_subclass.disk_cache``): a second process loads what the first stored, equal to eager;
-corrupted, stale and foreign entries are never trusted.
+"""The on-disk cache (``thunder_subclass.runtime.disk_cache``): a second process loads what the first stored, equal to
+eager; corrupted, stale and foreign entries are never trusted.
 
 The restart itself runs in subprocesses (``_disk_cache_runner.py``); the checks of what a load trusts run in this
 process with a second ``thunder_subclass.jit`` of the same code (an empty in-memory cache: its first call goes to disk,
@@ -9,6 +9,7 @@ import dataclasses
 import importlib
 import json
 import os
+import pathlib
 import subprocess
 import sys
 import textwrap
@@ -20,7 +21,7 @@ import torch
 from torch.testing._internal.two_tensor import TwoTensor
 
 import thunder_subclass
-from thunder_subclass import disk_cache
+from thunder_subclass.runtime import disk_cache
 
 _RUNNER = os.path.join(os.path.dirname(__file__), "_disk_cache_runner.py")
 
@@ -343,6 +344,45 @@ def test_corrupted_entry_is_recompiled_with_a_warning(disk, model_module):
         _call(model, x)
     stats = disk_cache.disk_cache_stats()
     assert stats["corrupted"] == 2 and stats["hits"] == 0 and stats["stores"] == 3, stats
+
+
+def test_an_entry_written_before_the_package_moved_into_folders_is_not_read(disk, model_module):
+    # issue 42: the plugin's modules moved into folders (frontend/, transforms/, runtime/, guards/); an entry stored
+    # before (format 2) names their old paths: it is not read (format 3 entries live in another directory), so it is
+    # neither tried, nor counted stale, nor removed
+    import hashlib
+    import re
+
+    mod = model_module("2")
+    model, x = mod.Model(), torch.randn(3, 4)
+    _call(model, x)
+    (entry,) = _entries(disk)
+    wrapper = json.loads(entry.read_text())
+    payload = json.loads(wrapper["payload"])
+    old_paths = re.sub(r"thunder_subclass\.(?:frontend|transforms|runtime)\.", "thunder_subclass.", wrapper["payload"])
+    old_paths = old_paths.replace("thunder_subclass.guards.prologue", "thunder_subclass.guards.prologue")
+    assert old_paths != wrapper["payload"]  # the entry names modules of the plugin
+    old_payload = json.dumps({**json.loads(old_paths), "format": 2})
+    old = disk / "v2" / entry.relative_to(disk / f"v{payload['format']}")
+    old.parent.mkdir(parents=True, exist_ok=True)
+    old.write_text(json.dumps({"payload": old_payload, "sha256": hashlib.sha256(old_payload.encode()).hexdigest()}))
+    entry.unlink()
+    disk_cache.reset_disk_cache_stats()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", thunder_subclass.DiskCacheWarning)
+        _call(model, x)  # equal to eager (checked in _call)
+    stats = disk_cache.disk_cache_stats()
+    assert stats["hits"] == 0 and stats["stale"] == 0 and stats["corrupted"] == 0 and stats["stores"] == 1, stats
+    assert old.exists() and len(_entries(disk / f"v{payload['format']}")) == 1
+
+
+def test_the_plugins_source_hash_covers_every_module_of_the_package():
+    # an edit of any module of the plugin (in any of its folders) makes every stored entry a miss
+    root, paths = disk_cache._plugin_source_files()
+    assert root == pathlib.Path(thunder_subclass.__file__).resolve().parent
+    names = {p.relative_to(root).as_posix() for p in paths}
+    assert {"__init__.py", "plugin.py", "frontend/proxy.py", "guards/tensors.py", "transforms/flatten.py",
+            "runtime/disk_cache.py", "_thunder_internals/fixes/attributes.py"} <= names
 
 
 def test_other_shapes_are_other_entries(disk, model_module):

@@ -216,8 +216,12 @@ def test_every_docs_page_is_reachable_from_the_index():
 
 
 def test_internals_page_has_a_section_per_internals_module():
+    # a module of the layer is named by its path below it: `runtime`, `fixes` (the fixes subpackage's __init__),
+    # `fixes/attributes`
     package = os.path.join(ROOT, "thunder_subclass", "_thunder_internals")
-    modules = sorted(f[:-3] for f in os.listdir(package) if f.endswith(".py") and f != "__init__.py")
-    sections = {m.group(1) for m in re.finditer(r"^## `(\w+)`: ", open(os.path.join(ROOT, "docs", "internals.md"),
+    modules = sorted(
+        os.path.relpath(p, package)[:-3].removesuffix("/__init__")
+        for p in glob.glob(os.path.join(package, "**", "*.py"), recursive=True) if p != os.path.join(package, "__init__.py"))
+    sections = {m.group(1) for m in re.finditer(r"^## `([\w/]+)`: ", open(os.path.join(ROOT, "docs", "internals.md"),
                                                                       encoding="utf-8").read(), re.M)}
     assert modules and sections == set(modules), (sorted(sections), modules)

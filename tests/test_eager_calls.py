@@ -1,5 +1,5 @@
-"""Graph breaks inside a compiled region (thunder_subclass/eager_calls.py): a submodule whose own code breaks runs as
-one eager operation of its parent's trace, so the parents that broke only because of it compile (issue 26)."""
+"""Graph breaks inside a compiled region (thunder_subclass/runtime/eager_calls.py): a submodule whose own code breaks
+runs as one eager operation of its parent's trace, so the parents that broke only because of it compile (issue 26)."""
 
 import warnings
 
@@ -62,7 +62,7 @@ def _pair(cls=_Model, **kwargs):
 
 
 def _quiet(jm):
-    return thunder_subclass.graph_breaks.suppressed_warnings(jm)
+    return thunder_subclass.runtime.graph_breaks.suppressed_warnings(jm)
 
 
 @pytest.mark.parametrize("call_with_keyword", [False, True])
@@ -219,7 +219,7 @@ def test_a_compiled_region_with_an_eager_call_warns_about_the_break_once():
 
 
 def test_a_trace_with_an_eager_call_is_not_stored_on_disk(tmp_path):
-    from thunder_subclass import disk_cache
+    from thunder_subclass.runtime import disk_cache
 
     config = thunder_subclass.config
     saved = (config.disk_cache, config.disk_cache_dir)
@@ -281,7 +281,7 @@ def test_after_a_first_call_in_regions_the_parents_are_traced_again_around_the_e
     jm = thunder_subclass.jit(model)
     x = torch.randn(6, 8)
     with torch.no_grad():
-        with thunder_subclass.graph_breaks.explaining(jm):  # the first call compiles the children as regions
+        with thunder_subclass.explaining(jm):  # the first call compiles the children as regions
             torch.testing.assert_close(jm(x), eager(x))
         report = jm.graph_breaks
         # blocks.0 and its router broke; the router's eager run was observed, so blocks.1 (same class as blocks.0)
@@ -350,7 +350,7 @@ def test_a_compiled_model_with_eager_calls_is_freed(grad):
     import gc
     import weakref
 
-    from thunder_subclass import eager_calls
+    from thunder_subclass.runtime import eager_calls
 
     def run():
         eager, model = _pair()

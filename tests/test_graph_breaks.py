@@ -232,7 +232,7 @@ def test_errors_of_other_kinds_are_raised_not_run_eagerly():
     with pytest.raises(SubclassDispatchError, match=r"torch\.Tensor\.matmul on _FailingMatmulTensor failed while "
                                                      r"tracing .*ValueError: _FailingMatmulTensor does not support mm"):
         jf(x)
-    assert thunder_subclass.graph_breaks.graph_break_reason(ValueError("x")) is None
+    assert thunder_subclass.runtime.graph_breaks.graph_break_reason(ValueError("x")) is None
 
 
 def test_explain_lists_breaks_and_regions_without_warning():
@@ -491,13 +491,13 @@ def test_a_value_that_changes_every_call_stops_being_speculated_and_breaks():
         return x * n
 
     jf = thunder_subclass.jit(f)
-    calls = thunder_subclass.speculation.SPECULATION_LIMIT + 2
+    calls = thunder_subclass.runtime.speculation.SPECULATION_LIMIT + 2
     with pytest.warns(GraphBreakWarning, match=r"the value at .*test_graph_breaks\.py:\d+ \(int of a value computed "
                                                r"from tensor data\) took 4 different values"):
         for i in range(calls):
             x = torch.full((3,), float(i))
             torch.testing.assert_close(jf(x), f(x))
-    assert thunder.cache_misses(jf) == thunder_subclass.speculation.SPECULATION_LIMIT + 1  # 4 traces, 1 failed
+    assert thunder.cache_misses(jf) == thunder_subclass.runtime.speculation.SPECULATION_LIMIT + 1  # 4 traces, 1 failed
     assert len(jf.graph_breaks.breaks) == 1
 
 
@@ -546,7 +546,7 @@ def test_qwen2_moe_with_data_dependent_routing_forward_and_generate():
     line = _routing_line(type(model.model.layers[0].mlp.experts))
     # the first call as explain() makes it: each module above the experts runs its own code eagerly, its children
     # compiled as regions (a plain call first runs the code eagerly: test_mixtral_...)
-    with torch.no_grad(), thunder_subclass.graph_breaks.explaining(jforward):
+    with torch.no_grad(), thunder_subclass.explaining(jforward):
         torch.testing.assert_close(jforward(ids).logits, expected_logits)
     report = jforward.graph_breaks
     assert [b.name for b in report.breaks] == ["", "model", "model.layers.0", "model.layers.0.mlp",

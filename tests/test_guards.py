@@ -38,7 +38,7 @@ def test_identical_call_is_a_cache_hit():
 def test_prologue_checks_type_context_and_inner_tensors():
     jf = thunder_subclass.jit(_f)
     jf(_two())
-    prologue = str(thunder.last_prologue_traces(jf)[0])  # before thunder_subclass.prologue fuses the checks
+    prologue = str(thunder.last_prologue_traces(jf)[0])  # before thunder_subclass.guards.prologue fuses the checks
     # one check per subclass input covers type, context and the metadata of outer and inner tensors
     assert prologue.count("check_subclass(t, ") == 1
     assert "check_tensor_metadata(t," not in prologue and " = t.a" not in prologue
@@ -839,7 +839,7 @@ def test_state_snapshots_record_state_and_fall_back_for_big_objects():
 
 def test_the_python_versions_of_itertools_give_cpythons_results():
     # the interpreted stand-ins (_thunder_internals.interpreter_fixes) on plain data, run directly, against itertools
-    from thunder_subclass._thunder_internals import fixes_iteration as fx
+    from thunder_subclass._thunder_internals.fixes import iteration as fx
 
     for data in ([], [3], [1, 2, 3], "abcd"):
         assert list(fx._chain(data, data[:1])) == list(itertools.chain(data, data[:1]))

@@ -85,7 +85,7 @@ def test_torch_compile_fusion_of_aten_symbols_is_registered_only_while_installed
     torch.testing.assert_close(out.b, expected.b)
     names = [b.sym.name for b in thunder.last_traces(jf)[-1].bound_symbols]
     assert sum(n.startswith("TorchCompile") for n in names) == 1 and "aten_special_erfcx_default" not in names, names
-    sym = thunder_subclass.aten_symbols.aten_symbol(torch.ops.aten.special_erfcx.default)
+    sym = thunder_subclass.frontend.aten_symbols.aten_symbol(torch.ops.aten.special_erfcx.default)
     assert sym.id in torch_compile_ex.implmap
     thunder_subclass.uninstall_hooks()
     try:
@@ -94,11 +94,11 @@ def test_torch_compile_fusion_of_aten_symbols_is_registered_only_while_installed
         thunder_subclass.install_hooks()
     assert sym.id in torch_compile_ex.implmap
     # not pointwise: joins regions through an opaque custom-op wrapper that keeps eager input layouts
-    scaled_mm = thunder_subclass.aten_symbols.aten_symbol(torch.ops.aten._scaled_mm.default)
+    scaled_mm = thunder_subclass.frontend.aten_symbols.aten_symbol(torch.ops.aten._scaled_mm.default)
     assert torch_compile_ex.implmap[scaled_mm.id].execution_transform is not None
     assert torch.ops.thunder_subclass_opaque.aten__scaled_mm_default.default._schema.arguments[1].name == "mat2"
     # in-place ops stay outside
-    assert thunder_subclass.aten_symbols.aten_symbol(torch.ops.aten.add_.Tensor).id not in torch_compile_ex.implmap
+    assert thunder_subclass.frontend.aten_symbols.aten_symbol(torch.ops.aten.add_.Tensor).id not in torch_compile_ex.implmap
 
 
 _TRACEBACK_PROGRAM = '''
@@ -167,7 +167,8 @@ def test_interpreter_fixes_are_parts_by_concern_each_with_its_table():
     import itertools
     import operator
 
-    from thunder_subclass._thunder_internals import fixes_iteration, interpreter_fixes
+    from thunder_subclass._thunder_internals.fixes import iteration as fixes_iteration
+    from thunder_subclass._thunder_internals import fixes as interpreter_fixes
 
     assert len(interpreter_fixes.PARTS) == 7
     targets = []
@@ -181,3 +182,25 @@ def test_interpreter_fixes_are_parts_by_concern_each_with_its_table():
     assert interpreter_fixes.interpreter_fix_lookaside(operator.itemgetter(1), (object(),), {}) is not None
     assert interpreter_fixes.interpreter_fix_lookaside(len, (object(),), {}) is None
     assert interpreter_fixes.interpreter_fix_lookaside([].append, (), {}) is None  # (a method: not a fix)
+
+
+def _branchy(x):
+    if x.sum() > 0:  # a data-dependent branch: speculated, counted per source line
+        return x * 2
+    return x - 1
+
+
+def test_per_jit_state_is_one_typed_record_on_the_compile_data():
+    # the call port, the per-thread grad mode and the speculation counts live in one JitRecord, under one key
+    jf = thunder_subclass.jit(_branchy)
+    x = torch.ones(3)
+    torch.testing.assert_close(jf(x), _branchy(x))
+    torch.testing.assert_close(jf(-x), _branchy(-x))  # the other branch: a miss, a second trace
+    assert thunder.cache_misses(jf) == 2
+    cd = thunder.compile_data(jf)
+    assert [k for k in vars(cd) if k.startswith("_thunder_subclass")] == ["_thunder_subclass_jit_record"]
+    record = _thunder_internals.jit_record(cd)
+    assert isinstance(record, _thunder_internals.JitRecord)
+    assert isinstance(record.call_port, _thunder_internals.CallPort)
+    assert record.grad_mode is not None and cd.is_grad_enabled is torch.is_grad_enabled()
+    assert sum(record.speculations.values()) == 2, record.speculations

@@ -1,6 +1,7 @@
-"""The package's import graph reads as its pipeline: no import cycles (lazy imports included), the thunder/torch
-access layer (the ``_thunder_internals`` subpackage) imports no stage, and no module imports another's private names
-(the internals' modules among themselves included)."""
+"""The package's import graph reads as its pipeline: no import cycles (lazy imports included), the folders import
+only folders before them (guards, frontend, transforms, runtime), the thunder/torch access layer (the
+``_thunder_internals`` subpackage) imports no stage, and no module imports another's private names (the internals'
+modules among themselves included)."""
 
 import ast
 import pathlib
@@ -11,22 +12,34 @@ PACKAGE = pathlib.Path(thunder_subclass.__file__).parent
 
 
 INTERNALS = "_thunder_internals"
+# the folders of the pipeline, bottom first (docs/how-it-works.md): a module of a folder imports no module of a folder
+# after it; the top-level modules (plugin, hooks, errors, executor, rules, ...) are the public API and the wiring
+FOLDERS = ("guards", "frontend", "transforms", "runtime")
 
 
 def _module_name(path: pathlib.Path) -> str:
-    """``guards`` for guards.py, ``_thunder_internals.tracing`` for a module of the internals subpackage,
-    ``_thunder_internals`` for its ``__init__``."""
+    """``plugin`` for plugin.py, ``frontend.proxy`` for frontend/proxy.py, ``_thunder_internals.fixes`` for the
+    ``__init__`` of the internals' fixes subpackage, ``""`` for the package's own ``__init__``."""
     parts = path.relative_to(PACKAGE).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def _module_of(parts: list[str]) -> str:
+    """The package module that the dotted ``parts`` (below ``thunder_subclass``) name or are a name of: the longest
+    prefix that is a module or a package."""
+    for n in range(len(parts), 0, -1):
+        where = PACKAGE.joinpath(*parts[:n])
+        if where.with_suffix(".py").exists() or (where / "__init__.py").exists():
+            return ".".join(parts[:n])
+    return ""
+
+
 def _imports() -> dict[str, set[str]]:
-    """module -> the package modules it imports anywhere in its source (function-level imports included); a module of
-    the internals subpackage is named ``_thunder_internals.<module>``, one of the subclass checker ``check.<module>``."""
+    """module -> the package modules it imports anywhere in its source (function-level imports included), each named
+    by its dotted path below ``thunder_subclass`` (``frontend.proxy``, ``_thunder_internals.fixes.iteration``; a name
+    an ``__init__`` exports counts as that package)."""
     graph, private = {}, []
-    paths = sorted(PACKAGE.glob("*.py")) + sorted((PACKAGE / INTERNALS).glob("*.py")) + sorted(
-        (PACKAGE / "check").glob("*.py")) + sorted((PACKAGE / "guards").glob("*.py"))
-    for path in paths:
+    for path in sorted(PACKAGE.rglob("*.py")):
         name, deps = _module_name(path), set()
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("thunder_subclass"):
@@ -34,19 +47,16 @@ def _imports() -> dict[str, set[str]]:
                 if parts:
                     private += [(name, node.module, a.name) for a in node.names
                                 if a.name.startswith("_") and not a.name.startswith("__")]
-                if len(parts) >= 2 or (parts and parts[0] != INTERNALS):
-                    deps.add(".".join(parts[:2]))
-                    continue
-                # `from thunder_subclass import x` / `from thunder_subclass._thunder_internals import x`: x is a module
-                # of the package, or a name its __init__ exports
-                for a in node.names:
-                    where = PACKAGE / pathlib.Path(*parts)
-                    if (where / f"{a.name}.py").exists() or (where / a.name / "__init__.py").exists():
-                        deps.add(".".join([*parts, a.name]))
-                    elif parts:
-                        deps.add(parts[0])
+                deps |= {_module_of([*parts, a.name]) for a in node.names}
+            elif isinstance(node, ast.Import):
+                deps |= {_module_of(a.name.split(".")[1:]) for a in node.names if a.name.startswith("thunder_subclass.")}
         graph[name] = deps - {name}
     return graph, private
+
+
+def _folder(module: str) -> str | None:
+    top = module.split(".")[0]
+    return top if top in FOLDERS else None
 
 
 def test_no_import_cycles():
@@ -74,13 +84,38 @@ def test_internals_is_the_bottom_layer():
     for m in internals:
         assert {d for d in graph[m] if d not in internals} <= {"errors"}, (m, graph[m])
     # the stages are wired into thunder's hooks from above, not imported by the hooks' module
-    assert {"guards", "interpretation", "autograd", "tangents"} <= graph["hooks"]
+    assert {"guards", "frontend.interpretation", "transforms.autograd", "transforms.tangents"} <= graph["hooks"]
+    # the interpreter fixes are one subpackage of the layer, a part a concern
+    assert {"_thunder_internals.fixes.attributes", "_thunder_internals.fixes.iteration"} <= internals
+
+
+def test_folders_import_only_folders_before_them():
+    # guards (inputs) -> frontend (interpretation) -> transforms -> runtime -> plugin / hooks: a folder imports no
+    # module of a folder after it, and none imports the entry modules. One exception, measured: the guards are built
+    # on the frontend's representation of values (frontend.proxy, frontend.fake), which import no guard
+    graph, _ = _imports()
+    order = {f: i for i, f in enumerate(FOLDERS)}
+    values = {"frontend.proxy", "frontend.fake"}
+    assert {_folder(m) for m in graph} >= set(FOLDERS)
+    for m, deps in graph.items():
+        if _folder(m) is None:
+            continue
+        for d in deps:
+            assert d not in ("plugin", "hooks"), f"{m} imports the entry module {d}"
+            if _folder(d) is None or _folder(d) == _folder(m):
+                continue
+            if _folder(m) == "guards" and d in values:
+                continue
+            assert order[_folder(d)] < order[_folder(m)], f"{m} imports {d}, a later stage"
+    for m in values:
+        assert not [d for d in graph[m] if _folder(d) == "guards"], (m, graph[m])
 
 
 def test_unrolling_does_not_call_up_into_autograd():
     graph, _ = _imports()
-    assert "autograd" not in graph["interpretation"] and "autograd" not in graph["recording"]
-    assert "interpretation" not in graph["recording"]
+    assert "transforms.autograd" not in graph["frontend.interpretation"]
+    assert "transforms.autograd" not in graph["frontend.recording"]
+    assert "frontend.interpretation" not in graph["frontend.recording"]
 
 
 def test_the_checker_uses_the_pipeline_from_above():
@@ -99,23 +134,25 @@ def test_no_module_imports_private_names_of_another():
 
 def test_guards_are_one_protocol_in_files_by_concern():
     # every guard kind is a Guard whose check symbol register_check made (none registered by hand), in files of at
-    # most 600 lines named by concern
+    # most 600 lines named by concern; beside them the prologue that runs a cache entry's checks as one function
+    # (its one symbol, check_prologue, is not a guard kind)
     from thunder_subclass import guards
     from thunder_subclass.guards import protocol
 
     folder = PACKAGE / "guards"
     assert {p.stem for p in folder.glob("*.py")} == {
-        "__init__", "protocol", "values", "tensors", "objects", "inputs", "object_reads", "write_backs", "watched"}
+        "__init__", "protocol", "values", "tensors", "objects", "inputs", "object_reads", "write_backs", "state",
+        "prologue", "watched", "container_writes"}
     for path in folder.glob("*.py"):
         source = path.read_text()
         assert len(source.splitlines()) <= 600, path.name
-        if path.stem != "protocol":
+        if path.stem not in ("protocol", "prologue"):
             assert "register_operator" not in source, f"{path.name} registers a symbol by hand"
     checks = [getattr(guards, n) for n in dir(guards) if n.startswith("check_") and n != "check_function"]
     assert len(checks) >= 13
     for sym in checks:
         assert sym.id in protocol._GUARD_OF, sym.name
-    state_guards = __import__("thunder_subclass.state_guards", fromlist=["x"])
+    state_guards = __import__("thunder_subclass.guards.state", fromlist=["x"])
     for sym in (state_guards.check_module_slot_empty, state_guards.check_module_forward, state_guards.check_state_read):
         assert sym.id in protocol._GUARD_OF, sym.name
 
@@ -125,8 +162,8 @@ def test_the_internals_layer_holds_no_cache_policy():
     # layer, in cache_policy, and reach it as one CallPort: no module of the layer switches a jit's cache option,
     # defines an automatic-dynamic or index class, or holds the cache policy's attribute
     graph, _ = _imports()
-    assert "cache_policy" in graph and "cache" in graph["cache_policy"] and "cache_policy" in graph["plugin"]
-    for path in sorted((PACKAGE / INTERNALS).glob("*.py")):
+    assert "runtime.cache" in graph["runtime.cache_policy"] and "runtime.cache_policy" in graph["plugin"]
+    for path in sorted((PACKAGE / INTERNALS).rglob("*.py")):
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
             if isinstance(node, (ast.Assign, ast.AugAssign)):
@@ -137,7 +174,61 @@ def test_the_internals_layer_holds_no_cache_policy():
                 assert not any(w in node.name.lower() for w in ("dynamic", "entryindex", "call_key", "bounded_call")), (
                     f"{path.name}: {node.name} is policy")
         assert "POLICY_ATTR" not in path.read_text(), path.name
-    from thunder_subclass import cache_policy
+    from thunder_subclass.runtime import cache_policy
 
     for step in ("graph breaks", "remembered call", "fast hit", "AutomaticDynamicShapes", "bound", "thunder's own"):
         assert step in cache_policy.compiled_call.__doc__, step
+
+
+# one stage numbering for docstrings, the package's __init__ and docs/how-it-works.md
+STAGES = {1: "entry", 2: "per call", 3: "inputs and guards", 4: "interpretation", 5: "autograd",
+          6: "flatten and executors", 7: "incoming gradients"}
+# the stages each folder holds; top-level stage modules by name
+STAGES_OF = {"runtime": {2}, "guards": {3}, "frontend": {3, 4}, "transforms": {5, 6, 7}}
+TOP_LEVEL_STAGE_MODULES = {"plugin": 1, "fsdp": 1, "distributed": 4, "hf": 4, "inductor_executor": 6}
+# the parts of the guards package that are not a stage of their own but guard kinds and their helpers
+GUARD_PARTS = {"guards.protocol", "guards.values", "guards.tensors", "guards.objects", "guards.inputs",
+               "guards.object_reads", "guards.write_backs"}
+
+
+def _stage_modules() -> dict[str, str]:
+    """module -> its docstring, for every module of a pipeline folder (its __init__ excepted, but for the guards')
+    and the top-level stage modules."""
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = _module_name(path)
+        in_folder = _folder(name) is not None and (path.stem != "__init__" or name == "guards")
+        if (in_folder and name not in GUARD_PARTS) or name in TOP_LEVEL_STAGE_MODULES:
+            found[name] = ast.get_docstring(ast.parse(path.read_text())) or ""
+    return found
+
+
+def test_every_stage_module_opens_with_its_stage_then_in_what_happens_out():
+    import re
+
+    modules = _stage_modules()
+    assert len(modules) >= 30, sorted(modules)
+    for name, doc in modules.items():
+        m = re.match(r"Stage (\d) \(([^,)]+)", doc)
+        assert m, f"{name}: the docstring does not open with its stage: {doc[:80]!r}"
+        number, stage = int(m[1]), m[2]
+        assert STAGES.get(number) == stage, f"{name}: stage {number} is {STAGES.get(number)!r}, not {stage!r}"
+        allowed = STAGES_OF.get(_folder(name)) or {TOP_LEVEL_STAGE_MODULES[name]}
+        assert number in allowed, f"{name} is stage {number}, which lives in {allowed}"
+        flowing = " ".join(doc.split())
+        for part in ("In:", "What happens", "Out"):
+            assert part in flowing, f"{name}: the docstring has no {part!r}"
+
+
+def test_one_numbering_in_the_package_docstring_and_how_it_works():
+    import re
+
+    init = thunder_subclass.__doc__
+    how = (PACKAGE.parent / "docs" / "how-it-works.md").read_text()
+    for number, stage in STAGES.items():
+        assert re.search(rf"^{number}\. {stage}[:,] ", init, re.M), f"__init__ does not list stage {number}, {stage}"
+        assert re.search(rf"^{number}\. \*\*{stage}\*\* ", how, re.M | re.I), f"how-it-works.md: stage {number}"
+    # the package's pipeline names every stage module
+    for name in _stage_modules():
+        if name != "guards":
+            assert f"``{name.split('.')[-1]}``" in init or f"``{name}``" in init, f"__init__ does not name {name}"

@@ -48,7 +48,7 @@ KINDS = ["forward only", "forward and backward", "subclass parameters", "torchao
 
 
 def _hits() -> int:
-    from thunder_subclass import disk_cache
+    from thunder_subclass.runtime import disk_cache
 
     return disk_cache.disk_cache_stats()["hits"]
 

@@ -1,5 +1,5 @@
-"""Random operations draw from torch's generator as eager does (thunder_subclass/random_ops.py): a seeded compiled
-run equals eager's bitwise, with the generator left in eager's state (torch.compile does the same on CPU)."""
+"""Random operations draw from torch's generator as eager does (thunder_subclass/transforms/random_ops.py): a seeded
+compiled run equals eager's bitwise, with the generator left in eager's state (torch.compile does the same on CPU)."""
 
 import pytest
 import thunder

@@ -189,7 +189,7 @@ def test_dtensor_forward_traced_again_after_autograd_keeps_its_backward(mesh, mo
     # intermediates, undefined in the backward: UnboundLocalError).
     from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
 
-    from thunder_subclass import flatten
+    from thunder_subclass.transforms import flatten
 
     retraced = []
     original = flatten.Flattener._retrace

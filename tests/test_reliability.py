@@ -463,7 +463,7 @@ def test_deepcopy_of_a_module_compiled_with_graph_breaks_keeps_them():
 
 
 # Double backward (issue 24, then 41): never a gradient without its second-order term; with create_graph=True the
-# call is recomputed eagerly for the backward (thunder_subclass.higher_order), so it equals eager's
+# call is recomputed eagerly for the backward (thunder_subclass.transforms.higher_order), so it equals eager's
 # ---------------------------------------------------------------------------------------------------------------
 
 

@@ -1,5 +1,5 @@
-"""Branches on tensor values traced as one program (``thunder_subclass.speculation``): the value is computed while
-tracing, the branch it picks is traced, and the prologue checks the value on every call; what is not speculated
+"""Branches on tensor values traced as one program (``thunder_subclass.runtime.speculation``): the value is computed
+while tracing, the branch it picks is traced, and the prologue checks the value on every call; what is not speculated
 breaks the graph as before."""
 
 import warnings
@@ -9,7 +9,8 @@ import thunder
 import torch
 
 import thunder_subclass
-from thunder_subclass import GraphBreakWarning, disk_cache
+from thunder_subclass import GraphBreakWarning
+from thunder_subclass.runtime import disk_cache
 from subclasses import TwoTensor
 from helpers import cache_counts
 
@@ -68,7 +69,7 @@ def test_a_long_tolist_is_not_speculated():
     def f(x):
         return x * len([v for v in (x > 0).tolist() if v])
 
-    x = torch.randn(thunder_subclass.speculation.TOLIST_LIMIT + 1)
+    x = torch.randn(thunder_subclass.runtime.speculation.TOLIST_LIMIT + 1)
     with pytest.raises(NotImplementedError, match="tolist"):
         thunder_subclass.jit(f, fullgraph=True)(x)
     jf = thunder_subclass.jit(f)

@@ -10,7 +10,7 @@ from torch.testing._internal.two_tensor import TwoTensor
 
 import thunder_subclass
 from helpers import cache_counts
-from thunder_subclass.prologue import check_prologue, fuse_prologue_checks
+from thunder_subclass.guards.prologue import check_prologue, fuse_prologue_checks
 
 
 def _exact(a, b):
@@ -278,7 +278,7 @@ def _tensor_guard(jf):
 
 
 def test_tensor_metadata_runs_as_torch_cpp_guard_after_the_first_hit():
-    from thunder_subclass.prologue import _no_guard
+    from thunder_subclass.guards.prologue import _no_guard
 
     m = _linear_stack(layers=2)
     jm = thunder_subclass.jit(m)

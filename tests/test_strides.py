@@ -65,7 +65,7 @@ def test_input_layout_is_guarded():
         torch.testing.assert_close(jf(x, w), f(x, w))
     assert thunder.cache_misses(jf) == 2 and thunder.cache_hits(jf) == 2
     # the layout check is one condition of the fused prologue
-    from thunder_subclass.prologue import check_prologue
+    from thunder_subclass.guards.prologue import check_prologue
 
     (fused,) = [b for b in thunder.last_prologue_traces(jf)[-1].bound_symbols if b.sym.id == check_prologue.id]
     assert [c for c in fused.args[1].conditions if ".stride() ==" in c]

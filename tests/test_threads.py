@@ -219,7 +219,7 @@ def test_graph_break_program_with_eager_calls_from_threads(short_switch_interval
     assert not changed, changed[:3]
     assert _same_module_state(before, model)
     again = thunder_subclass.jit(model, disk_cache=False)  # traces the model again (a load would not read it)
-    with torch.set_grad_enabled(grad), thunder_subclass.graph_breaks.suppressed_warnings(again):
+    with torch.set_grad_enabled(grad), thunder_subclass.runtime.graph_breaks.suppressed_warnings(again):
         for x in inputs[:2]:
             torch.testing.assert_close(again(x), eager(x))
 

@@ -86,7 +86,7 @@ def test_forward_hooks_run_in_the_trace_and_changes_make_a_new_trace():
     handle = model[0].register_forward_hook(lambda mod, args, out: out * 0)
     torch.testing.assert_close(jm(x), model(x))
     assert thunder.cache_misses(jm) == 2
-    # the hooks check, fused into the prologue's one generated check function (thunder_subclass.prologue)
+    # the hooks check, fused into the prologue's one generated check function (thunder_subclass.guards.prologue)
     fused = [b.args[1] for b in thunder.last_prologue_traces(jm)[-1].bound_symbols if b.sym.name == "check_prologue"]
     assert len(fused) == 1 and "(_hooks(" in fused[0].source and "_no_global_hooks()" in fused[0].source
     assert "._forward_pre_hooks or " in fused[0].source  # the modules without hooks

@@ -106,7 +106,7 @@ def test_two_tensor_input_and_parameter():
         claimed = {b.sym.executor.name for b in trace.bound_symbols if b.sym.executor is not None}
         assert claimed <= {"torch", "thunder_subclass", "python"} and "torch" in claimed, claimed
         ours = {b.sym.name for b in trace.bound_symbols if getattr(b.sym.executor, "name", None) == "thunder_subclass"}
-        # backward_info: a no-op carrying the plugin's per-trace backward data (thunder_subclass.tangents)
+        # backward_info: a no-op carrying the plugin's per-trace backward data (thunder_subclass.transforms.tangents)
         assert all(n.startswith(("flatten_", "unflatten_", "aten_")) or n == "backward_info" for n in ours), ours
     # subclass objects are built only for values leaving the compiled function
     assert [b.sym.name for b in fw.bound_symbols].count("unflatten_TwoTensor") == 1  # the output
@@ -342,7 +342,7 @@ def test_backward_with_plain_grad_for_subclass_output(fn, grad_type):
     # is plain when the chain never meets a saved TwoTensor, a TwoTensor otherwise (torch.compile fails here,
     # pytorch issue 172556)
     jf = check_training(fn, _two(4), grad_out=torch.randn(4))
-    from thunder_subclass.tangents import variants_in
+    from thunder_subclass.transforms.tangents import variants_in
 
     variants = [v for v in (variants_in(f) for f in _compiled_backwards(jf)) if v is not None]
     assert variants and len(variants[0]._compiled) == 1  # one backward variant, for plain gradients
@@ -641,7 +641,7 @@ def test_backward_without_side_effects_stays_compiled(kind):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# create_graph=True: gradients with history, second derivatives equal to eager (thunder_subclass.higher_order)
+# create_graph=True: gradients with history, second derivatives equal to eager (thunder_subclass.transforms.higher_order)
 # ---------------------------------------------------------------------------------------------------------------
 
 class _Critic(torch.nn.Module):

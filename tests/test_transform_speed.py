@@ -198,7 +198,7 @@ def test_indexed_add_constraint_keeps_what_thunders_scan_keeps():
 
 
 def test_the_executors_pass_made_only_to_look_for_waits_is_skipped(monkeypatch):
-    from thunder_subclass import tangents
+    from thunder_subclass.transforms import tangents
 
     def f(x, w):
         return torch.nn.functional.linear(x, w).relu() * 2
@@ -320,7 +320,7 @@ def _twotensor_mlp(depth: int, requires_grad: bool = False) -> torch.nn.Module:
 def test_identical_subclass_operations_share_one_fake_run(monkeypatch):
     # every layer's linear on a TwoTensor weight of the same metadata: __torch_dispatch__ runs on fakes once per
     # distinct operation, and the trace (names included) and results are those of one fake run per operation
-    from thunder_subclass import recording
+    from thunder_subclass.frontend import recording
 
     runs = _spy(monkeypatch, recording, "run_on_fakes")
     model, x = _twotensor_mlp(4), torch.randn(3, 8)
@@ -358,7 +358,7 @@ def test_a_shared_fake_run_trains_as_eager():
 
 
 def test_fake_runs_are_shared_only_between_operations_with_the_same_key(monkeypatch):
-    from thunder_subclass import recording
+    from thunder_subclass.frontend import recording
 
     runs = _spy(monkeypatch, recording, "run_on_fakes")
 
@@ -379,7 +379,7 @@ def test_fake_runs_are_shared_only_between_operations_with_the_same_key(monkeypa
 def test_result_layouts_of_plain_operations_are_computed_once_per_layout(monkeypatch):
     # the strides of plain intermediate values (which subclass dispatch may look at) come from running their
     # producing operations on fakes; the same operation on the same layouts is run once
-    from thunder_subclass import fake
+    from thunder_subclass.frontend import fake
 
     calls = _spy(monkeypatch, fake, "_run_on_fakes", lambda fns, bsym: bsym.sym.name)
     monkeypatch.setattr(fake, "_LAYOUTS", {})

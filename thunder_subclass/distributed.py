@@ -1,23 +1,27 @@
-"""Stage 4 for torch.distributed: DTensor's entry and exit points and tensor parallelism's module hooks.
+"""Stage 4 (interpretation) for torch.distributed: DTensor's entry and exit points and tensor parallelism's module
+hooks.
 
 In: calls the interpreter meets while a plugin jit traces: ``DTensor.from_local``, ``DTensor.to_local``,
 ``DTensor.redistribute``, ``DTensor.full_tensor``, ``distribute_tensor`` (in user code, and in the input/output hooks
 that ``parallelize_module`` puts on modules), and the hook functions of tensor-parallel styles
 (``ColwiseParallel._prepare_input_fn``, ``SequenceParallel._prepare_output_fn``, ...).
 
-What happens: each such call is recorded as ONE container bound symbol (``thunder_subclass.autograd.container_symbol``):
-the function runs once on fakes under the recorder, so its subsymbols are what DTensor does below it — the
-``flatten_DTensor`` / ``unflatten_DTensor`` of its local tensors and the functional collectives its redistribution
-issues (``_c10d_functional.all_reduce`` / ``all_gather_into_tensor`` / ``reduce_scatter_tensor`` and ``wait_tensor``,
-which have fake kernels and become aten-level symbols that run the real collectives at call time; the process group
-is a string argument). Its gradient is PyTorch's, run on fakes (``from_local``'s backward, ``redistribute``'s reverse
-collectives), as for ``torch.autograd.Function`` calls. The flatten pass inlines it like any container.
+What happens: each such call is recorded as ONE container bound symbol
+(``thunder_subclass.transforms.autograd.container_symbol``): the function runs once on fakes under the recorder, so its
+subsymbols are what DTensor does below it — the ``flatten_DTensor`` / ``unflatten_DTensor`` of its local tensors and the
+functional collectives its redistribution issues (``_c10d_functional.all_reduce`` / ``all_gather_into_tensor`` /
+``reduce_scatter_tensor`` and ``wait_tensor``, which have fake kernels and become aten-level symbols that run the real
+collectives at call time; the process group is a string argument). Its gradient is PyTorch's, run on fakes
+(``from_local``'s backward, ``redistribute``'s reverse collectives), as for ``torch.autograd.Function`` calls. The
+flatten pass inlines it like any container.
 
 Why not thunder's own: thunder 0.2.6 registers these functions as its experimental ``dtensor.torch.*`` symbols
 (``torch/experimental/dtensor_torch_and_prims.py``), which return its own ``DTensorProxy``, not a subclass proxy: the
 next operation saw a plain tensor next to a DTensor ("aten.addmm.default got mixed torch.Tensor and DTensor"). The
 TP style hooks are recorded whole because thunder's interpreter spends most of a TP model's first call stepping
 through their Python (placement checks, redistribution planning).
+
+Out: one container bound symbol per call, whose result proxies are DTensor subclass proxies.
 
 Under ``FakeTensorMode`` ``funcol._are_we_tracing()`` is true, so DTensor waits on each collective at once and no
 ``AsyncCollectiveTensor`` is made while tracing; at run time the functional collective returns a plain tensor that the
@@ -36,9 +40,9 @@ import torch
 from thunder.core.proxies import TensorProxy
 
 from thunder_subclass._thunder_internals import source_location, torch_version
-from thunder_subclass.autograd import record_function_call
+from thunder_subclass.transforms.autograd import record_function_call
 from thunder_subclass.errors import TorchFeatureUnavailableError, format_location
-from thunder_subclass.proxy import is_marked_leaf
+from thunder_subclass.frontend.proxy import is_marked_leaf
 
 __all__ = ["lookaside", "is_tensor_parallel_hook", "dtensor_entry_points"]
 

@@ -159,4 +159,4 @@ class CacheLimitWarning(UserWarning):
 class DiskCacheWarning(UserWarning):
     """An entry of the on-disk cache (``thunder_subclass.config.disk_cache``) could not be read (a corrupted or
     truncated file: it was removed), or was not read because another user could have written it (owned by another
-    user, or under a directory others can write: ``thunder_subclass.disk_trust``); the function compiled anew."""
+    user, or under a directory others can write: ``thunder_subclass.runtime.disk_trust``); the function compiled anew."""

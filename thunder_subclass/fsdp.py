@@ -1,6 +1,7 @@
-"""Stage 1 for FSDP2 models: ``thunder_subclass.jit(model)`` compiles the code between FSDP2's hooks.
+"""Stage 1 (entry) for FSDP2 models: ``thunder_subclass.jit(model)`` compiles the code between FSDP2's hooks.
 
 In: a ``torch.nn.Module`` holding FSDP2 units (``torch.distributed.fsdp.fully_shard``: instances of ``FSDPModule``).
+What happens: each FSDP2 unit's own code is compiled as a region between its hooks (below).
 Out: an :class:`FSDPCompiledModule` that runs the model with FSDP2's hooks eager and the modules between them compiled.
 
 Why at module boundaries: FSDP2's forward pre-hook all-gathers each unit's sharded DTensor parameters into unsharded

@@ -1,7 +1,9 @@
-"""Hugging Face transformers support: lookasides for the transformers functions thunder 0.2.6 cannot trace.
+"""Stage 4 (interpretation), Hugging Face transformers: lookasides for the transformers functions thunder 0.2.6 cannot
+trace.
 
-Stage: interpreter lookasides, consulted by ``thunder_subclass.hooks`` for every call a plugin jit traces. Active
-only when the user's program has imported transformers (this module never imports it, and changes nothing in it):
+In: a call of such a function in traced code. What happens: it is traced as the equivalent below. Out: the symbols of
+that equivalent. Interpreter lookasides, consulted by ``thunder_subclass.hooks`` for every call a plugin jit traces.
+Active only when the user's program has imported transformers (this module never imports it, and changes nothing in it):
 the table below is built from ``sys.modules["transformers.masking_utils"]`` the first time a traced call finds it
 loaded. The general interpreter fixes that Hugging Face models also need (``type.__call__``, iteration of user
 Sequences, ``torch.cat`` of the empty cache initialiser, ``enable_gqa``, objects such as ``DynamicCache`` returned from

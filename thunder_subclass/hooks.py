@@ -41,31 +41,24 @@ import thunder.core.prims as prims
 from thunder.core.pytree import tree_flatten
 from thunder.core.trace import get_tracectx
 
-from thunder_subclass import (
-    _thunder_internals,
+from thunder_subclass import _thunder_internals, distributed, guards, hf
+from thunder_subclass.transforms import autograd, higher_order, random_ops, tangents
+from thunder_subclass.frontend import (
     aliased_writes,
-    autograd,
     checkpoints,
-    distributed,
-    eager_calls,
     grad_modes,
-    guards,
-    hf,
-    higher_order,
     interpretation,
     module_calls,
     native_effects,
-    random_ops,
-    speculation,
-    state_guards,
-    tangents,
     torch_function,
 )
+from thunder_subclass.runtime import eager_calls, speculation
+from thunder_subclass.guards import state as state_guards
 from thunder_subclass.errors import SubclassProtocolError, format_location
 from thunder_subclass.executor import subclass_executor
-from thunder_subclass.fake import autocast_in_effect
-from thunder_subclass.proxy import SubclassTensorProxy, has_subclass_leaf
-from thunder_subclass.recording import denormalize, subclass_names, torch_callable_for
+from thunder_subclass.frontend.fake import autocast_in_effect
+from thunder_subclass.frontend.proxy import SubclassTensorProxy, has_subclass_leaf
+from thunder_subclass.frontend.recording import denormalize, subclass_names, torch_callable_for
 
 __all__ = ["install", "uninstall", "is_installed"]
 

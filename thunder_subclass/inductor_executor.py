@@ -1,6 +1,7 @@
-"""The plugin's inductor executor: thunder fusion regions compiled by inductor directly, without dynamo.
+"""Stage 6 (flatten and executors), the plugin's inductor executor: thunder fusion regions compiled by inductor
+directly, without dynamo.
 
-Stage: executors (after ``flatten``). In: a flattened execution trace (plain aten-level symbols and prims, as the
+In: a flattened execution trace (plain aten-level symbols and prims, as the
 torch_compile executor sees it). What happens: regions are formed exactly as thunder's torch_compile executor forms
 them (its ``fusion_pass``: every torch-executable symbol, and the plugin's aten-level symbols that
 ``_thunder_internals.allow_torch_compile_fusion`` admits, float8 ``_scaled_mm`` as its opaque custom-op wrapper);

@@ -1,4 +1,8 @@
-"""Stage 1, entry points: ``thunder_subclass.jit`` and the ``"tensor-subclass"`` thunder plugin.
+"""Stage 1 (entry), entry points: ``thunder_subclass.jit`` and the ``"tensor-subclass"`` thunder plugin.
+
+In: the user's function or module and the jit's options. What happens: the options are checked and turned into
+thunder's (executors, transforms, the cache option), and the per-call path is composed (stage 2,
+``thunder_subclass.runtime.cache_policy``). Out: the compiled function or module.
 
 Both put the plugin's executor first in the jit's executor list and install the hooks (``thunder_subclass.hooks``,
 idempotently). The executor's presence is what makes the hooks act for that jit and for no other.
@@ -14,11 +18,12 @@ from collections.abc import Callable, Sequence
 from thunder.core.recipe import Plugin, PluginPolicy
 from thunder.core.transform_common import Transform
 
-from thunder_subclass import cache, cache_policy, fsdp, graph_breaks, hooks
+from thunder_subclass import fsdp, hooks
+from thunder_subclass.runtime import cache, cache_policy, graph_breaks
 from thunder_subclass.executor import subclass_executor
-from thunder_subclass.prologue import FusedPrologueChecks
-from thunder_subclass.tangents import SavedTensorNames
-from thunder_subclass.torch_function import TypedTensorEdges
+from thunder_subclass.guards.prologue import FusedPrologueChecks
+from thunder_subclass.transforms.tangents import SavedTensorNames
+from thunder_subclass.frontend.torch_function import TypedTensorEdges
 
 __all__ = ["jit", "explain", "TensorSubclassPlugin", "PLUGIN_NAME"]
 
@@ -59,34 +64,35 @@ def jit(fn: Callable, /, *, fullgraph: bool = False, cache_size_limit: int | Non
     A program thunder cannot trace as one graph (data-dependent control flow or shapes: ``if tensor:``, ``.item()``
     branching, ``nonzero``, boolean masks; operations thunder has no symbol for) runs anyway, equal to eager: its
     own code eagerly, each submodule that traces compiled as a region (graph breaks, see
-    ``thunder_subclass.graph_breaks``), with a one-time :class:`~thunder_subclass.graph_breaks.GraphBreakWarning`
-    naming each break; ``compiled.graph_breaks`` and :func:`explain` list breaks and regions. ``fullgraph=True``
-    raises the first break's error instead.
+    ``thunder_subclass.runtime.graph_breaks``), with a one-time
+    :class:`~thunder_subclass.runtime.graph_breaks.GraphBreakWarning` naming each break; ``compiled.graph_breaks`` and
+    :func:`explain` list breaks and regions. ``fullgraph=True`` raises the first break's error instead.
 
     Takes the same keyword arguments as ``thunder.jit``; ``executors`` (default: thunder's default executors) gets
-    the plugin's executor put first, and ``transforms`` gets :class:`thunder_subclass.tangents.SavedTensorNames`
-    appended (it lets ``.backward(grad)`` accept gradients of other kinds than the outputs', as eager does), and
-    thunder's compile option ``thunderfx_disable_split_autograd`` defaults to True (faster per call; see the code).
-    Per call it is thunder's jit with less overhead: the prologue's checks run as one generated function
-    (``thunder_subclass.prologue``; tensor metadata through torch's C++ tensor guard), and cache hits take a shorter
-    path (``thunder_subclass.cache_policy.compiled_call``); the guards are the same.
+    the plugin's executor put first, and ``transforms`` gets
+    :class:`thunder_subclass.transforms.tangents.SavedTensorNames` appended (it lets ``.backward(grad)`` accept
+    gradients of other kinds than the outputs', as eager does), and thunder's compile option
+    ``thunderfx_disable_split_autograd`` defaults to True (faster per call; see the code). Per call it is thunder's jit
+    with less overhead: the prologue's checks run as one generated function (``thunder_subclass.guards.prologue``;
+    tensor metadata through torch's C++ tensor guard), and cache hits take a shorter path
+    (``thunder_subclass.runtime.cache_policy.compiled_call``); the guards are the same.
 
     Sizes (``dynamic``, as ``torch.compile``'s): by default (``dynamic=None`` and no ``cache`` option) a call traces
     with the sizes it sees as constants, and after a cache miss caused only by new tensor sizes (or int values) the
     next trace makes them symbolic (thunder's ``cache="symbolic values"``; sizes that reach a subclass operation stay
-    guarded), so new sizes stop retracing: ``thunder_subclass.cache_policy.AutomaticDynamicShapes``.
+    guarded), so new sizes stop retracing: ``thunder_subclass.runtime.cache_policy.AutomaticDynamicShapes``.
     ``dynamic=False`` traces once per size (``cache="constant values"``), ``dynamic=True`` makes sizes symbolic from
     the first trace. An explicit ``cache`` option is used as given.
 
     ``disk_cache`` (default None: ``thunder_subclass.config.disk_cache``, on unless ``THUNDER_SUBCLASS_DISK_CACHE=0``)
     keeps the traces on disk too, so that a restarted process loads them instead of tracing
-    (``thunder_subclass.disk_cache``); ``disk_cache=False`` turns that off for this function.
+    (``thunder_subclass.runtime.disk_cache``); ``disk_cache=False`` turns that off for this function.
 
     ``cache_size_limit`` (default ``thunder_subclass.config.cache_size_limit``, 8 like ``torch.compile``'s
     ``recompile_limit``; ``None``: unbounded) bounds the number of traces kept: once reached, a call that no trace
     accepts runs ``fn`` eagerly, after a one-time :class:`~thunder_subclass.errors.CacheLimitWarning` naming the check
     that failed; ``thunder_subclass.explain_recompiles(compiled)`` says why each miss missed (see
-    ``thunder_subclass.cache``).
+    ``thunder_subclass.runtime.cache``).
 
     Example::
 
@@ -125,7 +131,7 @@ def jit(fn: Callable, /, *, fullgraph: bool = False, cache_size_limit: int | Non
     hooks.install()
     executors: Sequence = resolve_executors(kwargs.pop("executors", None))
     executors = [subclass_executor, *(ex for ex in executors if ex is not subclass_executor)]
-    # FusedPrologueChecks last: it fuses the checks the transforms before it leave (thunder_subclass.prologue)
+    # FusedPrologueChecks last: it fuses the checks the transforms before it leave (thunder_subclass.guards.prologue)
     transforms = [*(kwargs.pop("transforms", None) or ()), TypedTensorEdges(), SavedTensorNames(), RecompilingCopies(),
                   FusedPrologueChecks()]
     # thunder 0.2.6's "split autograd" side channel makes two meta-device torch.randn per call (about 0.17 ms on a
@@ -139,8 +145,8 @@ def jit(fn: Callable, /, *, fullgraph: bool = False, cache_size_limit: int | Non
             warnings.filterwarnings("ignore", message=r"The 'symbolic values' cache option is highly experimental")
         jfn = thunder.jit(fn, executors=executors, transforms=transforms, **kwargs)
     disk = None
-    if cache.config.disk_cache if use_disk is None else use_disk:  # entries also kept on disk, for other processes (thunder_subclass.disk_cache)
-        from thunder_subclass import disk_cache
+    if cache.config.disk_cache if use_disk is None else use_disk:  # entries also kept on disk, for other processes (thunder_subclass.runtime.disk_cache)
+        from thunder_subclass.runtime import disk_cache
 
         root = cache.config.disk_cache_dir or disk_cache.default_cache_dir()
         disk = disk_cache.DiskCache(root, cache.config.disk_cache_size_limit)
@@ -211,8 +217,8 @@ def _deepcopy_compiled_module(self, memo: dict):
 
 def explain(fn: Callable, /, *args, **kwargs) -> graph_breaks.GraphBreakReport:
     """Compile ``fn`` with :func:`jit` (or take a :func:`jit` result), call it once with ``args`` / ``kwargs``
-    without the graph-break warning, and return its :class:`~thunder_subclass.graph_breaks.GraphBreakReport`: the
-    breaks (the user's file:line, the reason, what ran eagerly) and the compiled regions (qualified name -> jitted
+    without the graph-break warning, and return its :class:`~thunder_subclass.runtime.graph_breaks.GraphBreakReport`:
+    the breaks (the user's file:line, the reason, what ran eagerly) and the compiled regions (qualified name -> jitted
     function, for ``thunder.last_traces``). A new break compiles the children of the module that took it as regions
     in this call (a plain :func:`jit` call first runs that module's code eagerly, observing the submodule that holds
     the break); from the next call on, that submodule is an eager call inside its parents' compiled trace where it

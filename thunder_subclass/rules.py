@@ -1,7 +1,8 @@
-"""Extension points: grad rules and executor implementations for (subclass type, torch op) pairs.
+"""Extension points of stages 5 (autograd) and 6 (flatten and executors): grad rules and executor implementations
+for (subclass type, torch op) pairs.
 
 * :func:`register_grad_rule` — how a torch operation on a subclass is differentiated, replacing the default (PyTorch's
-  derivative run through ``__torch_dispatch__``, ``thunder_subclass.autograd``). The rule follows thunder's
+  derivative run through ``__torch_dispatch__``, ``thunder_subclass.transforms.autograd``). The rule follows thunder's
   ``OperatorExecutor.register_implementation(..., grad_transform=...)`` convention: called with the operation's
   arguments (proxies; subclass values are ``SubclassTensorProxy``), it computes the forward with thunder symbols,
   reads output gradients with ``thunder.core.transforms.get_grad`` and writes input gradients with ``put_grad``.
@@ -48,8 +49,8 @@ from thunder.core.symbol import Symbol
 
 from thunder_subclass._thunder_internals import torch_to_thunder_symbols
 from thunder_subclass.errors import SubclassGradRuleError, SubclassRegistrationError, format_location
-from thunder_subclass.interpretation import construct_subclass
-from thunder_subclass.proxy import SubclassTensorProxy
+from thunder_subclass.frontend.interpretation import construct_subclass
+from thunder_subclass.frontend.proxy import SubclassTensorProxy
 
 __all__ = ["register_grad_rule", "register_implementation", "RuleHandle", "make_subclass"]
 
@@ -100,7 +101,7 @@ _implementations: dict[tuple[type, Any, Any], list[_Entry]] = {}
 
 def has_registrations() -> bool:
     """Whether any grad rule or executor implementation is registered now (the on-disk cache,
-    ``thunder_subclass.disk_cache``, neither stores nor loads while one is: what a trace holds depends on them)."""
+    ``thunder_subclass.runtime.disk_cache``, neither stores nor loads while one is: what a trace holds depends on them)."""
     return any(_grad_rules.values()) or any(_implementations.values())
 
 
@@ -185,7 +186,7 @@ def make_subclass(cls: type, *args, **kwargs):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Lookup (used by thunder_subclass.autograd and thunder_subclass.flatten)
+# Lookup (used by thunder_subclass.transforms.autograd and thunder_subclass.transforms.flatten)
 # ---------------------------------------------------------------------------------------------------------------
 
 

@@ -17,17 +17,19 @@ module                     concern
 :mod:`.plugin_state`       what every hook shares: the installed :class:`Handlers`, :func:`is_plugin_active`
 :mod:`.tracing`            tracing hooks: proxify, ``Symbol.__call__``, the lookaside, in-place aliases, the
                            interpreter's frames and bytecode decoding
-:mod:`.interpreter_fixes`  where thunder's interpreter runs ordinary Python unlike CPython (found with Hugging Face):
+:mod:`.fixes`              where thunder's interpreter runs ordinary Python unlike CPython (found with Hugging Face):
                            the parts' lookaside tables merged, their hook targets; the parts, one per concern:
-                           :mod:`.fixes_attributes`, :mod:`.fixes_iteration`, :mod:`.fixes_torch_calls`,
-                           :mod:`.fixes_epilogue`, :mod:`.fixes_comparisons`, :mod:`.fixes_exceptions`,
-                           :mod:`.fixes_constant_keys`
-:mod:`.interpreter_dicts`  ``dict(iterable)`` raises what iterating its argument raises (thunder dropped it)
+                           :mod:`.fixes.attributes`, :mod:`.fixes.iteration`, :mod:`.fixes.torch_calls`,
+                           :mod:`.fixes.epilogue`, :mod:`.fixes.comparisons`, :mod:`.fixes.exceptions`,
+                           :mod:`.fixes.constant_keys`
+:mod:`.fixes.dicts`        ``dict(iterable)`` raises what iterating its argument raises (thunder dropped it)
 :mod:`.symbolic_values`    ``cache="symbolic values"``: number pins and thunder's own fixes under that option
 :mod:`.autograd_hooks`     the flatten point before executors, gradients of inputs changed in place,
                            ``ThunderFunction`` forward/backward
+:mod:`.jit_record`         the plugin's per-jit state: one typed record on a jit's compile data
 :mod:`.runtime`            the per-call path, thunder's side: cache info and the fast way to a cache hit; its
-                           decisions come from above through a :class:`CallPort` (``thunder_subclass.cache_policy``)
+                           decisions come from above through a :class:`CallPort`
+                           (``thunder_subclass.runtime.cache_policy``)
 :mod:`.module_dispatch`    per-thread module dispatch: submodules run a compiled ``forward`` while a graph-break
                            program runs their parent eagerly, without changing the user's modules
 :mod:`.executors`          thunder's torch_compile executor and the plugin's inductor regions
@@ -72,11 +74,12 @@ from thunder_subclass._thunder_internals.install import (  # noqa: F401
     is_installed,
     uninstall,
 )
-from thunder_subclass._thunder_internals.interpreter_fixes import (  # noqa: F401
+from thunder_subclass._thunder_internals.fixes import (  # noqa: F401
     exception_source_lines,
     interpreter_fix_lookaside,
     is_hashable,
 )
+from thunder_subclass._thunder_internals.jit_record import JitRecord, jit_record  # noqa: F401
 from thunder_subclass._thunder_internals.plugin_state import (  # noqa: F401
     NOT_HANDLED,
     Handlers,

@@ -5,7 +5,7 @@ Hooks (thunder 0.2.6 paths, relative to the installed ``thunder/``):
 * ``executors/passes.py`` ``_transform_for_operator_executor_execution`` — the point after autograd and before
   executors claim operations (looked up at call time by ``thunder/__init__.py`` and by ``transform_for_execution``):
   subclass-level bound symbols are replaced by their flat subsymbols (``Handlers.before_executors``:
-  ``thunder_subclass.flatten``). Its call from ``apply_transforms_and_build_cache_entry`` made only for
+  ``thunder_subclass.transforms.flatten``). Its call from ``apply_transforms_and_build_cache_entry`` made only for
   ``maybe_sort_waits`` returns the trace unchanged when it holds no distributed ``wait`` (:mod:`.transform_speed`).
   In thunder 0.2.6 ``grad_transform_on_trace`` builds one joint forward+backward trace
   before this point, so the pass sees (and flattens) forward and backward together, before
@@ -30,11 +30,11 @@ Hooks (thunder 0.2.6 paths, relative to the installed ``thunder/``):
   so that their autograd history becomes the compiled function's, as eager's becomes the in-place ops'.
 * ``executors/torch_autograd.py`` ``ThunderFunction.backward`` — when ``.backward(grad)`` passes gradients of another
   kind than the compiled backward expects (a plain tensor for a ``TwoTensor`` output), a backward made for those
-  gradients runs instead (``Handlers.replace_grads`` / ``run_backward``: ``thunder_subclass.tangents``); otherwise
-  thunder's own backward runs unchanged (saved tensors released as thunder does: ``ctx.maybe_clear_saved_tensors``).
-  The gradient of a changed input whose new value nothing used stays undefined, as in eager
-  (``Handlers.gradless_inputs``). A backward run with grad mode on (``create_graph=True``: autograd enables grad mode
-  in a backward only then) goes to ``Handlers.create_graph_backward`` instead: thunder's backward is
+  gradients runs instead (``Handlers.replace_grads`` / ``run_backward``: ``thunder_subclass.transforms.tangents``);
+  otherwise thunder's own backward runs unchanged (saved tensors released as thunder does:
+  ``ctx.maybe_clear_saved_tensors``). The gradient of a changed input whose new value nothing used stays undefined, as
+  in eager (``Handlers.gradless_inputs``). A backward run with grad mode on (``create_graph=True``: autograd enables
+  grad mode in a backward only then) goes to ``Handlers.create_graph_backward`` instead: thunder's backward is
   ``once_differentiable`` and its gradients have no history (torch's check looks at the incoming gradients only, so
   a loss on the gradient silently lost its second-order term). For it, the forward hook keeps on ``ctx`` the
   user-level call the forward ran for (``plugin_state.current_call``, tensors held weakly; the per-call wrapper of

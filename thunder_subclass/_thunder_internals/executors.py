@@ -75,7 +75,7 @@ def region_callable(bsyms, inputs, outputs, name: str, *, transform: Callable | 
     trivially, the region's symbols, a return; lowered by ``transform_for_execution`` with the torch executor) and
     hands it to ``torch.compile``; here it is made for inductor alone (``compile_with_inductor``). ``transform``
     (a function of the trace) runs before lowering, and ``executors`` are tried before thunder's torch executor and
-    its Python executor (for operations on Python numbers): how :mod:`thunder_subclass.speculation` compiles the
+    its Python executor (for operations on Python numbers): how :mod:`thunder_subclass.runtime.speculation` compiles the
     operations a speculated value depends on (the flatten pass, then the plugin's executor)."""
     from thunder.core import prims
     from thunder.core.codeutils import SigInfo

@@ -15,8 +15,6 @@ from typing import Any
 from thunder_subclass._thunder_internals import (
     autograd_hooks,
     dtensor_masks,
-    interpreter_dicts,
-    interpreter_fixes,
     interpreter_speed,
     module_dispatch,
     plugin_state,
@@ -24,7 +22,9 @@ from thunder_subclass._thunder_internals import (
     symbolic_values,
     tracing,
     transform_speed,
+    fixes as interpreter_fixes,
 )
+from thunder_subclass._thunder_internals.fixes import dicts as interpreter_dicts
 from thunder_subclass._thunder_internals.executors import (
     register_torch_compile_fusible,
     unregister_torch_compile_fusible,

@@ -1,6 +1,6 @@
 """What every hook shares: the :class:`Handlers` the plugin installed and whether a plugin jit is active.
 
-The hooks (:mod:`.tracing`, :mod:`.runtime`, :mod:`.autograd_hooks`, :mod:`.interpreter_fixes`,
+The hooks (:mod:`.tracing`, :mod:`.runtime`, :mod:`.autograd_hooks`, :mod:`.fixes`,
 :mod:`.symbolic_values`) know thunder's side of each hook only; what a hook does for the plugin is a :class:`Handlers`
 callback that ``thunder_subclass.hooks`` (the layer above the stages) passes to :func:`.install.install`, kept here as
 :data:`handlers`. A hook acts only while a jit that uses the plugin is tracing or transforming
@@ -140,7 +140,7 @@ def is_plugin_active() -> bool:
 # How each lazily made symbol of the plugin's executor can be made again in another process: the implementation
 # function a trace's Python context holds -> (the factory, its arguments), and each such symbol's implementation by
 # symbol id. Filled by the factories (``flatten_<Cls>``, ``unflatten_<Cls>``, aten-level symbols, ...) when they make
-# a symbol; read by the on-disk cache (``thunder_subclass.disk_cache``), which names such a function by its factory and
+# a symbol; read by the on-disk cache (``thunder_subclass.runtime.disk_cache``), which names such a function by its factory and
 # arguments. Process-wide, as the executor's symbol table it mirrors (symbols are never unregistered).
 _symbol_origins: dict[Any, tuple[Callable, tuple]] = {}
 _implementations: dict[str, Callable] = {}
@@ -175,7 +175,7 @@ def symbol_implementation(sym: Any) -> Callable | None:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The user-level call a compiled forward runs for (for create_graph=True backwards, thunder_subclass.higher_order)
+# The user-level call a compiled forward runs for (for create_graph=True backwards, thunder_subclass.transforms.higher_order)
 # ---------------------------------------------------------------------------------------------------------------
 
 class RememberedCall:

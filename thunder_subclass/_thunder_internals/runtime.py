@@ -1,9 +1,9 @@
 """The per-call path of a compiled function, thunder's side: thunder's cache info and a shorter way to a cache hit.
 
 Every decision on this path (may a miss trace, past the cache bound; does a miss trace with symbolic sizes; which
-entries a call tries first) is made above this layer, by ``thunder_subclass.cache_policy``, and reaches this module
-as one :class:`CallPort` per compiled function (as the hooks' :class:`~.plugin_state.Handlers`); this module knows
-how to read and run thunder's cache and where the hooks sit.
+entries a call tries first) is made above this layer, by ``thunder_subclass.runtime.cache_policy``, and reaches this
+module as one :class:`CallPort` per compiled function (as the hooks' :class:`~.plugin_state.Handlers`); this module
+knows how to read and run thunder's cache and where the hooks sit.
 
 * ``thunder/__init__.py`` ``_with_cache_info_ctx`` (hook) — for a plugin jit, the per-call cache info groups tensor
   arguments as aliases only when they are the same view (thunder groups any that share a storage and replaces one by
@@ -11,7 +11,8 @@ how to read and run thunder's cache and where the hooks sit.
   jit's ``populate_cache_info`` (the closure cell of that name in the ``get_computation_and_inputs`` it decorates) is
   replaced by one that fills the same entries with less work when no autocast, DDP/FSDP or possible alias is involved
   (:func:`_use_fast_populate_cache_info`), and calls thunder's otherwise.
-* ``thunder/__init__.py`` ``fn_`` (not a hook: :func:`fast_call_path`, applied by ``thunder_subclass.cache_policy``
+* ``thunder/__init__.py`` ``fn_`` (not a hook: :func:`fast_call_path`, applied by
+``thunder_subclass.runtime.cache_policy``
   to what ``thunder.jit`` returns) — calls reach a cache hit through the same steps as thunder's ``fn_`` (cache info,
   prologues under the compile data, computation, connection to autograd, epilogue, grad mode, statistics) without
   its wrapper layers; everything else (autocast, tracing, misses) calls thunder's ``fn_``.
@@ -22,10 +23,10 @@ how to read and run thunder's cache and where the hooks sit.
   the call is not traced (:class:`CacheLimitReached`, caught by the stage's per-call wrapper, which runs it eagerly).
 * ``thunder/__init__.py`` ``acquire_initial_trace`` and ``apply_transforms_and_build_cache_entry`` (the closure
   cells of those names, replaced in the same hook: :func:`_use_disk_cache`) — a miss of a jit with an on-disk cache
-  (the ``disk_cache`` of its :class:`CallPort`, ``thunder_subclass.disk_cache``) loads a stored entry instead of tracing
-  when one accepts the call, and otherwise hands the entry built from the new trace to the cache to store.
+  (the ``disk_cache`` of its :class:`CallPort`, ``thunder_subclass.runtime.disk_cache``) loads a stored entry instead of
+  tracing when one accepts the call, and otherwise hands the entry built from the new trace to the cache to store.
   :func:`trace_anew` runs that miss path on purpose, the jit's cache set aside, for a loaded training entry whose
-  backward needs the joint trace (``tangents.StoredBackwardVariants``).
+  backward needs the joint trace (``transforms.tangents.StoredBackwardVariants``).
 * ``core/module.py`` ``ThunderModule`` tables of parameters, buffers and submodules (private state, filled once by
   thunder) — kept bound to the module as it is now (:class:`ModuleBindings`): a parameter or submodule replaced after
   compiling is what the next call reads.
@@ -35,8 +36,8 @@ how to read and run thunder's cache and where the hooks sit.
   call.
 
 Owner of state: the fast path keeps the jit's compile data and stats weakly (no cycle through the compiled function)
-and the port's index of the cache entries, freed with the compiled function; the :class:`CallPort` lives on the
-compile data (``PORT_ATTR``).
+and the port's index of the cache entries, freed with the compiled function; the :class:`CallPort` lives in the compile
+data's one record of plugin state (``jit_record(cd).call_port``, :mod:`.jit_record`).
 
 Threads. Owner of each piece of shared state, and who frees it:
 
@@ -76,6 +77,7 @@ from typing import Any
 import torch
 
 from thunder_subclass._thunder_internals import plugin_state
+from thunder_subclass._thunder_internals.jit_record import jit_record
 from thunder_subclass._thunder_internals.thunder_state import building_entry, undoing_on_trace_failure
 from thunder_subclass._thunder_internals.torch_state import is_user_dispatch_mode_active
 
@@ -159,9 +161,9 @@ def _hook_with_cache_info_ctx(original):
 
 TRACING_LOCK = threading.RLock()
 """Held while a plugin jit looks its cache up through thunder's ``get_computation_and_inputs`` and, on a miss,
-traces (and while a backward variant is built, ``thunder_subclass.tangents``). Process-wide and re-entrant: a trace
-that builds another (a nested jit, a backward variant) in the same thread goes on. Never held by a cache hit of the
-fast path."""
+traces (and while a backward variant is built, ``thunder_subclass.transforms.tangents``). Process-wide and re-entrant: a
+trace that builds another (a nested jit, a backward variant) in the same thread goes on. Never held by a cache hit of
+the fast path."""
 
 
 @functools.cache
@@ -197,27 +199,25 @@ def _with_per_thread_grad_mode(cls: type) -> type:
     class PerThreadGradModeCompileData(cls):
         @property
         def is_grad_enabled(self) -> bool:
-            return getattr(self.__dict__[_GRAD_MODE_ATTR], "value", True)  # thunder's initial value
+            return getattr(jit_record(self).grad_mode, "value", True)  # thunder's initial value
 
         @is_grad_enabled.setter
         def is_grad_enabled(self, value: bool) -> None:
-            self.__dict__[_GRAD_MODE_ATTR].value = value
+            jit_record(self).grad_mode.value = value
 
     PerThreadGradModeCompileData.__name__ = PerThreadGradModeCompileData.__qualname__ = cls.__name__
     return PerThreadGradModeCompileData
 
 
-_GRAD_MODE_ATTR = "_thunder_subclass_grad_mode"
-
-
 def _per_thread_grad_mode(cd) -> None:
     """Make compile data ``cd``'s ``is_grad_enabled`` per thread (owned by the thread: a ``threading.local`` on
     ``cd``, each thread's value freed with the thread or with ``cd``)."""
-    if _GRAD_MODE_ATTR in cd.__dict__:
+    state = jit_record(cd)
+    if state.grad_mode is not None:
         return
     local = threading.local()
     local.value = cd.__dict__.get("is_grad_enabled", True)
-    cd.__dict__[_GRAD_MODE_ATTR] = local
+    state.grad_mode = local
     cd.__class__ = _with_per_thread_grad_mode(type(cd))
     cd.__dict__.pop("is_grad_enabled", None)
 
@@ -304,14 +304,14 @@ def _use_fast_populate_cache_info(get_computation_and_inputs, jit_locals: dict) 
 class CacheLimitReached(Exception):
     """Raised inside thunder's ``get_computation_and_inputs`` at a cache miss of a ``thunder_subclass.jit`` function
     whose :class:`CallPort` forbids a new entry; the per-call wrapper of the stage above catches it
-    (``thunder_subclass.cache_policy.bounded``)."""
+    (``thunder_subclass.runtime.cache_policy.bounded``)."""
 
 
 @dataclasses.dataclass(frozen=True)
 class CallPort:
-    """What the per-call path of one compiled function asks the stage above it (``thunder_subclass.cache_policy``,
-    which makes every decision; this module knows only thunder's side), kept on the jit's compile data as
-    ``PORT_ATTR``:
+    """What the per-call path of one compiled function asks the stage above it
+    (``thunder_subclass.runtime.cache_policy``, which makes every decision; this module knows only thunder's side), kept
+    in the jit's compile data (``call_port`` of its :class:`~thunder_subclass._thunder_internals.jit_record.JitRecord`):
 
     * ``on_miss(call, n_entries, reasons)``: at a miss inside thunder's cache lookup (call number ``call``,
       ``n_entries`` entries, ``reasons[i]`` why each rejected the call, newest first), whether a new entry may be
@@ -322,10 +322,11 @@ class CallPort:
     * ``entry_index``: the order the fast path tries entries in: ``key(args, kwargs, grad)`` of a call,
       ``bucket(cache, key)`` (the entries to try first, last hit last), ``add(key, entry)`` (an entry found outside
       the bucket accepted a call of that key).
-    * ``disk_cache``: the jit's on-disk cache (``thunder_subclass.disk_cache``), or None: :func:`_use_disk_cache`.
+    * ``disk_cache``: the jit's on-disk cache (``thunder_subclass.runtime.disk_cache``), or None:
+    :func:`_use_disk_cache`.
 
-    The one record of the plugin's per-jit state that this module reads from thunder's compile data (besides the
-    per-thread grad mode its compile-data class reads, :func:`_per_thread_grad_mode`).
+    Kept in the jit's one record of plugin state (:func:`~thunder_subclass._thunder_internals.jit_record.jit_record`),
+    beside the per-thread grad mode its compile-data class reads (:func:`_per_thread_grad_mode`).
     """
 
     on_miss: Callable[[int, int, list], bool]
@@ -334,19 +335,16 @@ class CallPort:
     disk_cache: Any = None
 
 
-PORT_ATTR = "_thunder_subclass_call_port"  # on thunder's CompileData: the jit's CallPort
-
-
 def _use_bounded_tracing(get_computation_and_inputs) -> None:
     """For a plugin jit, thunder's ``acquire_initial_trace`` (a local function of ``thunder.jit`` that
     ``get_computation_and_inputs`` calls through its closure cell of that name at each cache miss, after every entry's
-    prologue rejected the call) is replaced by one that first asks the jit's :class:`CallPort` (``PORT_ATTR`` on its
-    compile data, set by :func:`fast_call_path`; none for ``thunder.compile(..., plugins=...)``): it hands the
-    port's ``on_miss`` the reason each entry rejected the call (the prologues run again, their messages built now: a
-    miss traces, which costs far more), and raises :class:`CacheLimitReached` instead of tracing when the port says
-    the cache is full. The trace is made under ``thunder_state.undoing_on_trace_failure``: if it raises, what it did
-    to the caller's objects is undone (input lists and dicts the traced code changed). Left as is when the closure is not as
-    expected."""
+    prologue rejected the call) is replaced by one that first asks the jit's :class:`CallPort` (``call_port`` of its
+    compile data's ``jit_record``, set by :func:`fast_call_path`; none for ``thunder.compile(..., plugins=...)``): it
+    hands the port's ``on_miss`` the reason each entry rejected the call (the prologues run again, their messages
+    built now: a miss traces, which costs far more), and raises :class:`CacheLimitReached` instead of tracing when the
+    port says the cache is full. The trace is made under ``thunder_state.undoing_on_trace_failure``: if it raises,
+    what it did to the caller's objects is undone (input lists and dicts the traced code changed). Left as is when the
+    closure is not as expected."""
     code = get_computation_and_inputs.__code__
     if "acquire_initial_trace" not in code.co_freevars or get_computation_and_inputs.__closure__ is None:
         return
@@ -356,7 +354,7 @@ def _use_bounded_tracing(get_computation_and_inputs) -> None:
         return
 
     def acquire_initial_trace(fn, args, kwargs, cd, cs, *rest, **kwrest):
-        port = getattr(cd, PORT_ATTR, None)
+        port = jit_record(cd).call_port
         if port is not None and not port.on_miss(cs.calls, len(cs.interpreter_cache),
                                                  _rejections(cd, cs, args, kwargs)):
             raise CacheLimitReached()
@@ -380,7 +378,7 @@ class _LoadedEntry:
 def _use_disk_cache(get_computation_and_inputs) -> None:
     """For a plugin jit with an on-disk cache (``disk_cache`` of its :class:`CallPort`: an object with ``load(cd, cs,
     args, kwargs)`` -> a thunder ``CacheEntry`` whose prologue accepts the call, or None, and ``store(cd, cs, args,
-    kwargs, entry, codes)``; ``thunder_subclass.disk_cache``), thunder's ``acquire_initial_trace`` and
+    kwargs, entry, codes)``; ``thunder_subclass.runtime.disk_cache``), thunder's ``acquire_initial_trace`` and
     ``apply_transforms_and_build_cache_entry`` (local functions of ``thunder.jit`` that ``get_computation_and_inputs``
     calls through closure cells of those names at each cache miss, one after the other) are replaced: at a miss under
     the constant-values cache, an entry loaded from disk is used as if just built (thunder then appends it to the
@@ -402,7 +400,7 @@ def _use_disk_cache(get_computation_and_inputs) -> None:
     pending = threading.local()  # this thread's traced call, from acquire_initial_trace to the entry built
 
     def acquire_initial_trace(fn, args, kwargs, cd, cs, *rest, **kwrest):
-        port = getattr(cd, PORT_ATTR, None)
+        port = jit_record(cd).call_port
         disk = None if port is None else port.disk_cache
         if disk is None or cd.cache_option is not CACHE_OPTIONS.CONSTANT_VALUES or getattr(_anew, "on", False):
             pending.call = None
@@ -681,7 +679,7 @@ def fast_call_path(jfn, thunder_call: Callable, port: CallPort, bindings: Module
     a user's dispatch mode go to ``thunder_call`` (thunder's ``fn_`` under the stage's bound); a call no entry's
     prologue accepts (a cache miss) goes to ``port.trace_miss``, under :data:`TRACING_LOCK`.
 
-    The decisions are the stage's, through ``port`` (:class:`CallPort`, kept on the compile data as ``PORT_ATTR``
+    The decisions are the stage's, through ``port`` (:class:`CallPort`, kept in the compile data's ``jit_record``
     also where this path does not apply, for :func:`_use_bounded_tracing`): the order entries are tried in
     (``port.entry_index``, so that a hit's cost does not grow with the number of entries), how a miss traces. A
     module's parameter, buffer and submodule tables follow the module (``bindings``: :class:`ModuleBindings`)."""
@@ -694,7 +692,7 @@ def fast_call_path(jfn, thunder_call: Callable, port: CallPort, bindings: Module
     from thunder.core.trace import is_tracing
 
     cd, cs = jfn._lc_cd, jfn._lc_cs
-    setattr(cd, PORT_ATTR, port)
+    jit_record(cd).call_port = port
     original = thunder_call
     populate = getattr(cd, "populate_cache_info", None)
     if cd.cache_option is not CACHE_OPTIONS.CONSTANT_VALUES or populate is None:
@@ -831,7 +829,7 @@ def with_call(jfn, call: Callable):
 def remembering_calls(call: Callable, cd, eager: Callable | None) -> Callable:
     """``call`` that, while it runs, is this thread's current compiled call (``plugin_state.push_call``): the thunder
     forward it runs remembers the user-level call on its autograd node, for a ``create_graph=True`` backward that
-    recomputes it eagerly (``thunder_subclass.higher_order``)."""
+    recomputes it eagerly (``thunder_subclass.transforms.higher_order``)."""
     push, pop = plugin_state.push_call, plugin_state.pop_call
 
     @functools.wraps(call)

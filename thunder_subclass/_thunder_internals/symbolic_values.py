@@ -4,11 +4,11 @@ Plain inputs' sizes, subclass arguments' sizes and number inputs become NumberPr
 not check. Subclass operations run on fakes whose sizes are symbols of a torch ``ShapeEnv`` (:class:`ShapeSymbols`,
 torch's ``torch/fx/experimental/symbolic_shapes.py``); what a run relied on becomes a prologue check
 (:func:`add_size_guards`). Where that cannot be done, the operation runs on fakes of the current sizes and every
-number that reaches it is pinned (:func:`pin_numbers`, called by ``thunder_subclass.fake`` where a proxy becomes a
-fake: the input numbers it is computed from get a value check in the prologue). The hooks below fix what thunder
-0.2.6 itself gets wrong under symbolic values; each acts only for a plugin jit with that cache option:
+number that reaches it is pinned (:func:`pin_numbers`, called by ``thunder_subclass.frontend.fake`` where a proxy
+becomes a fake: the input numbers it is computed from get a value check in the prologue). The hooks below fix what
+thunder 0.2.6 itself gets wrong under symbolic values; each acts only for a plugin jit with that cache option:
 ``jit_ext.unpack_inputs`` (parameters tagged ``STATIC_MEMORY_LOCATION``: :func:`unpacked_parameters_tagged`, entered
-by :mod:`.interpreter_fixes`' hook of it), ``StringProxy``'s comparison methods
+by :mod:`.fixes`' hook of it), ``StringProxy``'s comparison methods
 (inherited from ``Proxy``, which raises), and, through the ``general_jit_lookaside`` hook of :mod:`.tracing`,
 thunder's bool lookaside (a number input used only in a branch is guarded; thunder reuses a stale trace),
 list/tuple ``__getitem__`` with a number index, ``isinstance`` of a number proxy, ``len()`` whose ``__len__`` returns a
@@ -140,7 +140,7 @@ class _TaggingUnpackParameter:
 
 @contextlib.contextmanager
 def unpacked_parameters_tagged():
-    """While thunder's ``jit_ext.unpack_inputs`` runs (its hook is :mod:`.interpreter_fixes`'s, which enters this).
+    """While thunder's ``jit_ext.unpack_inputs`` runs (its hook is :mod:`.fixes`'s, which enters this).
     Under symbolic values a parameter's sizes have provenance ``<param>.shape[i]``, so unpack_inputs unpacks the
     parameter as an intermediate (a fresh proxy) and then asserts it carries STATIC_MEMORY_LOCATION, which only the
     parameter's own proxy has: "Parameter was not tagged with STATIC_MEMORY_LOCATION" (``thunder.jit(nn.Linear(4, 4),
@@ -418,7 +418,7 @@ class SymbolicSizeError(Exception):
 
 
 class ShapeSymbols:
-    """The sizes of one environment of fake runs (``thunder_subclass.fake.FakeEnv``) as symbols of a torch
+    """The sizes of one environment of fake runs (``thunder_subclass.frontend.fake.FakeEnv``) as symbols of a torch
     ``ShapeEnv`` (torch/fx/experimental/symbolic_shapes.py): one symbol per size number proxy (no duck sizing: equal
     values are not assumed equal), with the proxy's value as hint; ``mode`` is a fake mode over that ShapeEnv (the
     fakes of the environment are made and run under it).

@@ -18,7 +18,7 @@
 * whether the trace being interpreted changed an integer tensor in place so far (thunder's
   ``update_aliases._is_inplace_op``: :func:`trace_wrote_integer_tensors`; known input values are then stale);
 * the jit context (``jit_ext.get_jit_ctx``): a per-trace dict for the plugin (:func:`jit_state`), calls appended to
-  the epilogue (:func:`call_in_epilogue`, run by :mod:`.interpreter_fixes`' ``process_recorded_modifications``
+  the epilogue (:func:`call_in_epilogue`, run by :mod:`.fixes`' ``process_recorded_modifications``
   hook), names and registration of input proxies, provenance records the prologue can unpack (the jitted module
   itself through thunder's ``ThunderModule``: :func:`hooked_module_provenance`; a module's parameter, buffer or
   submodule slot read by ``nn.Module.__getattr__``: :func:`module_slot_of`; the user's module behind the

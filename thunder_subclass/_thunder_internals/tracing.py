@@ -7,14 +7,14 @@ Hooks (thunder 0.2.6 paths, relative to the installed ``thunder/``):
   extension point: ``register_general_jit_callback`` refuses existing keys).
 * ``core/symbol.py`` ``Symbol.__call__`` — the common end of ``torch.mul(x)``, ``x.mul()`` and ``x * y`` during
   interpretation: a torch-level symbol called with a subclass proxy is unrolled through ``__torch_dispatch__``
-  (``Handlers.symbol_call``: ``thunder_subclass.interpretation``). Also where every grad rule puts a gradient
+  (``Handlers.symbol_call``: ``thunder_subclass.frontend.interpretation``). Also where every grad rule puts a gradient
   (``prims.put_grad``): a gradient put for a 0-dim tensor with more dimensions than it is summed to its shape
   (:func:`sum_to_scalar_grad`; a thunder 0.2.6 bug, see there). A symbol whose meta raises leaves no symbol scope
   open (thunder pushes one before the meta and pops it after, without ``finally``; the next symbol then failed with
   "A symbol ... was called while processing a primitive", replacing the original error).
 * ``core/jit_ext.py`` ``general_jit_lookaside`` — calls of a wrapper-subclass class (construction in traced code),
   ``isinstance`` and ``type`` on subclass proxies behave as in eager (``Handlers.lookaside``); then the lookasides of
-  :mod:`.interpreter_fixes` and :mod:`.symbolic_values`. Two interpreter bugs of thunder 0.2.6 are worked around here
+  :mod:`.fixes` and :mod:`.symbolic_values`. Two interpreter bugs of thunder 0.2.6 are worked around here
   for plugin jits: classes with a pybind11 base (DTensor placements under torch 2.13) are called as Python, not
   interpreted (:func:`is_pybind11_class`: interpreting their ``__init__`` aborts the process), and a keyword argument
   named ``fn`` no longer collides with the lookaside's own parameter. Plugin functions handed to user code as values
@@ -72,7 +72,7 @@ from thunder_subclass._thunder_internals import plugin_state
 from thunder_subclass._thunder_internals.state_reads import state_path_of
 from thunder_subclass._thunder_internals.interpreter_speed import PURE_NATIVE_FUNCTIONS, fast_getitem, speed_lookaside
 from thunder_subclass._thunder_internals.module_dispatch import is_dispatch_hook, original_call_impl
-from thunder_subclass._thunder_internals.interpreter_fixes import (
+from thunder_subclass._thunder_internals.fixes import (
     interpreter_fix_lookaside,
     torch_arguments,
 )
@@ -695,8 +695,8 @@ def _inspect_attr(obj, name: str):
 def recording_interpreted_code():
     """Within this block (in this thread), every code object thunder's interpreter runs for a plugin jit is added to
     the set it yields (the interpreter decodes each frame's bytecode through :class:`_CachedInstructionsDis`). The
-    on-disk cache (``thunder_subclass.disk_cache``) records the source files of what a trace interpreted so that a
-    later process can tell whether that code changed. Nested blocks each see their own set."""
+    on-disk cache (``thunder_subclass.runtime.disk_cache``) records the source files of what a trace interpreted so that
+    a later process can tell whether that code changed. Nested blocks each see their own set."""
     saved, codes = _code_recorder.codes, set()
     _code_recorder.codes = codes
     try:

@@ -208,7 +208,7 @@ _removers: list = []
 
 def register() -> None:
     """Have thunder_subclass record the backend's custom ops as :data:`pydevice_ex`'s symbols (idempotent)."""
-    from thunder_subclass.aten_symbols import register_aten_symbol
+    from thunder_subclass.frontend.aten_symbols import register_aten_symbol
 
     if not _removers:
         _removers.extend(register_aten_symbol(op, sym) for op, sym in _SYMBOLS.items())

@@ -1,9 +1,12 @@
-"""Stage 3, inputs and prologue guards: how an input becomes a proxy, and when a cached trace may be reused.
+"""Stage 3 (inputs and guards), inputs and prologue guards: how an input becomes a proxy, and when a cached trace may be
+reused.
 
-In: the inputs of a plugin jit as the interpreter meets them, and what traced code reads from them. Out: constraints
-on thunder's jit context that ``unpack_inputs`` turns into prologue checks (fused by ``thunder_subclass.prologue``),
-and epilogue write-backs of the input containers the traced code changed. A failing check makes the prologue raise
-:class:`SubclassGuardFailure`, which thunder treats as a cache miss: a new trace, never a stale one.
+In: the inputs of a plugin jit as the interpreter meets them, and what traced code reads from them. What happens:
+each value read gets the guards of its kind (below). Out: constraints
+on thunder's jit context that ``unpack_inputs`` turns into prologue checks (fused by
+``thunder_subclass.guards.prologue``), and epilogue write-backs of the input containers the traced code changed. A
+failing check makes the prologue raise :class:`SubclassGuardFailure`, which thunder treats as a cache miss: a new trace,
+never a stale one.
 
 Every check is one guard kind, a small class following :class:`~thunder_subclass.guards.protocol.Guard`
 (``matches``, ``expression``, ``explain``, ``disk_state``), with its check symbol registered by

@@ -2,11 +2,11 @@
 
 In: a tensor the interpreter meets as an input of a plugin jit (argument, parameter, buffer): a wrapper subclass
 becomes a ``SubclassTensorProxy`` (:func:`proxify_input`), a plain tensor thunder's ``TensorProxy``, a typed tensor
-(``thunder_subclass.torch_function``) a proxy of its type. What happens: each gets the guards of ``guards.tensors``
-(its type, metadata, strides, shared ragged sizes; the values dispatch reads, when it reads them), and the trace's
-flags (:class:`~thunder_subclass.guards.tensors.TraceFlags`) a dispatch-mode check on its first tensor input. Out: jit
-constraints that ``unpack_inputs`` turns into prologue checks. A failing check makes the prologue raise, which
-thunder treats as a cache miss: a new trace, never a stale one.
+(``thunder_subclass.frontend.torch_function``) a proxy of its type. What happens: each gets the guards of
+``guards.tensors`` (its type, metadata, strides, shared ragged sizes; the values dispatch reads, when it reads them),
+and the trace's flags (:class:`~thunder_subclass.guards.tensors.TraceFlags`) a dispatch-mode check on its first tensor
+input. Out: jit constraints that ``unpack_inputs`` turns into prologue checks. A failing check makes the prologue raise,
+which thunder treats as a cache miss: a new trace, never a stale one.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from thunder.core.proxies import NumberProxy, TensorProxy
 
 from thunder_subclass import _thunder_internals
 from thunder_subclass.errors import SubclassProtocolError, UnsupportedSubclassOperationError, format_location
-from thunder_subclass.fake import (
+from thunder_subclass.frontend.fake import (
     ValueSource,
     real_execution,
     remember_input_stride,
@@ -45,7 +45,7 @@ from thunder_subclass.guards.tensors import (
     is_ragged_source_candidate,
     ragged_sizes_equal,
 )
-from thunder_subclass.proxy import (
+from thunder_subclass.frontend.proxy import (
     SubclassTensorProxy,
     is_subclass_value,
     mark_leaf,
@@ -107,7 +107,7 @@ def require_no_dispatch_mode(what: str) -> None:
 
 
 def add_tensor_type_guard(jit_ctx, p) -> None:
-    """Input ``p`` is typed (``thunder_subclass.torch_function``): its exact class is checked every call."""
+    """Input ``p`` is typed (``thunder_subclass.frontend.torch_function``): its exact class is checked every call."""
     spec = p.__dict__["_thunder_subclass_type_spec"] = TensorTypeSpec(p.__dict__["_thunder_subclass_tensor_type"].cls)
     jit_ctx.add_constraint((check_tensor_type, p, spec))
     trace_flags(jit_ctx, first_input=p)

@@ -47,7 +47,7 @@ from thunder_subclass.guards.values import (
     value_snapshot,
 )
 from thunder_subclass.guards.write_backs import is_held_container, restore_container
-from thunder_subclass.proxy import mark_protocol_error
+from thunder_subclass.frontend.proxy import mark_protocol_error
 
 
 def add_module_hooks_guard(jit_ctx, module, provenance, hooks: tuple) -> None:

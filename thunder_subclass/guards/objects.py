@@ -399,7 +399,7 @@ class TorchStateQuery:
         module = "torch" if self.fn.__module__ == "torch" else "torch._C"
         return f"{module}.{self.fn.__name__}({', '.join(map(repr, self.args))})"
 
-    def disk_state(self) -> tuple:  # thunder_subclass.disk_cache: the getter by its module and name
+    def disk_state(self) -> tuple:  # thunder_subclass.runtime.disk_cache: the getter by its module and name
         return self.fn.__module__, self.fn.__name__, self.args
 
     @classmethod

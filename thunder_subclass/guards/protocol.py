@@ -3,7 +3,7 @@
 In: a guard kind, one small class that follows :class:`Guard` (``matches``, ``expression``, ``explain``,
 ``disk_state``). What happens: :func:`register_check` registers the prologue symbol that runs it
 (``check_<kind>(value, *arguments)``, kept by dead-code elimination) and records how the symbol's arguments make the
-guard (:func:`guard_of`). Out: the symbol, which the stages add as jit constraints; ``thunder_subclass.prologue``
+guard (:func:`guard_of`). Out: the symbol, which the stages add as jit constraints; ``thunder_subclass.guards.prologue``
 asks each bound check for its guard and the guard for its inline expression, the disk cache asks a guard for its
 state, and a failing check raises :class:`SubclassGuardFailure` (a cache miss) whose message is the guard's
 ``explain``, built only when read.
@@ -54,9 +54,9 @@ class Guard:
     * ``matches(value)``: whether the call's ``value`` is one the trace holds for (run on every call of an unfused
       prologue: no message is built);
     * ``expression(value_name, const)``: the same test as an inline Python expression over the value named
-      ``value_name``, for the fused prologue checks (``thunder_subclass.prologue``); ``const(obj)`` names a constant.
-      The builder's ``const`` also offers ``const.fresh()`` (a new local name), ``const.tensor(...)`` (a tensor
-      metadata check the builder runs after the others, see :meth:`SubclassSpec.expression`), ``const.strides(x,
+      ``value_name``, for the fused prologue checks (``thunder_subclass.guards.prologue``); ``const(obj)`` names a
+      constant. The builder's ``const`` also offers ``const.fresh()`` (a new local name), ``const.tensor(...)`` (a
+      tensor metadata check the builder runs after the others, see :meth:`SubclassSpec.expression`), ``const.strides(x,
       strides)`` and ``const.once(key)`` (True the first time a key is asked in one prologue). A tuple of expressions
       stands for separate conditions; None: not fusible (the check stays a call of its own);
     * ``explain(value)``: why ``value`` fails it, in words (only when a miss is explained);

@@ -13,7 +13,7 @@ inner tensor have the shape, dtype, device and requires_grad they had (thunder's
 same call), recursively for nested subclasses; inner tensors must be plain tensors.
 
 ``check_plain_tensor(x)`` (:class:`PlainTensor`), ``check_tensor_strides(x, strides)`` (:class:`TensorStrides`),
-``check_tensor_type(x, spec)`` (:class:`TensorTypeSpec`: a typed input, ``thunder_subclass.torch_function``),
+``check_tensor_type(x, spec)`` (:class:`TensorTypeSpec`: a typed input, ``thunder_subclass.frontend.torch_function``),
 ``check_no_dispatch_mode(x, flags)`` (:class:`TraceFlags`), ``check_buffer_flag(x, flag)`` (:class:`BufferFlag`).
 
 ``check_nested_sizes(x, earlier, spec)`` (:class:`NestedSizesSpec`), for a subclass input with ragged sizes (nested
@@ -24,7 +24,7 @@ outer-shape check.
 
 ``check_input_values(x, spec)`` (:class:`InputValuesSpec`), for an integer input (or integer inner tensor of a
 subclass input: NJT offsets and lengths) whose values dispatch read while tracing
-(``thunder_subclass.fake.ValueSource``): the same values.
+(``thunder_subclass.frontend.fake.ValueSource``): the same values.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from thunder_subclass import _thunder_internals
-from thunder_subclass.fake import (
+from thunder_subclass.frontend.fake import (
     FakeEnv,
     context_template,
     context_with_sizes,
@@ -46,7 +46,7 @@ from thunder_subclass.fake import (
     unflatten_fake,
 )
 from thunder_subclass.guards.protocol import MISSING, Guard, is_same_value, register_check
-from thunder_subclass.proxy import (
+from thunder_subclass.frontend.proxy import (
     PLAIN_TENSOR_TYPES,
     OpaqueObjectProxy,
     SubclassTensorProxy,
@@ -216,8 +216,8 @@ class SubclassSpec(Guard):
 
     def expression(self, v: str, const) -> str:
         """A Python expression true exactly when :meth:`matches` of the value named ``v`` is (the same checks in the
-        same order, inline: ``thunder_subclass.prologue`` puts it in a generated function). ``const(obj)`` names a
-        constant, ``const.fresh()`` a new local name. Uses ``_plain``, ``_same`` (:func:`is_same_value`) and
+        same order, inline: ``thunder_subclass.guards.prologue`` puts it in a generated function). ``const(obj)`` names
+        a constant, ``const.fresh()`` a new local name. Uses ``_plain``, ``_same`` (:func:`is_same_value`) and
         ``_MISSING``.
 
         ``const.tensor(x, shape, dtype, device, requires_grad, plain, strides)``, when given, stands for each check of a
@@ -392,7 +392,7 @@ class TraceFlags(Guard):
     def explain(self, t) -> str:
         return "a TorchDispatchMode is active"  # traced again: the trace-time check raises
 
-    def disk_state(self) -> bool:  # thunder_subclass.disk_cache: how a stored prologue holds it
+    def disk_state(self) -> bool:  # thunder_subclass.runtime.disk_cache: how a stored prologue holds it
         return self.involves_subclasses
 
     @classmethod

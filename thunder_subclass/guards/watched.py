@@ -1,9 +1,11 @@
-"""Object checks run once per write instead of once per call: :class:`WatchedCheck`.
+"""Stage 3 (inputs and guards) at run time, object checks run once per write instead of once per call:
+:class:`WatchedCheck`.
 
 In: an object guard whose check compares an object's value (``"equal"``: ``obj == snapshot``; ``"state"``: its
 state read recursively, ``values.same_state``), which the prologue runs on every call: on a Hugging Face model the
 model config (about sixty attributes, each read through transformers' ``__getattribute__``) was compared twice per
-call. Out: the same check, run in full only when something it depends on may have changed since the last call it
+call. What happens: :class:`WatchedCheck` wraps that check and records the dict version tags of what it read (below).
+Out: the same check, run in full only when something it depends on may have changed since the last call it
 accepted; otherwise a few C-level reads of dict version tags (``_thunder_internals.dict_version_reader``).
 
 Why that is the same answer. The full check is a function of the object's state: its attributes (its ``__dict__``),
@@ -200,7 +202,7 @@ class WatchedCheck:
     def __repr__(self) -> str:
         return f"<watched {self.check!r}>"
 
-    def disk_state(self):  # thunder_subclass.disk_cache: an "equal" guard's spec (a new process watches anew)
+    def disk_state(self):  # thunder_subclass.runtime.disk_cache: an "equal" guard's spec (a new process watches anew)
         spec = getattr(self.check, "spec", None)
         return (spec,) if getattr(spec, "kind", None) == "equal" else NotImplemented
 

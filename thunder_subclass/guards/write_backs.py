@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from thunder_subclass import _thunder_internals
-from thunder_subclass.container_writes import set_contents
+from thunder_subclass.guards.container_writes import set_contents
 from thunder_subclass.errors import format_location
 from thunder_subclass.guards.objects import ObjectSpec, Pending, check_object, describe_provenance, guarded_object_names
 from thunder_subclass.guards.protocol import register_epilogue_op
