@@ -251,14 +251,6 @@ def test_contiguous_clone_of_a_nested_tensor_with_holes():
     assert (thunder.cache_hits(jf), thunder.cache_misses(jf)) == (1, 2)
 
 
-def test_returning_the_ragged_size_is_a_typed_error():
-    # the epilogue would return the nested int seen when traced: stale for an NJT with other offsets on a cache hit
-    with pytest.raises(UnsupportedSubclassOperationError, match=r"returns j\d+, the ragged size of a jagged NestedTensor"):
-        thunder_subclass.jit(lambda t: (t * 2, t.shape[1]))(njt())
-    with pytest.raises(UnsupportedSubclassOperationError, match=r"returns j\d+, the ragged size"):
-        thunder_subclass.jit(lambda t: t.shape)(njt())
-
-
 def test_cached_sequence_lengths_read_in_traced_code_as_eager():
     # _get_max_seqlen() / _max_seqlen read NestedTensor._metadata_cache, a dict of the _min/_max_seqlen_tensor inner
     # tensors (the lengths are stored in their shapes); before: "Unknown attribute _metadata_cache"

@@ -57,7 +57,7 @@ from thunder_subclass.proxy import (
 )
 from thunder_subclass.symbolic_strides import remember_contiguous_inner, remember_input_layout
 
-__all__ = ["proxify_input", "add_subclass_guards", "add_plain_tensor_guard", "add_tensor_type_guard",
+__all__ = ["nested_int_source", "proxify_input", "add_subclass_guards", "add_plain_tensor_guard", "add_tensor_type_guard",
            "add_nested_sizes_guard", "guard_buffer_flag", "guard_python_attribute", "guard_tensor_type_attribute",
            "mark_involves_subclasses", "require_no_dispatch_mode", "trace_flags"]
 
@@ -308,6 +308,24 @@ def add_nested_sizes_guard(jit_ctx, p: TensorProxy, t: torch.Tensor) -> None:
     if pairs:
         jit_ctx.add_constraint((check_nested_sizes, p, tuple(q for q, _, _ in earlier), NestedSizesSpec(tuple(pairs))))
     earlier.append((p, weakref.ref(t), dims))
+
+
+def nested_int_source(v) -> tuple | None:
+    """Nested int ``v``, returned by the compiled function, as read from an input at run time: ``(provenance, dim,
+    factor)`` with ``v`` the ragged size ``dim`` of a jagged NestedTensor input times ``factor`` (``x.shape[1]``: 1;
+    a stride ``5*j1``: 5), or with ``dim`` None the nested int of a plain offsets-like input (a NestedTensor built on
+    it in traced code); None when no input has its ragged size (a NestedTensor whose offsets the trace computed).
+    """
+    state = _thunder_internals.jit_state()
+    key, coeff = v.node.nested_int(), v.node.nested_int_coeff()
+    for q, _, dims in (state or {}).get("ragged_inputs", ()):
+        sizes = [(d, q.outer_size[d]) for d in dims] if isinstance(q, SubclassTensorProxy) else [(None, nested_int_of(q))]
+        for d, n in sizes:
+            if not _thunder_internals.is_nested_int(n) or n.node.nested_int() != key or q.history is None:
+                continue
+            if coeff % n.node.nested_int_coeff() == 0:
+                return q.history, d, coeff // n.node.nested_int_coeff()
+    return None
 
 
 
