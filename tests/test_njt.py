@@ -251,14 +251,6 @@ def test_contiguous_clone_of_a_nested_tensor_with_holes():
     assert (thunder.cache_hits(jf), thunder.cache_misses(jf)) == (1, 2)
 
 
-def test_returning_the_ragged_size_is_a_typed_error():
-    # the epilogue would return the nested int seen when traced: stale for an NJT with other offsets on a cache hit
-    with pytest.raises(UnsupportedSubclassOperationError, match=r"returns j\d+, the ragged size of a jagged NestedTensor"):
-        thunder_subclass.jit(lambda t: (t * 2, t.shape[1]))(njt())
-    with pytest.raises(UnsupportedSubclassOperationError, match=r"returns j\d+, the ragged size"):
-        thunder_subclass.jit(lambda t: t.shape)(njt())
-
-
 def test_cached_sequence_lengths_read_in_traced_code_as_eager():
     # _get_max_seqlen() / _max_seqlen read NestedTensor._metadata_cache, a dict of the _min/_max_seqlen_tensor inner
     # tensors (the lengths are stored in their shapes); before: "Unknown attribute _metadata_cache"
@@ -528,3 +520,24 @@ def test_padded_dense_round_trip_keeps_cached_lengths_and_gradients(checkpointed
     out.backward(torch.ones_like(out))
     expected.backward(torch.ones_like(expected))
     torch.testing.assert_close(x.grad.values(), x_ref.grad.values())
+
+
+@pytest.mark.parametrize("dynamic", [None, True, False])
+def test_seqlens_marked_dynamic_are_checked_never_assumed(dynamic):
+    # torch._dynamo.mark_dynamic on the cached min / max lengths (as PyTorch's compile tests do) is not read: another
+    # cached length is a new trace, with eager's values and cached lengths on the output (never the traced ones)
+    def make(lengths):
+        x = njt(lengths)
+        x._get_max_seqlen(), x._get_min_seqlen()
+        torch._dynamo.mark_dynamic(x._metadata_cache["max_seqlen"], 0)
+        torch._dynamo.mark_dynamic(x._metadata_cache["min_seqlen"], 0)
+        return x
+
+    f = lambda t: t.sin() * t._get_max_seqlen()  # noqa: E731
+    jf = thunder_subclass.jit(f, dynamic=dynamic)
+    for lengths in ((2, 3, 4), (1, 3, 5), (3, 3, 3), (2, 3, 4)):  # the same total length and batch size
+        x = make(lengths)
+        y, expected = jf(x), f(x)
+        assert_njt_equal(y, expected)
+        assert (y._maybe_max_seqlen, y._maybe_min_seqlen) == (expected._maybe_max_seqlen, expected._maybe_min_seqlen)
+    assert (thunder.cache_misses(jf), thunder.cache_hits(jf)) == (3, 1)

@@ -15,13 +15,13 @@ opens with its stage, then In / What happens / Out):
    ``speculation`` (data-dependent branches computed while tracing and guarded).
 3. inputs and guards, ``guards/``: an input becomes a proxy (``frontend.proxy``) with prologue guards, one
    protocol (``guards.protocol``), guards on Python state (``guards.state``); a cache entry's checks run as one
-   generated function (``guards.prologue``), value checks once per write (``guards.watched``); the caller's containers
+   generated function (``guards.prologue``), value checks once per write (``guards.watched``), an input's layout (``guards.layouts``); the caller's containers
    given their contents back (``guards.write_backs``, ``guards.container_writes``).
 4. interpretation, ``frontend/``: torch operations on subclass proxies unrolled through ``__torch_dispatch__``
    (``interpretation``) on fakes (``fake``), recorded (``recording``) as aten-level symbols (``aten_symbols``) between
    ``flatten_<Cls>`` / ``unflatten_<Cls>`` (``subclass_symbols``); ``torch_function``, ``module_calls``,
    ``native_effects``, ``checkpoints``, ``grad_modes``, ``aliased_writes`` (writes into views with gradients: a graph
-   break); ``distributed`` and ``hf`` (top level) for DTensor and transformers.
+   break), ``symbolic_strides`` (``x.stride()`` under symbolic sizes); ``distributed`` and ``hf`` (top level) for DTensor and transformers.
 5. autograd, ``transforms/``: ``autograd`` (grad rules, ``rules`` for registered ones), ``backward_effects``,
    ``higher_order``, ``random_ops``.
 6. flatten and executors: ``transforms.flatten`` (subclasses leave the program; executor implementations of

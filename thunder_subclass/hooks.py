@@ -182,6 +182,7 @@ HANDLERS = _thunder_internals.Handlers(
     end_of_trace=_end_of_trace,
     attribute_absent=_attribute_absent,
     state_query=guards.guard_torch_state_query,
+    nested_int_source=guards.nested_int_source,
 )
 
 

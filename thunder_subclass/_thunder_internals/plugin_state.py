@@ -69,6 +69,9 @@ class Handlers:
       plain arguments and got the plain value ``result``, which the trace now holds as a constant.
     * ``end_of_trace()``: the traced code has run (the computation trace is complete), the epilogue is being made:
       the plugin's last calls for the epilogue (``thunder_state.call_in_epilogue``).
+    * ``nested_int_source(v)``: the compiled function returns nested int ``v`` (a jagged NestedTensor's ragged size):
+      ``(provenance, dim, factor)`` of the input it is read from at run time (``size(dim) * factor`` of that input,
+      or with ``dim`` None its registered nested int: a plain offsets input), or None.
     """
 
     executor: Any
@@ -91,6 +94,7 @@ class Handlers:
     end_of_trace: Callable
     attribute_absent: Callable
     state_query: Callable
+    nested_int_source: Callable
 
 
 # the Handlers given to the last install(); read by every hook (as plugin_state.handlers)

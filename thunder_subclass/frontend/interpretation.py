@@ -47,12 +47,14 @@ from thunder_subclass._thunder_internals import (
     rebind_wrapped_value,
     runs_natively,
     source_location,
+    SymbolicSizeError,
 )
 from thunder_subclass.errors import UnsupportedSubclassOperationError, UnsupportedTracingError, format_location
 from thunder_subclass.executor import register_symbol
 from thunder_subclass.frontend.fake import FakeEnv, stride_of
 from thunder_subclass.guards import guard_buffer_flag, guard_python_attribute
 from thunder_subclass.frontend.proxy import SubclassTensorProxy, is_marked_leaf, rebuild_inner_refs
+from thunder_subclass.frontend.symbolic_strides import StrideUnknown, symbolic_strides
 from thunder_subclass.frontend.recording import (
     bind_unrolled,
     denormalize,
@@ -145,14 +147,18 @@ def _plain_stride(p: TensorProxy, dim: int | None = None):
     """``x.stride()`` / ``x.stride(dim)`` of a plain tensor proxy (thunder 0.2.6's proxies have no ``stride``:
     "Unknown attribute stride"): eager's strides as the plugin knows them for fakes (``fake.stride_of``: an input's
     own, checked by the prologue once read; a computed value's from its producing operations run on fakes)."""
-    if not all(type(s) is int for s in p._shape):
-        raise UnsupportedTracingError(
-            f"x.stride() at {format_location(*source_location())} of a tensor with symbolic sizes "
-            f"(cache=\"symbolic values\"): its strides would hold only for the sizes of this call. Use "
-            f"cache=\"constant values\" (the default) for code that reads strides, or compute what you need from "
-            f"x.shape."
-        )
-    stride = stride_of(p)
+    if not all(type(s) is int for s in p._shape):  # symbolic sizes: numbers computed from them
+        try:
+            stride = symbolic_strides(p)
+        except (StrideUnknown, SymbolicSizeError) as e:
+            raise UnsupportedTracingError(
+                f"x.stride() at {format_location(*source_location())} of a tensor with symbolic sizes "
+                f"(cache=\"symbolic values\") whose strides cannot be computed from its sizes: {e}. Use "
+                f"dynamic=False (cache=\"constant values\") for code that reads these strides, or compute what you "
+                f"need from x.shape."
+            ) from e
+    else:
+        stride = stride_of(p)
     if dim is None:
         return stride
     n = max(len(stride), 1)  # as torch: a 0-dim tensor takes dim 0 and -1

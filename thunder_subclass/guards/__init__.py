@@ -18,15 +18,17 @@ Every check is one guard kind, a small class following :class:`~thunder_subclass
   input values, buffer flags);
 * ``objects``: the object checks (``ObjectSpec``'s kinds, module hooks, missing attributes, torch state, dict-key
   paths);
+* ``layouts``: the layout check of an input whose strides were read under symbolic sizes;
 * ``inputs``: tensor inputs become proxies with their guards (:func:`proxify_input`);
 * ``object_reads``: which guard an object read while tracing gets, and when it gets stricter;
 * ``write_backs``: input lists and dicts the traced code changed, written back by the epilogue.
 """
 
-from thunder_subclass.guards import inputs, object_reads, objects, protocol, tensors, values, write_backs
+from thunder_subclass.guards import inputs, layouts, object_reads, objects, protocol, tensors, values, write_backs
 from thunder_subclass.guards.protocol import *  # noqa: F401,F403
 from thunder_subclass.guards.values import *  # noqa: F401,F403
 from thunder_subclass.guards.tensors import *  # noqa: F401,F403
+from thunder_subclass.guards.layouts import *  # noqa: F401,F403
 from thunder_subclass.guards.objects import *  # noqa: F401,F403
 from thunder_subclass.guards.inputs import *  # noqa: F401,F403
 from thunder_subclass.guards.object_reads import *  # noqa: F401,F403
@@ -35,5 +37,5 @@ from thunder_subclass.guards.write_backs import *  # noqa: F401,F403
 _STATE_LIMIT = values.STATE_LIMIT  # (the names this package had as one module)
 _check_attribute_absent_impl = protocol.check_function(objects.check_attribute_absent)
 
-__all__ = [name for part in (protocol, values, tensors, objects, inputs, object_reads, write_backs)
+__all__ = [name for part in (protocol, values, tensors, layouts, objects, inputs, object_reads, write_backs)
            for name in part.__all__]

@@ -25,6 +25,7 @@ from thunder_subclass.frontend.fake import (
     remember_stride,
     remember_value_source,
 )
+from thunder_subclass.guards.layouts import check_tensor_layout
 from thunder_subclass.guards.protocol import MISSING
 from thunder_subclass.guards.tensors import (
     SPEC_ATTR,
@@ -54,8 +55,9 @@ from thunder_subclass.frontend.proxy import (
     remember_nested_int,
     subclass_proxy_from_tensor,
 )
+from thunder_subclass.frontend.symbolic_strides import remember_contiguous_inner, remember_input_layout
 
-__all__ = ["proxify_input", "add_subclass_guards", "add_plain_tensor_guard", "add_tensor_type_guard",
+__all__ = ["nested_int_source", "proxify_input", "add_subclass_guards", "add_plain_tensor_guard", "add_tensor_type_guard",
            "add_nested_sizes_guard", "guard_buffer_flag", "guard_python_attribute", "guard_tensor_type_attribute",
            "mark_involves_subclasses", "require_no_dispatch_mode", "trace_flags"]
 
@@ -158,6 +160,8 @@ def proxify_input(jit_ctx, value, original):
         if strides is not None and all(type(s) is int for s in p._shape):
             # fakes of this input get its strides; the first fake made while tracing adds the prologue check
             remember_input_stride(p, strides, lambda: jit_ctx.add_constraint((check_tensor_strides, p, strides)))
+        elif strides is not None:  # symbolic sizes: x.stride() gives numbers of them, checking the dims' order
+            remember_input_layout(p, t, lambda order: jit_ctx.add_constraint((check_tensor_layout, p, order)))
         trace_flags(jit_ctx, first_input=p)
         if type(t) is torch.Tensor and is_ragged_source_candidate(t):
             add_nested_sizes_guard(jit_ctx, p, t)
@@ -245,6 +249,9 @@ def _remember_inner_strides(p: SubclassTensorProxy, t: torch.Tensor) -> None:
             _remember_inner_strides(q, x)
         elif isinstance(q, TensorProxy) and x.layout is torch.strided and all(type(d) is int for d in q._shape):
             remember_stride(q, x)
+        elif isinstance(q, TensorProxy) and any(isinstance(d, NumberProxy) and not d.is_static_constrained()
+                                                for d in q._shape):
+            remember_contiguous_inner(q, x)  # symbolic sizes, checked contiguous: for x.stride() of it
 
 
 def _remember_inner_values(jit_ctx, p: SubclassTensorProxy, t: torch.Tensor, root, path: tuple) -> None:
@@ -301,6 +308,24 @@ def add_nested_sizes_guard(jit_ctx, p: TensorProxy, t: torch.Tensor) -> None:
     if pairs:
         jit_ctx.add_constraint((check_nested_sizes, p, tuple(q for q, _, _ in earlier), NestedSizesSpec(tuple(pairs))))
     earlier.append((p, weakref.ref(t), dims))
+
+
+def nested_int_source(v) -> tuple | None:
+    """Nested int ``v``, returned by the compiled function, as read from an input at run time: ``(provenance, dim,
+    factor)`` with ``v`` the ragged size ``dim`` of a jagged NestedTensor input times ``factor`` (``x.shape[1]``: 1;
+    a stride ``5*j1``: 5), or with ``dim`` None the nested int of a plain offsets-like input (a NestedTensor built on
+    it in traced code); None when no input has its ragged size (a NestedTensor whose offsets the trace computed).
+    """
+    state = _thunder_internals.jit_state()
+    key, coeff = v.node.nested_int(), v.node.nested_int_coeff()
+    for q, _, dims in (state or {}).get("ragged_inputs", ()):
+        sizes = [(d, q.outer_size[d]) for d in dims] if isinstance(q, SubclassTensorProxy) else [(None, nested_int_of(q))]
+        for d, n in sizes:
+            if not _thunder_internals.is_nested_int(n) or n.node.nested_int() != key or q.history is None:
+                continue
+            if coeff % n.node.nested_int_coeff() == 0:
+                return q.history, d, coeff // n.node.nested_int_coeff()
+    return None
 
 
 

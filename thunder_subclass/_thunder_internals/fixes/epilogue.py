@@ -250,6 +250,61 @@ def _object_rebuild_symbol():
     return sym
 
 
+def _returned_nested_int(v):
+    """The epilogue's value for nested int ``v`` returned by the compiled function: read again at run time from the
+    input it comes from (eager's nested int of the call's NestedTensor), or a typed error."""
+    from thunder.core.proxies import Proxy
+
+    found = plugin_state.handlers.nested_int_source(v)
+    if found is None:
+        from thunder_subclass.errors import UnsupportedSubclassOperationError
+
+        raise UnsupportedSubclassOperationError(
+            f"the compiled function returns {v}, the ragged size of a jagged NestedTensor (a nested int) whose offsets "
+            f"the compiled code computed: the compiled program would return the one seen when it was traced, also for "
+            f"a NestedTensor with other offsets on a cache hit. Return the NestedTensor and read its .shape outside "
+            f"the compiled function (the ragged size of an input NestedTensor can be returned)."
+        )
+    history, dim, factor = found
+    return _nested_size_symbol()(Proxy(history=history), dim, factor)
+
+
+@functools.cache
+def _size_symbol():
+    from thunder.core.proxies import AnyProxy
+
+    def meta(items):
+        return AnyProxy(None)
+
+    def impl(items):
+        return torch.Size(items)
+
+    sym = plugin_state.handlers.executor.register_operator("torch_size_of_items", meta=meta, fn=impl)
+    plugin_state.remember_symbol_origin(sym, impl, _size_symbol)
+    return sym
+
+
+@functools.cache
+def _nested_size_symbol():
+    from thunder.core.proxies import AnyProxy
+
+    def meta(t, dim, factor):
+        return AnyProxy(None)
+
+    def impl(t, dim, factor):
+        if dim is None:  # a plain offsets input: the ragged size of NestedTensors built on it
+            from torch.nested._internal.nested_tensor import get_tensor_symint
+
+            n = get_tensor_symint(t, coeff=1)
+        else:
+            n = t.size(dim)
+        return n if factor == 1 else n * factor
+
+    sym = plugin_state.handlers.executor.register_operator("nested_int_of_input", meta=meta, fn=impl)
+    plugin_state.remember_symbol_origin(sym, impl, _nested_size_symbol)
+    return sym
+
+
 def _is_plain_object(v) -> bool:
     """An object that ``build_value_from_wrapped`` has no rule for: not a constant, collection, dataclass, tensor,
     module, type or callable; a Python object with a ``__dict__``."""
@@ -283,13 +338,17 @@ def _hook_build_value_from_wrapped(original):
 
         v = unwrap(wrapped_v)
         if is_plugin_active() and is_nested_int(v):
-            from thunder_subclass.errors import UnsupportedSubclassOperationError
-
-            raise UnsupportedSubclassOperationError(
-                f"the compiled function returns {v}, the ragged size of a jagged NestedTensor (a nested int): the "
-                f"compiled program would return the one seen when it was traced, also for a NestedTensor with other "
-                f"offsets on a cache hit. Return the NestedTensor and read its .shape outside the compiled function."
-            )
+            return _returned_nested_int(v)
+        if is_plugin_active() and isinstance(v, (tuple, list)) and any(is_nested_int(e) for e in v) \
+                and not hasattr(wrapped_v, "anyproxy"):
+            # x.shape of a jagged NestedTensor (a torch.Size, which takes no proxy), or a tuple holding nested ints
+            # the interpreter did not wrap one by one: each read again at run time
+            witems = getattr(wrapped_v, "item_wrappers", None) or [None] * len(v)
+            items = [_returned_nested_int(e) if is_nested_int(e) else
+                     jit_ext.build_value_from_wrapped(w) if w is not None else e for w, e in zip(witems, v)]
+            if type(v) is torch.Size:
+                return _size_symbol()(items)
+            return type(v)(items)
         if (
             is_plugin_active()
             and not hasattr(wrapped_v, "anyproxy")
