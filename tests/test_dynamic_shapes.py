@@ -8,6 +8,7 @@ import thunder
 import torch
 
 import thunder_subclass
+from thunder_subclass._thunder_internals import record_of
 from subclasses import TwoTensor
 from helpers import cache_counts
 
@@ -19,8 +20,7 @@ def _mlp():
 
 
 def _state(jfn):
-    fast_call = jfn._forward_fn if isinstance(jfn, torch.nn.Module) else jfn
-    return fast_call._thunder_subclass_dynamic_shapes.state
+    return record_of(jfn).dynamic_shapes.state
 
 
 def test_new_batch_sizes_trace_twice_then_hit():

@@ -204,3 +204,38 @@ def test_per_jit_state_is_one_typed_record_on_the_compile_data():
     assert isinstance(record.call_port, _thunder_internals.CallPort)
     assert record.grad_mode is not None and cd.is_grad_enabled is torch.is_grad_enabled()
     assert sum(record.speculations.values()) == 2, record.speculations
+
+
+def _wrapper_chain(compiled):
+    """``compiled`` and what it wraps: the module's forward functions, each wrapper's ``__wrapped__``."""
+    seen, todo = [], [compiled, getattr(compiled, "_forward_fn", None)]
+    while todo:
+        obj = todo.pop()
+        if obj is not None and all(obj is not s for s in seen):
+            seen.append(obj)
+            todo.append(vars(obj).get("__wrapped__") if hasattr(obj, "__dict__") else None)
+    return seen
+
+
+@pytest.mark.parametrize("kind", ["function", "module"])
+def test_per_jit_policy_fast_call_and_graph_breaks_live_in_the_record_not_on_the_compiled_object(kind):
+    # the cache policy, the fast-call flag, automatic dynamic shapes and the graph-break program: JitRecord fields,
+    # not attributes of the compiled function / ThunderModule / its wrappers
+    fn = torch.nn.Linear(3, 2) if kind == "module" else _branchy
+    jf = thunder_subclass.jit(fn)
+    x = torch.ones(2, 3)
+    torch.testing.assert_close(jf(x), fn(x))
+    torch.testing.assert_close(jf(torch.ones(4, 3)), fn(torch.ones(4, 3)))  # a second size: a miss
+    record = _thunder_internals.record_of(jf)
+    assert record is _thunder_internals.jit_record(thunder.compile_data(jf))
+    assert isinstance(record.policy, thunder_subclass.runtime.cache.CachePolicy)
+    assert record.fast_call is True
+    assert isinstance(record.dynamic_shapes, thunder_subclass.runtime.cache_policy.AutomaticDynamicShapes)
+    assert record.graph_break_program() is not None and jf.graph_breaks is record.graph_break_program().report
+    for obj in _wrapper_chain(jf):
+        assert [k for k in vars(obj) if k.startswith("_thunder_subclass")] == [], obj
+    assert len(thunder_subclass.explain_recompiles(jf)) == 1  # (reads the record's policy)
+    plain = thunder.jit(fn)
+    assert _thunder_internals.record_of(plain) is None and _thunder_internals.record_of(fn) is None
+    with pytest.raises(TypeError, match="is not a function or module compiled by thunder_subclass.jit"):
+        thunder_subclass.explain_recompiles(plain)

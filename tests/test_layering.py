@@ -204,6 +204,28 @@ def _stage_modules() -> dict[str, str]:
     return found
 
 
+def test_each_plugin_attribute_key_is_spelt_in_one_module():
+    # issue 42: the per-jit state is one JitRecord on the compile data (_thunder_internals/jit_record.py), so the
+    # per-jit attributes once on compiled functions / modules are gone; a marker kept on a thunder object (a trace,
+    # a proxy, a hooked function) is named by one module, which the others ask
+    owners: dict[str, set[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                key = node.value
+            elif isinstance(node, ast.Attribute):
+                key = node.attr
+            else:
+                continue
+            if key.startswith("_thunder_subclass_") and key.isidentifier():
+                owners.setdefault(key, set()).add(str(path.relative_to(PACKAGE)))
+    assert {k: sorted(v) for k, v in owners.items() if len(v) > 1} == {}
+    moved = {"_thunder_subclass_cache_policy", "_thunder_subclass_graph_breaks", "_thunder_subclass_fast_call",
+             "_thunder_subclass_dynamic_shapes"}  # now JitRecord's policy, graph_breaks, fast_call, dynamic_shapes
+    assert moved.isdisjoint(owners), moved & set(owners)
+    assert set(owners["_thunder_subclass_jit_record"]) == {"_thunder_internals/jit_record.py"}
+
+
 def test_every_stage_module_opens_with_its_stage_then_in_what_happens_out():
     import re
 

@@ -9,6 +9,7 @@ from torch.testing._internal.custom_tensor import ConstantExtraMetadataTensor
 from torch.testing._internal.two_tensor import TwoTensor
 
 import thunder_subclass
+from thunder_subclass._thunder_internals import record_of
 from helpers import cache_counts
 from thunder_subclass.guards.prologue import check_prologue, fuse_prologue_checks
 
@@ -414,7 +415,7 @@ def test_fuse_prologue_checks_leaves_a_trace_without_checks_unchanged():
 def test_fast_cache_hits_keep_thunder_statistics_and_traces():
     m = _linear_stack(layers=2)
     jm = thunder_subclass.jit(m)
-    assert getattr(jm._forward_fn, "_thunder_subclass_fast_call", False)
+    assert record_of(jm).fast_call
     x = torch.randn(2, 16)
     with torch.no_grad():
         for _ in range(3):
@@ -437,7 +438,7 @@ def test_fast_cache_hits_for_functions_and_grad_mode_calls():
         return torch.nn.functional.linear(x, w) * 2
 
     jf = thunder_subclass.jit(f)
-    assert getattr(jf, "_thunder_subclass_fast_call", False) and thunder.compile_stats(jf) is not None
+    assert record_of(jf).fast_call and thunder.compile_stats(jf) is not None
     x = torch.randn(3, 4)
     with torch.no_grad():
         _exact(jf(x), f(x))

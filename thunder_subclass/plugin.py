@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from thunder.core.recipe import Plugin, PluginPolicy
 from thunder.core.transform_common import Transform
 
-from thunder_subclass import fsdp, hooks
+from thunder_subclass import _thunder_internals, fsdp, hooks
 from thunder_subclass.runtime import cache, cache_policy, graph_breaks
 from thunder_subclass.executor import subclass_executor
 from thunder_subclass.guards.prologue import FusedPrologueChecks
@@ -191,9 +191,9 @@ def _deepcopy_compiled_module(self, memo: dict):
     from thunder.core.options import CACHE_OPTIONS
 
     cd = thunder.compile_data(self)
-    fast_call = self._forward_fn if getattr(self._forward_fn, "_thunder_subclass_fast_call", False) else None
+    record = _thunder_internals.jit_record(cd)
     # a copy starts as the original started: automatic dynamic shapes begin with constant values
-    automatic_dynamic = getattr(fast_call, "_thunder_subclass_dynamic_shapes", None) is not None
+    automatic_dynamic = record.fast_call and record.dynamic_shapes is not None
     cache_option = CACHE_OPTIONS.CONSTANT_VALUES if automatic_dynamic else cd.cache_option
     for ex in cd.executors_list:  # executors are registries shared by every jit, never copied
         memo[id(ex)] = ex
@@ -204,11 +204,11 @@ def _deepcopy_compiled_module(self, memo: dict):
         disable_torch_autograd=cd.disable_torch_autograd_support, transforms=transforms,
         debug_options=cd.debug_options, **cd.compile_options,
     )
-    old_policy = getattr(self, cache.POLICY_ATTR, None)
+    old_policy = record.policy
     if old_policy is not None:  # made by thunder_subclass.jit (cache_policy.compiled_call): the same bound for the copy
         policy = cache.CachePolicy(old_policy.limit, model, type(model).__qualname__)
         # made with graph breaks: so is the copy (its regions with the original's options)
-        program = vars(self).get("_thunder_subclass_graph_breaks")
+        program = record.graph_break_program()
         new = cache_policy.compiled_call(new, model, policy, automatic_dynamic=automatic_dynamic,
                                          graph_break_jit=None if program is None else program.jit)
     memo[id(self)] = new
@@ -233,7 +233,8 @@ def explain(fn: Callable, /, *args, **kwargs) -> graph_breaks.GraphBreakReport:
         >>> len(report.breaks), len(report.regions)
         (1, 0)
     """
-    compiled = fn if hasattr(fn, "_thunder_subclass_graph_breaks") else jit(fn)
+    record = _thunder_internals.record_of(fn)
+    compiled = fn if record is not None and record.graph_break_program() is not None else jit(fn)
     with graph_breaks.explaining(compiled):
         compiled(*args, **kwargs)
     return compiled.graph_breaks

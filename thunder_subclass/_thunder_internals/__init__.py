@@ -79,7 +79,7 @@ from thunder_subclass._thunder_internals.fixes import (  # noqa: F401
     interpreter_fix_lookaside,
     is_hashable,
 )
-from thunder_subclass._thunder_internals.jit_record import JitRecord, jit_record  # noqa: F401
+from thunder_subclass._thunder_internals.jit_record import JitRecord, jit_record, record_of  # noqa: F401
 from thunder_subclass._thunder_internals.plugin_state import (  # noqa: F401
     NOT_HANDLED,
     Handlers,

@@ -72,7 +72,7 @@ def install(handlers: Handlers) -> None:
             original = owner[name]
             _originals[(id(owner), name)] = (owner, name, original)
             hook = make_hook(original)
-            hook._thunder_subclass_hook = True
+            setattr(hook, plugin_state.HOOK_MARK, True)
             owner[name] = hook
             continue
         if name == "__code__":  # a function's code swapped in place: every module that bound the function by name
@@ -84,7 +84,7 @@ def install(handlers: Handlers) -> None:
         original = owner.__dict__.get(name, _INHERITED)
         _originals[(id(owner), name)] = (owner, name, original)
         hook = make_hook(getattr(owner, name) if original is _INHERITED else original)
-        hook._thunder_subclass_hook = True
+        setattr(hook, plugin_state.HOOK_MARK, True)
         setattr(owner, name, hook)
     plugin_state.hooks_installed = True
     register_torch_compile_fusible()

@@ -715,7 +715,7 @@ def _helper_table() -> tuple[dict, set, set]:
 
 
 def _unhooked(fn):
-    return getattr(fn, "__wrapped__", fn) if getattr(fn, "_thunder_subclass_hook", False) else fn
+    return getattr(fn, "__wrapped__", fn) if getattr(fn, plugin_state.HOOK_MARK, False) else fn
 
 
 def _hook_interpret_call(original):

@@ -101,6 +101,8 @@ class Handlers:
 handlers: Handlers | None = None
 # whether the hooks are in place now (install() sets it, uninstall() clears it)
 hooks_installed = False
+# the attribute (True) marking a function install() put in thunder's place (interpreter_speed reads it)
+HOOK_MARK = "_thunder_subclass_hook"
 
 
 class _PluginActivity:

@@ -807,7 +807,7 @@ def fast_call_path(jfn, thunder_call: Callable, port: CallPort, bindings: Module
         cs.last_computation = hit.computation_fn
         return result
 
-    fast_call._thunder_subclass_fast_call = True
+    jit_record(cd).fast_call = True
     return fast_call
 
 

@@ -44,6 +44,9 @@ from collections.abc import Callable
 from typing import Any
 
 
+STATE_KEY = "_thunder_subclass_state"  # the plugin's dict on a jit context or a trace (jit_state, trace_state)
+
+
 def current_compile_data() -> tuple[Any, Any]:
     """thunder's compile data and compile stats of the jit being compiled (``thunder.core.compile_data``)."""
     from thunder.core.compile_data import _compile_data
@@ -170,7 +173,7 @@ def jit_state() -> dict | None:
         ctx = get_jit_ctx()
     except LookupError:
         return None
-    return ctx.__dict__.setdefault("_thunder_subclass_state", {})
+    return ctx.__dict__.setdefault(STATE_KEY, {})
 
 
 @contextlib.contextmanager
@@ -242,7 +245,7 @@ def trace_state(trace=None) -> dict | None:
     from thunder.core.trace import get_tracectx
 
     trace = trace if trace is not None else get_tracectx()
-    return None if trace is None else trace.__dict__.setdefault("_thunder_subclass_state", {})
+    return None if trace is None else trace.__dict__.setdefault(STATE_KEY, {})
 
 
 class _TraceUndo(threading.local):

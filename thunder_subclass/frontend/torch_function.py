@@ -52,6 +52,7 @@ __all__ = [
 ]
 
 _TAG = "_thunder_subclass_tensor_type"
+_INPUT_MARK = "_thunder_subclass_input"  # on the proxy of a typed input
 
 
 class TensorType:
@@ -189,8 +190,8 @@ def proxify_typed_input(jit_ctx, value, original):
     if isinstance(p, TensorProxy):
         mark_leaf(p, t)
         _set_type(p, TensorType(type(t), attrs))
-        p.__dict__["_thunder_subclass_input"] = True
-        add_tensor_type_guard(jit_ctx, p)
+        p.__dict__[_INPUT_MARK] = True
+        add_tensor_type_guard(jit_ctx, p, type(t))
     return p
 
 
@@ -548,7 +549,7 @@ def _setattr(p: TensorProxy, name: str, value: Any):
             "is not supported inside compiled code: thunder_subclass keeps only non-tensor attributes with a value's "
             "type. Keep the tensor in a variable, or set the attribute outside the compiled function."
         )
-    if p.__dict__.get("_thunder_subclass_input"):
+    if p.__dict__.get(_INPUT_MARK):
         # eager sets it on the caller's object: so does the compiled program, at the end of every call
         set_input_attribute(p, name, value)
     typ.python_attrs[name] = value

@@ -108,9 +108,13 @@ def require_no_dispatch_mode(what: str) -> None:
 
 
 
-def add_tensor_type_guard(jit_ctx, p) -> None:
-    """Input ``p`` is typed (``thunder_subclass.frontend.torch_function``): its exact class is checked every call."""
-    spec = p.__dict__["_thunder_subclass_type_spec"] = TensorTypeSpec(p.__dict__["_thunder_subclass_tensor_type"].cls)
+_TYPE_SPEC = "_thunder_subclass_type_spec"  # on a typed input proxy: its TensorTypeSpec
+
+
+def add_tensor_type_guard(jit_ctx, p, cls: type) -> None:
+    """Input ``p`` is typed (``thunder_subclass.frontend.torch_function``) with class ``cls``: its exact class is
+    checked every call."""
+    spec = p.__dict__[_TYPE_SPEC] = TensorTypeSpec(cls)
     jit_ctx.add_constraint((check_tensor_type, p, spec))
     trace_flags(jit_ctx, first_input=p)
 
@@ -118,7 +122,7 @@ def add_tensor_type_guard(jit_ctx, p) -> None:
 def guard_tensor_type_attribute(p, name: str, value: Any) -> None:
     """Traced code read instance attribute ``name`` of typed value ``p`` and found ``value`` (``MISSING``: absent)
     before setting it: for an input, another value (or presence) is a cache miss."""
-    spec = p.__dict__.get("_thunder_subclass_type_spec")
+    spec = p.__dict__.get(_TYPE_SPEC)
     if spec is not None and name not in spec.python_attrs:
         spec.python_attrs[name] = value
 

@@ -28,6 +28,7 @@ import collections
 import warnings
 from collections.abc import Callable
 
+from thunder_subclass._thunder_internals import record_of
 from thunder_subclass.errors import CacheLimitWarning
 
 __all__ = ["CachePolicy", "DEFAULT_CACHE_SIZE_LIMIT", "explain_recompiles", "last_miss_reasons", "config"]
@@ -143,11 +144,9 @@ def _first_line(text: str) -> str:
     return text.splitlines()[0] if text else text
 
 
-POLICY_ATTR = "_thunder_subclass_cache_policy"  # on the compiled function or module (thunder_subclass.runtime.cache_policy)
-
-
 def _policy(jfn) -> CachePolicy:
-    policy = getattr(jfn, POLICY_ATTR, None)
+    record = record_of(jfn)  # (its policy set by thunder_subclass.runtime.cache_policy.compiled_call)
+    policy = None if record is None else record.policy
     if policy is None:
         raise TypeError(f"{jfn!r} is not a function or module compiled by thunder_subclass.jit")
     return policy

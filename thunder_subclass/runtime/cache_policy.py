@@ -12,7 +12,7 @@ first. Out: the object handed to the user (the compiled function, or the same ``
 
 Owner of state: one :class:`AutomaticDynamicShapes` and one :class:`EntryIndex` per compiled function, held by its
 ``CallPort`` on the jit's compile data (neither holds the compile data, nor thunder's per-call function, which does);
-the policy on the compiled object (``cache.POLICY_ATTR``).
+the policy in the jit's record (``_thunder_internals.jit_record``).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from thunder_subclass._thunder_internals import (
     ModuleBindings,
     fast_call_path,
     is_user_dispatch_mode_active,
+    jit_record,
     remembering_calls,
     with_call,
 )
@@ -240,8 +241,8 @@ def compiled_call(jfn, fn: Callable, policy: cache.CachePolicy, *, automatic_dyn
     6. thunder's own ``fn_`` (its cache lookup, and tracing at a miss).
 
     ``disk_cache`` (a ``thunder_subclass.runtime.disk_cache.DiskCache``, or None) is asked at a miss inside thunder's
-    cache lookup, before tracing (``CallPort.disk_cache``). The policy is kept on the result as ``cache.POLICY_ATTR``
-    (``explain_recompiles`` reads it)."""
+    cache lookup, before tracing (``CallPort.disk_cache``). The policy (``explain_recompiles`` reads it) and the
+    automatic dynamic shapes are kept in the jit's record (``_thunder_internals.jit_record``)."""
     from thunder.core.module import ThunderModule
 
     cd, cs = getattr(jfn, "_lc_cd", None), getattr(jfn, "_lc_cs", None)
@@ -258,11 +259,12 @@ def compiled_call(jfn, fn: Callable, policy: cache.CachePolicy, *, automatic_dyn
             disk_cache=disk_cache,
         )
         fast = fast_call_path(jfn, thunder_call, port, bindings)
+        record = jit_record(cd)
         if fast is not None:
-            fast._thunder_subclass_dynamic_shapes = dynamic  # (copied onto the wrappers below by functools.wraps)
+            record.dynamic_shapes = dynamic
             call = fast
         target = with_call(jfn, remembering_calls(call, cd, policy.eager))
-        setattr(target, cache.POLICY_ATTR, policy)
+        record.policy = policy
     if graph_break_jit is not None:
         target = graph_breaks.with_graph_breaks(target, fn, graph_break_jit)
     return target

@@ -63,6 +63,7 @@ import sys
 import threading
 import traceback
 import warnings
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -74,6 +75,8 @@ from thunder_subclass._thunder_internals import (
     data_dependent_exception_types,
     dispatching,
     exception_source_lines,
+    jit_record,
+    record_of,
     with_call,
 )
 from thunder_subclass.errors import (
@@ -630,7 +633,8 @@ def with_graph_breaks(jfn: Callable, fn: Callable, jit: Callable[[Callable], Cal
 
     target = with_call(jfn, call_with_breaks)
     object.__setattr__(target, "graph_breaks", program.report)  # a plain attribute, also on nn.Module
-    object.__setattr__(target, "_thunder_subclass_graph_breaks", program)
+    # (thunder's compile data, shared by every wrapper of the jit; weak: see JitRecord.graph_breaks)
+    jit_record(target._lc_cd).graph_breaks = weakref.ref(program)
     return target
 
 
@@ -649,7 +653,8 @@ def explaining(compiled: Any):
 
 
 def _program_of(compiled: Any) -> _Program:
-    program = getattr(compiled, "_thunder_subclass_graph_breaks", None)
+    record = record_of(compiled)
+    program = None if record is None else record.graph_break_program()
     if program is None:
         raise TypeError(f"{compiled!r} is not a thunder_subclass.jit result with graph breaks enabled (it was "
                         f"compiled with fullgraph=True, or not by thunder_subclass.jit)")

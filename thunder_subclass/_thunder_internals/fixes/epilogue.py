@@ -27,6 +27,7 @@ import torch
 from thunder_subclass._thunder_internals import plugin_state
 from thunder_subclass._thunder_internals.plugin_state import is_plugin_active
 from thunder_subclass._thunder_internals.thunder_state import (
+    STATE_KEY,
     call_in_epilogue,
     is_unpackable_provenance,
 )
@@ -224,7 +225,7 @@ def _add_epilogue_calls(ctx, epilogue_trace) -> None:
     from thunder.core.trace import tracectx
 
     objects: dict[int, Any] = {}
-    for sym, history, args in ctx.__dict__.get("_thunder_subclass_state", {}).get("epilogue_calls", ()):
+    for sym, history, args in ctx.__dict__.get(STATE_KEY, {}).get("epilogue_calls", ()):
         obj = objects.get(id(history))
         if obj is None:
             obj = objects[id(history)] = Proxy(history=history)
