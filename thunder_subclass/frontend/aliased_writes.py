@@ -39,6 +39,8 @@ def check_aliased_write(sym, leaves: list) -> None:
     tensors = [p for p in leaves if isinstance(p, TensorProxy)]
     if not tensors:
         return
+    if not any(p.requires_grad for p in tensors) and not _thunder_internals.current_call_has_grad_inputs():
+        return  # (nothing will be differentiated: inference code's in-place writes skip the walk over the trace)
     dest = tensors[0]
     trace = get_tracectx()
     if trace is None:
