@@ -29,7 +29,7 @@ def same_items(now: list, items: list, is_dict: bool) -> bool:
 
 def set_contents(obj: Any, items: list) -> None:
     """``obj`` (a dict, list or set) holds ``items`` afterwards, written as described in the module docstring."""
-    if type(obj) is set or isinstance(obj, set):
+    if isinstance(obj, set):
         wanted = set(items)
         for x in [x for x in obj if x not in wanted]:
             obj.discard(x)

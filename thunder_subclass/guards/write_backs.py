@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from thunder_subclass import _thunder_internals
-from thunder_subclass.guards.container_writes import set_contents
+from thunder_subclass.guards.container_writes import same_items, set_contents
 from thunder_subclass.errors import format_location
 from thunder_subclass.guards.objects import ObjectSpec, Pending, check_object, describe_provenance, guarded_object_names
 from thunder_subclass.guards.protocol import register_epilogue_op
@@ -38,9 +38,7 @@ def write_back_input_containers() -> None:
     for obj, provenance, before, location in state.get("input_containers", ()):
         is_dict = type(obj) is dict
         after = list(obj.items()) if is_dict else list(obj)
-        if len(after) == len(before) and all(
-            (a[0] is b[0] and a[1] is b[1]) if is_dict else a is b for a, b in zip(after, before)
-        ):
+        if same_items(after, before, is_dict):
             continue
         positions = {}  # id of an item (dict: key or value) the container had -> its position then
         for i, item in enumerate(before):
