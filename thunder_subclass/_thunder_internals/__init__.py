@@ -57,6 +57,7 @@ from thunder_subclass._thunder_internals.autograd_hooks import (  # noqa: F401
 )
 from thunder_subclass._thunder_internals.dict_versions import class_dict, dict_version_reader  # noqa: F401
 from thunder_subclass._thunder_internals.dtensor_masks import (  # noqa: F401
+    detach_dtensor,
     holds_mask,
     isolated_mask_buffers,
     own_mask_buffers,

@@ -38,9 +38,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
+
+import torch
 
 from thunder_subclass._thunder_internals.thunder_state import is_interpreting
 
@@ -188,3 +191,16 @@ def hook_targets() -> list[tuple[Any, str, Callable]]:
     if buffer_class is None:
         return []
     return [(buffer_class, name, _journaled) for name in ("materialize_mask", "release_mask")]
+
+
+def detach_dtensor(x) -> Any:
+    """``x.detach()`` for a DTensor ``x``, rebuilt from its detached local tensor instead of through DTensor's dispatch
+    (from torch 2.14 on, ``detach`` of a DTensor with a ``_MaskPartial`` placement redistributes it, which reduces the
+    mask buffer the real run needs later: AssertionError in ``_reduce_value``); None for any other value."""
+    dtensor = sys.modules.get("torch.distributed.tensor")
+    if dtensor is None or not isinstance(x, getattr(dtensor, "DTensor", ())):
+        return None
+    names, spec = x.__tensor_flatten__()
+    inner = {n: getattr(x, n) for n in names}  # (from torch 2.14 the device mesh is one of them, not a tensor)
+    inner = {n: v.detach() if isinstance(v, torch.Tensor) else v for n, v in inner.items()}
+    return type(x).__tensor_unflatten__(inner, spec, x.size(), x.stride())

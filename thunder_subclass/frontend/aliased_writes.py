@@ -22,11 +22,11 @@ from thunder.core.trace import get_tracectx
 from thunder_subclass import _thunder_internals
 from thunder_subclass.errors import UnsupportedAliasedWriteError, format_location
 
-__all__ = ["check_aliased_write"]
+__all__ = ["NOT_VALUE_WRITES", "check_aliased_write"]
 
 # in-place torch methods that change metadata only, or that thunder records as an out-of-place update of the base
 # (``setitem_``: ``h[k] = v`` is traced as a functional index update, measured right)
-_NOT_VALUE_WRITES = frozenset({"transpose_", "t_", "unsqueeze_", "squeeze_", "swapdims_", "swapaxes_", "as_strided_",
+NOT_VALUE_WRITES = frozenset({"transpose_", "t_", "unsqueeze_", "squeeze_", "swapdims_", "swapaxes_", "as_strided_",
                                "requires_grad_", "resize_", "detach_", "set_", "setitem_"})
 
 
@@ -34,7 +34,7 @@ def check_aliased_write(sym, leaves: list) -> None:
     """Raise :class:`UnsupportedAliasedWriteError` for the write described in the module docstring; ``leaves`` are the
     call's flattened arguments (plain tensors only: the caller checked there is no subclass)."""
     name = sym.name
-    if not name.endswith("_") or name.startswith("_") or name in _NOT_VALUE_WRITES:
+    if not name.endswith("_") or name.startswith("_") or name in NOT_VALUE_WRITES:
         return
     tensors = [p for p in leaves if isinstance(p, TensorProxy)]
     if not tensors:
@@ -93,7 +93,7 @@ def _aliases_of(trace, dest: TensorProxy) -> tuple[bool, list]:
                         union(i, o)
                 continue
             is_view = b.sym in views
-            is_write = b.sym.name.endswith("_") and b.sym.name not in _NOT_VALUE_WRITES
+            is_write = b.sym.name.endswith("_") and b.sym.name not in NOT_VALUE_WRITES
             if not (is_view or is_write):
                 continue
             src = next((a for a in b.flat_proxy_args if isinstance(a, TensorProxy)), None)

@@ -21,7 +21,6 @@ are then guarded by value in the prologue.
 from __future__ import annotations
 
 import contextlib
-import sys
 import threading
 from typing import Any, Callable
 
@@ -35,6 +34,7 @@ from thunder.core.proxies import NumberProxy, Proxy, TensorProxy
 from thunder.core.pytree import tree_flatten
 
 from thunder_subclass._thunder_internals import (
+    detach_dtensor,
     ShapeSymbols,
     SymbolicSizeError,
     fake_tensor_mode_class,
@@ -752,24 +752,12 @@ class _NonLeaf(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x):
-        if _is_dtensor(x):
-            # rebuilt from its detached local tensor, not through DTensor's dispatch: from torch 2.14 on, ``detach`` of
-            # a DTensor with a ``_MaskPartial`` placement (a vocabulary-parallel embedding's output) redistributes it,
-            # which reduces the mask buffer the real run needs later (AssertionError in ``_reduce_value``)
-            names, spec = x.__tensor_flatten__()
-            inner = {n: getattr(x, n) for n in names}  # (from torch 2.14 the device mesh is one of them, not a tensor)
-            inner = {n: v.detach() if isinstance(v, torch.Tensor) else v for n, v in inner.items()}
-            return type(x).__tensor_unflatten__(inner, spec, x.size(), x.stride())
-        return x.detach()
+        detached = detach_dtensor(x)  # (None for other tensors; a DTensor's own detach reduces a mask from 2.14 on)
+        return x.detach() if detached is None else detached
 
     @staticmethod
     def backward(ctx, grad):
         return grad
-
-
-def _is_dtensor(x) -> bool:
-    dtensor = sys.modules.get("torch.distributed.tensor")
-    return dtensor is not None and isinstance(x, getattr(dtensor, "DTensor", ()))
 
 
 def restore_python_attributes(fake: torch.Tensor, python_attrs: dict) -> None:

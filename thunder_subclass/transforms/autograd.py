@@ -46,6 +46,7 @@ from thunder.core.pytree import tree_flatten, tree_map
 from thunder.core.symbol import Symbol
 from thunder.core.trace import get_tracectx
 
+from thunder_subclass.frontend.aliased_writes import NOT_VALUE_WRITES
 from thunder_subclass.frontend.aten_symbols import recording_backward
 from thunder_subclass.transforms.backward_effects import backward_effect_error
 from thunder_subclass.executor import register_symbol, subclass_executor, unique_operator_name
@@ -186,17 +187,12 @@ def refuse_indexed_write_with_grad(sym: Symbol, args: tuple, kwargs: dict) -> No
         "torch.where(mask, v, h)), or assign into tensors that do not require grad (.detach()).")
 
 
-# in-place torch methods that change metadata only (no values written through a view)
-_METADATA_IN_PLACE = frozenset({"transpose_", "t_", "unsqueeze_", "squeeze_", "swapdims_", "swapaxes_", "as_strided_",
-                                "requires_grad_", "resize_", "detach_", "set_", "setitem_"})
-
-
 def refuse_write_through_view_with_grad(sym: Symbol, args: tuple, kwargs: dict) -> None:
     """An in-place write (``copy_``, ``add_``...) into a view (``h[1:]``, ``h.view(-1)``, ``h.t()``) with a subclass
     among the arguments raises a typed error when gradients are involved: thunder's alias updates give the view's
     base a new version that autodiff does not connect to the write, so later reads of the base had wrong values and
     gradients."""
-    if not sym.name.endswith("_") or sym.name in _METADATA_IN_PLACE:
+    if not sym.name.endswith("_") or sym.name in NOT_VALUE_WRITES:
         return
     dest = next((p for p in tree_flatten((args, kwargs))[0] if isinstance(p, TensorProxy)), None)
     if dest is None:
