@@ -42,7 +42,7 @@ from thunder.core.pytree import tree_flatten
 from thunder.core.trace import get_tracectx
 
 from thunder_subclass import _thunder_internals, distributed, guards, hf
-from thunder_subclass.transforms import autograd, higher_order, random_ops, tangents
+from thunder_subclass.transforms import autograd, higher_order, overwrites, random_ops, tangents
 from thunder_subclass.frontend import (
     aliased_writes,
     checkpoints,
@@ -89,6 +89,9 @@ def _symbol_call(sym, args: tuple, kwargs: dict):
     try:
         if not has_subclass_leaf(leaves):
             aliased_writes.check_aliased_write(sym, leaves)
+            if sym.name in overwrites.OVERWRITES:  # the overwritten value's zero gradient (the checker decides)
+                overwrites.ensure_overwrite_rule(sym)
+                return overwrites.broadcast_copy_source(sym, args, kwargs)
             return _thunder_internals.NOT_HANDLED
     except SubclassProtocolError as e:  # an input whose subclass cannot be compiled, first used here
         location = format_location(*_thunder_internals.source_location())
