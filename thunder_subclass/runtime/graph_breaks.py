@@ -77,6 +77,7 @@ from thunder_subclass._thunder_internals import (
     exception_source_lines,
     jit_record,
     record_of,
+    refused_by_thunder_operator,
     with_call,
 )
 from thunder_subclass.errors import (
@@ -166,6 +167,8 @@ _MESSAGE_KINDS = (
     # run (eager runs it; on a real tensor that lacks it, eager raises the same AttributeError itself)
     (AttributeError, "Unknown attribute "),
 )
+# and an argument one of thunder's operators refuses where eager accepts it (``generator=``, ``out=``,
+# ``ceil_mode=True``...): ``_thunder_internals.refused_by_thunder_operator``
 
 
 def _chain(exc: BaseException):
@@ -189,7 +192,8 @@ def _break_exception(exc: BaseException) -> BaseException | None:
     chain = list(_chain(exc))
     for i, e in enumerate(chain):
         message = str(e)
-        if isinstance(e, dependent) or any(isinstance(e, t) and s in message for t, s in _MESSAGE_KINDS):
+        if isinstance(e, dependent) or any(isinstance(e, t) and s in message for t, s in _MESSAGE_KINDS) \
+                or refused_by_thunder_operator(e):
             while i > 0 and chain[i - 1].__cause__ is chain[i]:
                 i -= 1
             return chain[i]
