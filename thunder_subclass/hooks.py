@@ -42,7 +42,7 @@ from thunder.core.pytree import tree_flatten
 from thunder.core.trace import get_tracectx
 
 from thunder_subclass import _thunder_internals, distributed, guards, hf
-from thunder_subclass.transforms import autograd, higher_order, overwrites, random_ops, tangents
+from thunder_subclass.transforms import autograd, higher_order, nll_loss, overwrites, random_ops, tangents
 from thunder_subclass.frontend import (
     aliased_writes,
     checkpoints,
@@ -78,6 +78,8 @@ def _symbol_call(sym, args: tuple, kwargs: dict):
     if sym.id == "set_grad_enabled":
         grad_modes.check_grad_mode_change(args[0] if args else kwargs.get("enabled"))
         return _thunder_internals.NOT_HANDLED
+    if sym.id == "torch.nn.functional.nll_loss":  # its backward as eager computes it (plain tensors)
+        nll_loss.ensure_nll_loss_backward_rule()
     if random_ops.is_dropout(sym):  # dropout draws as eager does (plain tensors; the executor's checker decides)
         random_ops.ensure_dropout_rule(sym)
     leaves = tree_flatten((args, kwargs))[0]  # once for the three questions below (asked for every torch symbol)

@@ -4,23 +4,25 @@ Hook map: reads nothing of thunder's but the location of its operator definition
 ``thunder/clang/``, ``thunder/core/prims.py``, ``thunder/core/symbol.py``), to tell an error that one of them raised
 about an argument from any other error.
 
-thunder 0.2.6's operators refuse arguments eager accepts, with a ``RuntimeError``, ``NotImplementedError`` or
-``TypeError`` raised while tracing: ``generator=`` (``bernoulli``, ``exponential_``: "generator is not None which is
-currently unsupported"), ``out=`` ("got an unexpected keyword argument 'out'"), ``F.max_pool2d(return_indices=True)``,
-``F.avg_pool2d(ceil_mode=True)`` ("{ceil_mode=} is not supported"), ``scatter_(reduce=...)``, ``clone(memory_format=
-torch.channels_last)`` ("only preserve_format is currently supported"). torch.compile runs such programs; the graph
-break logic (``thunder_subclass.runtime.graph_breaks``) runs the code eagerly instead when
-:func:`refused_by_thunder_operator` says the error is one of these.
+thunder 0.2.6's operators refuse arguments eager accepts, with a ``RuntimeError``, ``NotImplementedError``,
+``TypeError`` or ``ValueError`` raised while tracing: ``generator=`` (``bernoulli``, ``exponential_``: "generator is
+not None which is currently unsupported"), ``out=`` ("got an unexpected keyword argument 'out'"),
+``F.max_pool2d(return_indices=True)``, ``F.avg_pool2d(ceil_mode=True)`` ("{ceil_mode=} is not supported"),
+``scatter_(reduce=...)``, ``clone(memory_format=torch.channels_last)`` ("only preserve_format is currently
+supported"), an integer ``F.interpolate(scale_factor=2)`` ("expected to be a strictly positive floating point
+number"), ``F.embedding(max_norm=...)``, ``Tensor.unfold`` (registered as ``F.unfold``'s meta). torch.compile runs such
+programs; the graph break logic (``thunder_subclass.runtime.graph_breaks``) runs the code eagerly instead when
+:func:`refused_by_thunder_operator` says the error is one of these. Where eager raises too (a user's error that
+thunder's operator found first), the eager run raises eager's own error.
 """
 
 from __future__ import annotations
 
 import os
-import re
 
 __all__ = ["refused_by_thunder_operator"]
 
-_REFUSAL = re.compile(r"not supported|unsupported|currently supported|unexpected keyword argument")
+_KINDS = (RuntimeError, NotImplementedError, TypeError, ValueError)
 _THUNDER_ROOT: str | None = None
 
 
@@ -39,11 +41,11 @@ def _is_operator_definition(relative: str) -> bool:
 
 
 def refused_by_thunder_operator(exc: BaseException) -> bool:
-    """``exc`` is a ``RuntimeError``, ``NotImplementedError`` or ``TypeError`` whose message says an argument is not
-    supported, raised inside one of thunder's operator definitions (the frames from the innermost operator frame to
-    where it was raised are all thunder's: an error of code that thunder's operators call back, or of the user's
-    code, is not one)."""
-    if not isinstance(exc, (RuntimeError, NotImplementedError, TypeError)) or not _REFUSAL.search(str(exc)):
+    """``exc`` is a ``RuntimeError``, ``NotImplementedError``, ``TypeError`` or ``ValueError`` raised inside one of
+    thunder's operator definitions: the frames from the innermost operator frame to where it was raised are all
+    thunder's (an error of code that thunder's operators call back, of the plugin, or of the user's code, is not
+    one)."""
+    if not isinstance(exc, _KINDS):
         return False
     root = _thunder_root()
     frames = []

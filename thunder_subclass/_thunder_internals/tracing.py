@@ -127,6 +127,44 @@ def sum_to_scalar_grad(target, grad):
     return grad
 
 
+_RETURN_TYPES: dict | None = None
+
+
+def _return_types() -> dict:
+    """thunder symbol id -> the ``torch.return_types`` structseq its torch function returns (``topk``, ``sort``,
+    ``max``/``min`` with a dim, ``median``, ``mode``, ``kthvalue``, ``aminmax``, ``cummax``, ``linalg.qr``...), made
+    from thunder's torch-to-symbol map; a symbol two torch functions with different return types share is left out."""
+    global _RETURN_TYPES
+    if _RETURN_TYPES is None:
+        import torch
+        from thunder.torch import _torch_to_thunder_function_map
+
+        table: dict = {}
+        for fn, sym in _torch_to_thunder_function_map.items():
+            kind = getattr(torch.return_types, getattr(fn, "__name__", ""), None)
+            if isinstance(kind, type) and hasattr(kind, "n_sequence_fields"):
+                table.setdefault(sym.id, set()).add(kind)
+        _RETURN_TYPES = {sid: next(iter(kinds)) for sid, kinds in table.items() if len(kinds) == 1}
+    return _RETURN_TYPES
+
+
+def as_torch_return_type(sym, result: tuple):
+    """``result`` (a tuple thunder's symbol returned to interpreted code) as the named tuple eager returns
+    (``x.max(1).values``, ``torch.topk(x, 2).indices``); unchanged where eager returns no named tuple (``x.max()`` is
+    one tensor), and for calls that are not the user's: inside another symbol, or made by a transform (thunder binds
+    those calls' outputs from what they return, and its code generation takes tuples only)."""
+    kind = _return_types().get(sym.id)
+    if kind is None or len(result) != kind.n_sequence_fields:
+        return result
+    from thunder.core.interpreter import get_interpretercompilectx_if_available
+    from thunder.core.trace import get_tracectx
+
+    trace = get_tracectx()
+    if trace is None or len(trace.scopes) != 1 or get_interpretercompilectx_if_available() is None:
+        return result
+    return kind(result)
+
+
 def _hook_symbol_call(original):
     # wraps thunder.core.symbol.Symbol.__call__
     from thunder.core.prims import PrimIDs
@@ -144,11 +182,12 @@ def _hook_symbol_call(original):
             if torch_level:
                 args, kwargs = torch_arguments(self, args, kwargs)
             result = plugin_state.handlers.symbol_call(self, args, kwargs)
-            if result is not NOT_HANDLED:
-                return result
-            result = original(self, *args, **kwargs)
-            if torch_level:
-                plugin_state.handlers.plain_symbol_result(self, args, kwargs, result)
+            if result is NOT_HANDLED:
+                result = original(self, *args, **kwargs)
+                if torch_level:
+                    plugin_state.handlers.plain_symbol_result(self, args, kwargs, result)
+            if torch_level and type(result) is tuple:
+                result = as_torch_return_type(self, result)
             return result
         result = original(self, *args, **kwargs)
         if type(result) in number_proxy_types and result.value is not None and is_plugin_active():

@@ -13,7 +13,8 @@ Part of the interpreter fixes (:mod:`~thunder_subclass._thunder_internals.fixes`
   the traced code changed) and appends the plugin's epilogue calls (``thunder_state.call_in_epilogue``: in-place
   view ops replayed on the caller's object, input containers' new contents).
 * ``core/jit_ext.py`` ``build_value_from_wrapped`` — a Python object made in the traced code and returned
-  (``DynamicCache``) is rebuilt by the epilogue from its class and ``__dict__`` ("unhandled value of type").
+  (``DynamicCache``) is rebuilt by the epilogue from its class and ``__dict__`` ("unhandled value of type"); a named
+  tuple of ``torch.return_types`` (``x.topk(2)``) is rebuilt from its items (thunder wrote a call with keywords).
 """
 
 from __future__ import annotations
@@ -306,6 +307,25 @@ def _nested_size_symbol():
     return sym
 
 
+@functools.cache
+def _return_type_symbol():
+    from thunder.core.proxies import AnyProxy
+
+    def meta(typ, items):
+        return AnyProxy(None)
+
+    def impl(typ, items):
+        return typ(items)
+
+    sym = plugin_state.handlers.executor.register_operator("torch_return_type_of_items", meta=meta, fn=impl)
+    plugin_state.remember_symbol_origin(sym, impl, _return_type_symbol)
+    return sym
+
+
+def _is_torch_return_type(v) -> bool:
+    return isinstance(v, tuple) and type(v).__module__ == "torch.return_types"
+
+
 def _is_plain_object(v) -> bool:
     """An object that ``build_value_from_wrapped`` has no rule for: not a constant, collection, dataclass, tensor,
     module, type or callable; a Python object with a ``__dict__``."""
@@ -349,7 +369,16 @@ def _hook_build_value_from_wrapped(original):
                      jit_ext.build_value_from_wrapped(w) if w is not None else e for w, e in zip(witems, v)]
             if type(v) is torch.Size:
                 return _size_symbol()(items)
+            if _is_torch_return_type(v):
+                return _return_type_symbol()(type(v), items)
             return type(v)(items)
+        if is_plugin_active() and _is_torch_return_type(v) and not hasattr(wrapped_v, "anyproxy"):
+            # a named tuple of torch's (x.topk(2), x.max(1)) returned as eager returns it: thunder's code generation
+            # writes it as a call with keywords (torch.return_types.topk(values=..., indices=...)), which its
+            # constructor does not take
+            witems = getattr(wrapped_v, "item_wrappers", None) or [None] * len(v)
+            items = [jit_ext.build_value_from_wrapped(w) if w is not None else e for w, e in zip(witems, v)]
+            return _return_type_symbol()(type(v), items)
         if (
             is_plugin_active()
             and not hasattr(wrapped_v, "anyproxy")

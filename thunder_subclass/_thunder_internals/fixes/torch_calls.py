@@ -10,7 +10,8 @@ Part of the interpreter fixes (:mod:`~thunder_subclass._thunder_internals.fixes`
   under ``cache="symbolic values"`` (thunder: "NameError: name 'n' is not defined"; Gemma's embedding scale).
 * ``core/symbol.py`` ``Symbol.__call__`` (through the hook of :mod:`.tracing`) — a torch-level symbol's arguments as
   torch takes them (:func:`torch_arguments`): Python types as dtypes (``torch.tensor([-1], dtype=int)``,
-  ``x.to(float)``), and torch's keyword names (``F.linear(input=x, weight=w)``).
+  ``x.to(float)``), torch's keyword names (``F.linear(input=x, weight=w)``), ``F.nll_loss``'s default
+  ``ignore_index``.
 * ``clang/__init__.py`` ``_basic_indexing`` — slice bounds below ``-length`` are clamped as in Python / torch.
 """
 
@@ -210,7 +211,14 @@ def torch_arguments(sym, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
       that collects a gradient, which a trace cannot: ``UnsupportedTracingError`` naming the line (thunder 0.2.6
       raised a TypeError or a bare NotImplementedError).
 
+    * ``F.nll_loss`` without ``ignore_index``: eager's default, -100 (thunder's ``ltorch.nll_loss`` defaults to None,
+      which its forward reads as -1, its backward compares the target with — "ValueError: None had an unexpected
+      type" whenever the loss is differentiated — and its torch executor passes to torch: "nll_loss_nd(): argument
+      'ignore_index' must be int, not NoneType" with a ``weight``).
+
     Anything else is returned unchanged."""
+    if sym.id == "torch.nn.functional.nll_loss" and len(args) < 4 and kwargs.get("ignore_index") is None:
+        kwargs = {**kwargs, "ignore_index": -100}
     if kwargs:
         names, var_keyword, meta_sig = _meta_keywords(sym)
         if "requires_grad" in kwargs or "pin_memory" in kwargs or "layout" in kwargs:

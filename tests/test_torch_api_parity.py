@@ -1,0 +1,122 @@
+"""Torch functions whose results or gradients thunder 0.2.6 gets otherwise than eager, and which models use:
+
+* the named tuples of ``torch.return_types`` (``x.max(1).values``, ``torch.topk(x, k).indices``, ``x.sort()``):
+  thunder returned plain tuples, so attribute access raised ``AttributeError: values``;
+* ``F.nll_loss`` / ``F.cross_entropy`` in training: the default ``ignore_index`` (thunder: None, read as -1 and
+  compared in the backward: ``ValueError``), ``reduction="sum"`` / ``"none"`` and inputs of 3 or 5 dimensions (thunder's
+  backward: a float64 ``total_weight``, a gradient of the wrong shape)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import thunder_subclass
+from subclasses import TwoTensor
+
+NAMED = {
+    "max dim": lambda x: x.max(1),
+    "min dim": lambda x: torch.min(x, 0),
+    "topk": lambda x: torch.topk(x, 2),
+    "sort": lambda x: x.sort(1, descending=True),
+    "median": lambda x: x.median(0),
+    "mode": lambda x: x.mode(0),
+    "kthvalue": lambda x: x.kthvalue(2, 0),
+    "cummax": lambda x: x.cummax(0),
+    "aminmax": lambda x: torch.aminmax(x, dim=1),
+    "linalg.qr": lambda x: torch.linalg.qr(x),
+}
+
+
+@pytest.mark.parametrize("name", list(NAMED))
+def test_a_named_tuple_is_returned_and_read_by_name_as_in_eager(name):
+    fn = NAMED[name]
+    x = torch.randn(4, 3, generator=torch.Generator().manual_seed(0))
+    expected = fn(x)
+    got = thunder_subclass.jit(fn)(x)
+    assert type(got) is type(expected)
+    for field in type(expected)._fields if hasattr(type(expected), "_fields") else ():
+        torch.testing.assert_close(getattr(got, field), getattr(expected, field))
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b)
+
+    def by_name(x):
+        out = fn(x)
+        return out[0] * 2 if not hasattr(out, "values") else out.values * 2
+
+    torch.testing.assert_close(thunder_subclass.jit(by_name)(x), by_name(x))
+
+
+def test_fields_with_gradients():
+    def fn(x):
+        top = x.topk(2)
+        return top.values.sum() + x.max(1).values.sum() + x.sort(0).values[0].sum()
+
+    x = torch.randn(4, 3, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_()
+    fn(x).backward()
+    thunder_subclass.jit(fn)(x2).backward()
+    torch.testing.assert_close(x2.grad, x.grad)
+
+
+def test_a_subclass_named_tuple_keeps_its_fields_and_type():
+    x = TwoTensor(torch.randn(4, 3), torch.randn(4, 3))
+    got = thunder_subclass.jit(lambda x: x.max(1))(x)
+    expected = x.max(1)
+    assert type(got) is type(expected)
+    assert type(got.values) is TwoTensor
+    torch.testing.assert_close(got.values, expected.values)
+
+
+def test_a_tuple_unpacked_from_a_named_tuple_is_unchanged():
+    def fn(x):
+        values, indices = x.topk(2)
+        return values * indices
+
+    x = torch.randn(4, 3)
+    torch.testing.assert_close(thunder_subclass.jit(fn)(x), fn(x))
+
+
+_TARGETS = {
+    1: torch.tensor(1),
+    2: torch.tensor([0, 1, 2, 0]),
+    3: torch.tensor([[0, 1, 2, 0], [1, 1, 0, 2]]),
+    4: torch.tensor([[[0, 1], [2, 0]], [[1, 1], [0, 2]]]),
+    5: torch.tensor([[[[0, 1]], [[2, 0]]], [[[1, 1]], [[0, 2]]]]),
+}
+_SHAPES = {1: (3,), 2: (4, 3), 3: (2, 3, 4), 4: (2, 3, 2, 2), 5: (2, 3, 2, 1, 2)}
+
+
+@pytest.mark.parametrize("ndim", [2, 3, 4, 5])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("options", [{}, {"weight": torch.tensor([1.0, 2.0, 3.0])}, {"ignore_index": 1},
+                                     {"label_smoothing": 0.1}], ids=["plain", "weight", "ignore_index", "smoothing"])
+def test_cross_entropy_trains_as_in_eager(ndim, reduction, options):
+    target = _TARGETS[ndim]
+    x = torch.randn(*_SHAPES[ndim], generator=torch.Generator().manual_seed(ndim), requires_grad=True)
+    x2 = x.detach().clone().requires_grad_()
+
+    def fn(x):
+        return F.cross_entropy(x, target, reduction=reduction, **options)
+
+    expected = fn(x)
+    expected.sum().backward()
+    got = thunder_subclass.jit(fn, fullgraph=True)(x2)
+    got.sum().backward()
+    torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(x2.grad, x.grad)
+
+
+def test_nll_loss_ignores_minus_100_by_default_as_eager():
+    target = torch.tensor([0, -100, 2, -100])
+
+    def fn(x):
+        return F.nll_loss(x.log_softmax(1), target)
+
+    x = torch.randn(4, 3, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_()
+    fn(x).backward()
+    got = thunder_subclass.jit(fn, fullgraph=True)(x2)
+    got.backward()
+    torch.testing.assert_close(got, fn(x))
+    torch.testing.assert_close(x2.grad, x.grad)
+    assert x2.grad[1].abs().sum() == 0
