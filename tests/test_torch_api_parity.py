@@ -120,3 +120,60 @@ def test_nll_loss_ignores_minus_100_by_default_as_eager():
     torch.testing.assert_close(got, fn(x))
     torch.testing.assert_close(x2.grad, x.grad)
     assert x2.grad[1].abs().sum() == 0
+
+
+NO_THUNDER_GRADIENT = {
+    "flip": lambda x: x.flip(0) * x,
+    "lerp": lambda x: torch.lerp(x, x * 2, 0.3),
+    "lerp tensor weight": lambda x: torch.lerp(x, x.exp(), x.sigmoid()),
+    "remainder": lambda x: torch.remainder(x * 10, 3),
+    "trunc": lambda x: torch.trunc(x * 10) + x,
+    "index_add": lambda x: torch.zeros(4, 3).index_add(0, torch.tensor([0, 1, 0, 2]), x * 2),
+    "nextafter": lambda x: torch.nextafter(x, x + 1) * x,
+}
+
+
+@pytest.mark.parametrize("name", list(NO_THUNDER_GRADIENT))
+def test_operations_thunder_cannot_differentiate_get_eager_gradients(name):
+    fn = NO_THUNDER_GRADIENT[name]
+    x = torch.rand(4, 3, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    x2 = x.detach().clone().requires_grad_()
+    expected = fn(x)
+    expected.sum().backward()
+    jf = thunder_subclass.jit(fn, fullgraph=True)
+    got = jf(x2)
+    got.sum().backward()
+    torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(x2.grad, x.grad)
+    with torch.no_grad():  # without gradients thunder's own implementation runs
+        torch.testing.assert_close(jf(x2), fn(x2))
+
+
+def test_a_module_training_through_flip_and_index_add():
+    class Mix(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(3, 3)
+
+        def forward(self, x, idx):
+            h = self.lin(x).flip(1)
+            return torch.zeros(2, 3).index_add(0, idx, h).pow(2).sum()
+
+    torch.manual_seed(0)
+    model = Mix()
+    twin = Mix()
+    twin.load_state_dict(model.state_dict())
+    x, idx = torch.randn(4, 3), torch.tensor([0, 1, 1, 0])
+    model(x, idx).backward()
+    thunder_subclass.jit(twin)(x, idx).backward()
+    for p, q in zip(model.parameters(), twin.parameters()):
+        torch.testing.assert_close(q.grad, p.grad)
+
+
+def test_plain_thunder_jit_still_has_no_gradient_for_them():
+    import thunder
+
+    x = torch.rand(4, 3, requires_grad=True)
+    thunder_subclass.jit(NO_THUNDER_GRADIENT["flip"])(x).sum().backward()  # registers the plugin's fallback
+    with pytest.raises(RuntimeError, match="Failed to find a gradient transform"):
+        thunder.jit(NO_THUNDER_GRADIENT["flip"])(x.detach().clone().requires_grad_()).sum().backward()

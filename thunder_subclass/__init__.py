@@ -23,7 +23,7 @@ opens with its stage, then In / What happens / Out):
    ``native_effects``, ``checkpoints``, ``grad_modes``, ``aliased_writes`` (writes into views with gradients: a graph
    break), ``symbolic_strides`` (``x.stride()`` under symbolic sizes); ``distributed`` and ``hf`` (top level) for DTensor and transformers.
 5. autograd, ``transforms/``: ``autograd`` (grad rules, ``rules`` for registered ones), ``backward_effects``,
-   ``higher_order``, ``random_ops``, ``overwrites``, ``nll_loss``.
+   ``higher_order``, ``random_ops``, ``overwrites``, ``nll_loss``, ``fallback_grads``.
 6. flatten and executors: ``transforms.flatten`` (subclasses leave the program; executor implementations of
    ``rules`` claim operations), then thunder's executors, or ``inductor_executor``, and thunder's forward/backward
    split.

@@ -42,7 +42,15 @@ from thunder.core.pytree import tree_flatten
 from thunder.core.trace import get_tracectx
 
 from thunder_subclass import _thunder_internals, distributed, guards, hf
-from thunder_subclass.transforms import autograd, higher_order, nll_loss, overwrites, random_ops, tangents
+from thunder_subclass.transforms import (
+    autograd,
+    fallback_grads,
+    higher_order,
+    nll_loss,
+    overwrites,
+    random_ops,
+    tangents,
+)
 from thunder_subclass.frontend import (
     aliased_writes,
     checkpoints,
@@ -114,6 +122,12 @@ def _symbol_call(sym, args: tuple, kwargs: dict):
     return interpretation.unroll_symbol_call(sym, args, kwargs)
 
 
+def _plain_symbol_result(sym, args: tuple, kwargs: dict, result) -> None:
+    interpretation.set_requires_grad_as_eager(sym, args, kwargs, result)
+    if _thunder_internals.is_interpreting() and len(get_tracectx().scopes) == 1:  # the user's own calls
+        fallback_grads.ensure_fallback_grad(sym, args, kwargs, result)
+
+
 def _new_alias(p):
     # a new version of a subclass value (after an in-place op) is a subclass proxy of the same kind
     return SubclassTensorProxy(like=p) if isinstance(p, SubclassTensorProxy) else _thunder_internals.NOT_HANDLED
@@ -170,7 +184,7 @@ HANDLERS = _thunder_internals.Handlers(
     executor=subclass_executor,
     proxify=_proxify,
     symbol_call=_symbol_call,
-    plain_symbol_result=interpretation.set_requires_grad_as_eager,
+    plain_symbol_result=_plain_symbol_result,
     prim_ids=frozenset({prims.PrimIDs.UPDATE_ALIASES}),
     new_alias=_new_alias,
     lookaside=_lookaside,

@@ -36,6 +36,8 @@ module                     concern
 :mod:`.dict_versions`    CPython's dict version tags (through torch's reader): the prologue's watched objects
 :mod:`.dtensor_masks`      DTensor's ``_MaskPartial`` mask buffers: fake runs leave them as they found them; a
                            traced value keeps its own
+:mod:`.missing_grads`      operations thunder cannot differentiate (``flip``, ``lerp``, ``remainder``...): found while
+                           tracing and given the plugin's grad rule through thunder's ``_grad_fn_map``
 :mod:`.operator_refusals`  thunder's operators refusing an argument eager accepts (``generator=``, ``out=``,
                            ``ceil_mode=True``): told apart from other errors, for graph breaks
 :mod:`.install`            :func:`install` / :func:`uninstall`: the table of hook targets
@@ -59,6 +61,7 @@ from thunder_subclass._thunder_internals.autograd_hooks import (  # noqa: F401
 )
 from thunder_subclass._thunder_internals.dict_versions import class_dict, dict_version_reader  # noqa: F401
 from thunder_subclass._thunder_internals.operator_refusals import refused_by_thunder_operator  # noqa: F401
+from thunder_subclass._thunder_internals.missing_grads import lacks_gradient, register_grad_fallback  # noqa: F401
 from thunder_subclass._thunder_internals.dtensor_masks import (  # noqa: F401
     detach_dtensor,
     holds_mask,

@@ -29,6 +29,7 @@ from thunder_subclass._thunder_internals.executors import (
     register_torch_compile_fusible,
     unregister_torch_compile_fusible,
 )
+from thunder_subclass._thunder_internals.missing_grads import remove_grad_fallbacks
 from thunder_subclass._thunder_internals.plugin_state import Handlers
 from thunder_subclass._thunder_internals.versions import ensure_thunder_importable
 
@@ -106,3 +107,4 @@ def uninstall() -> None:
     transform_speed.unhook_tree_flatten()
     plugin_state.hooks_installed = False
     unregister_torch_compile_fusible()
+    remove_grad_fallbacks()
