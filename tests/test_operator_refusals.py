@@ -78,3 +78,34 @@ def test_the_user_s_own_not_supported_error_is_not_a_break():
 
     with pytest.raises(NotImplementedError, match="this size is not supported"):
         thunder_subclass.jit(fn)(torch.rand(9))
+
+
+@pytest.mark.parametrize("cls", [torch.nn.LSTM, torch.nn.GRU, torch.nn.RNN])
+def test_recurrent_modules_run_eagerly_and_train_as_in_eager(cls):
+    # thunder registers torch._VF.lstm / gru / rnn_tanh as opaque operators and fails naming them (KeyError: None)
+    class Tagger(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn = cls(4, 5, batch_first=True)
+            self.head = torch.nn.Linear(5, 2)
+
+        def forward(self, x):
+            return self.head(self.rnn(x)[0]).sum()
+
+    torch.manual_seed(0)
+    model, twin = Tagger(), Tagger()
+    twin.load_state_dict(model.state_dict())
+    x = torch.randn(2, 3, 4)
+    jm = thunder_subclass.jit(twin)
+    for _ in range(2):
+        model.zero_grad()
+        twin.zero_grad()
+        model(x).backward()
+        out = jm(x)
+        out.backward()
+        torch.testing.assert_close(out, model(x))
+        for p, q in zip(model.parameters(), twin.parameters()):
+            torch.testing.assert_close(q.grad, p.grad)
+    program = jm.graph_breaks
+    assert "rnn" in [b.name for b in program.breaks]  # (the first call ran the whole model eagerly, finding it)
+    assert "head" in program.regions  # what is around the recurrent module is still compiled
