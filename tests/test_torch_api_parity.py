@@ -177,3 +177,28 @@ def test_plain_thunder_jit_still_has_no_gradient_for_them():
     thunder_subclass.jit(NO_THUNDER_GRADIENT["flip"])(x).sum().backward()  # registers the plugin's fallback
     with pytest.raises(RuntimeError, match="Failed to find a gradient transform"):
         thunder.jit(NO_THUNDER_GRADIENT["flip"])(x.detach().clone().requires_grad_()).sum().backward()
+
+
+ATEN_IN_USER_CODE = {
+    "packet": lambda x: torch.ops.aten.sin(x) * 2,
+    "overload": lambda x: torch.ops.aten.cos.default(x) * x,
+    "two tensors": lambda x: torch.ops.aten.mul.Tensor(x, x.exp()),
+    "keyword": lambda x: torch.ops.aten.sum.dim_IntList(x, [0], keepdim=True) * x,
+}
+
+
+@pytest.mark.parametrize("name", list(ATEN_IN_USER_CODE))
+def test_aten_operators_called_in_user_code_compile_with_gradients(name):
+    import thunder
+
+    fn = ATEN_IN_USER_CODE[name]
+    x = torch.rand(4, 3, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_()
+    expected = fn(x)
+    expected.sum().backward()
+    jf = thunder_subclass.jit(fn, fullgraph=True)  # thunder: "aten.sin is not registered"
+    got = jf(x2)
+    got.sum().backward()
+    torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(x2.grad, x.grad)
+    assert "aten" in str(thunder.last_traces(jf)[-1])

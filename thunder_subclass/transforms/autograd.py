@@ -675,7 +675,10 @@ def torch_api_lookaside(fn, wrapped_args: tuple) -> Callable | None:
                     and not is_answered_from_metadata(obj, name):
                 return interpreter_needs_wrap(lambda o, n, *d: functools.partial(apply_torch_callable, method, obj))
         return None
-    if isinstance(fn, (OpOverload, OpOverloadPacket)) and _op_namespace(fn) not in ("aten", "prim", "prims"):
+    if isinstance(fn, (OpOverload, OpOverloadPacket)) and (_op_namespace(fn) not in ("aten", "prim", "prims")
+                                                          or _op_namespace(fn) == "aten" and not _thunder_has(fn)):
+        # a custom op, or an aten op called in user code (torch.ops.aten.sin(x)), which thunder refused ("aten.sin is
+        # not registered"): run on fakes and recorded, with PyTorch's autograd for its gradient
         if any(isinstance(unwrap(a), TensorProxy) for a in tree_flatten(list(wrapped_args))[0]):
             return interpreter_needs_wrap(functools.partial(apply_torch_callable, fn))
         return None
