@@ -202,3 +202,50 @@ def test_aten_operators_called_in_user_code_compile_with_gradients(name):
     torch.testing.assert_close(got, expected)
     torch.testing.assert_close(x2.grad, x.grad)
     assert "aten" in str(thunder.last_traces(jf)[-1])
+
+
+def test_math_functions_of_a_tensor_use_its_value_on_every_call():
+    # thunder ran math.exp on a random tensor while tracing and kept the result as a constant: wrong on every call
+    import math
+
+    import thunder
+
+    def fn(x):
+        return x * math.exp(x[0]) + math.floor(x.sum() * 10)
+
+    jf = thunder_subclass.jit(fn)
+    for seed in (0, 1, 0):
+        x = torch.rand(4, generator=torch.Generator().manual_seed(seed))
+        torch.testing.assert_close(jf(x), fn(x))
+    assert thunder.cache_misses(jf) == 2  # the value is guarded, as float(t) is: a new value, a new trace
+
+
+def test_math_of_an_integer_tensor_takes_its_index():
+    import math
+
+    def fn(x):
+        return x * math.gcd(x.sum().int(), 4)
+
+    x = torch.full((4,), 2.0)
+    torch.testing.assert_close(thunder_subclass.jit(fn)(x), fn(x))
+
+
+def test_math_of_a_value_that_cannot_be_known_while_tracing_is_a_graph_break():
+    import math
+
+    def fn(x):
+        return x * math.exp(torch.rand(1).sum() * 0 + 1)
+
+    jf = thunder_subclass.jit(fn)
+    with pytest.warns(thunder_subclass.GraphBreakWarning):
+        torch.testing.assert_close(jf(torch.ones(2)), torch.ones(2) * math.e)
+    assert "math.exp" in jf.graph_breaks.breaks[0].reason
+    with pytest.raises(NotImplementedError, match="math.exp of a tensor whose value cannot be known"):
+        thunder_subclass.jit(fn, fullgraph=True)(torch.ones(2))
+
+
+def test_math_of_a_tensor_of_several_elements_raises_eager_s_error():
+    import math
+
+    with pytest.raises(ValueError, match="only one element tensors"):
+        thunder_subclass.jit(lambda x: x * math.sqrt(x))(torch.ones(4))

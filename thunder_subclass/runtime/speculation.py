@@ -502,6 +502,9 @@ def lookaside(fn, wrapped_args: tuple) -> Callable | None:
     """The interpreter lookaside for ``bool``/``int``/``float``/``operator.index`` of a tensor proxy or of a number
     proxy without a value, and ``.tolist()`` of a tensor proxy, when the value can be speculated (module docstring);
     else None."""
+    if getattr(fn, "__module__", None) == "math" and callable(fn) and any(
+            isinstance(unwrap_value(w), TensorProxy) for w in wrapped_args):
+        return _math_of_tensors(fn, wrapped_args)
     if type(fn) is Symbol and fn.id == "Tensor.tolist":  # thunder's symbol for it fails on fakes
         conversion = "tolist"
     else:
@@ -523,6 +526,40 @@ def lookaside(fn, wrapped_args: tuple) -> Callable | None:
     if value is NOT_SPECULATED:
         return None
     return interpreter_needs_wrap(lambda *args: value)
+
+
+def unwrap_value(w):
+    from thunder.core.interpreter import unwrap
+
+    return unwrap(w)
+
+
+def _math_of_tensors(fn, wrapped_args: tuple) -> Callable | None:
+    """``math.exp(t)``, ``math.floor(t.sum())``, ``math.gcd(n, 4)`` of a one-element tensor proxy: eager converts the
+    tensor to a Python number (``__float__``; ``__index__`` where the function takes integers) and calls the
+    function. thunder registered the C function as an opaque operator whose meta ran it on a random tensor, and the
+    trace kept that random result as a constant (measured: ``x * math.exp(x[0])`` wrong on every call). Here each
+    tensor is converted as ``float(t)`` (``operator.index(t)`` for an integer tensor) is, speculated and guarded, and
+    the function is called on the numbers; where a value cannot be speculated, a graph break (the data-dependence
+    error ``float(t)`` raises then)."""
+    from thunder.core import dtypes
+    from thunder.core.interpreter import interpreter_needs_wrap
+
+    values = []
+    for w in wrapped_args:
+        v = unwrap_value(w)
+        if isinstance(v, TensorProxy):
+            try:
+                v = speculate(v, "index" if dtypes.is_exact_dtype(v.dtype) and v.dtype is not dtypes.bool8 else "float")
+            except NotImplementedError as e:  # the line's speculation limit
+                error = e
+                return lambda *args: _thunder_internals.raise_in_interpreter(error)
+            if v is NOT_SPECULATED:
+                error = NotImplementedError(f"math.{getattr(fn, '__name__', fn)} of a tensor whose value cannot be "
+                                            "known while tracing (data dependency)")
+                return lambda *args: _thunder_internals.raise_in_interpreter(error)
+        values.append(v)
+    return interpreter_needs_wrap(lambda *args: fn(*values))
 
 
 def _subclass_item_meta(t):
