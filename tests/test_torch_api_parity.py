@@ -249,3 +249,16 @@ def test_math_of_a_tensor_of_several_elements_raises_eager_s_error():
 
     with pytest.raises(ValueError, match="only one element tensors"):
         thunder_subclass.jit(lambda x: x * math.sqrt(x))(torch.ones(4))
+
+
+def test_round_to_digits_of_a_number_from_tensor_data():
+    import thunder
+
+    def fn(x):
+        return round(x.sum().item(), 2) * x  # thunder: "NumberProxy.__round__() takes 1 positional argument"
+
+    jf = thunder_subclass.jit(fn)
+    for seed in (0, 1, 0):
+        x = torch.rand(3, generator=torch.Generator().manual_seed(seed))
+        torch.testing.assert_close(jf(x), fn(x))
+    assert thunder.cache_misses(jf) == 2

@@ -505,6 +505,8 @@ def lookaside(fn, wrapped_args: tuple) -> Callable | None:
     if getattr(fn, "__module__", None) == "math" and callable(fn) and any(
             isinstance(unwrap_value(w), TensorProxy) for w in wrapped_args):
         return _math_of_tensors(fn, wrapped_args)
+    if fn is round and len(wrapped_args) == 2:
+        return _round_to_digits(wrapped_args)
     if type(fn) is Symbol and fn.id == "Tensor.tolist":  # thunder's symbol for it fails on fakes
         conversion = "tolist"
     else:
@@ -560,6 +562,25 @@ def _math_of_tensors(fn, wrapped_args: tuple) -> Callable | None:
                 return lambda *args: _thunder_internals.raise_in_interpreter(error)
         values.append(v)
     return interpreter_needs_wrap(lambda *args: fn(*values))
+
+
+def _round_to_digits(wrapped_args: tuple) -> Callable | None:
+    """``round(n, digits)`` of a number computed from tensor data (``round(loss.item(), 2)``): thunder's number
+    proxies take no ``digits`` ("NumberProxy.__round__() takes 1 positional argument but 2 were given"); the number is
+    speculated and guarded as ``float(n)`` would be, then rounded as eager rounds it."""
+    from thunder.core.interpreter import interpreter_needs_wrap
+
+    v, digits = (unwrap_value(w) for w in wrapped_args)
+    if not (isinstance(v, NumberProxy) and v.value is None) or isinstance(digits, Proxy):
+        return None
+    try:
+        value = speculate(v, "number")
+    except NotImplementedError as e:  # the line's speculation limit
+        error = e
+        return lambda *args: _thunder_internals.raise_in_interpreter(error)
+    if value is NOT_SPECULATED:
+        return None
+    return interpreter_needs_wrap(lambda *args: round(value, digits))
 
 
 def _subclass_item_meta(t):
