@@ -262,3 +262,23 @@ def test_round_to_digits_of_a_number_from_tensor_data():
         x = torch.rand(3, generator=torch.Generator().manual_seed(seed))
         torch.testing.assert_close(jf(x), fn(x))
     assert thunder.cache_misses(jf) == 2
+
+
+SUBCLASS_KEYWORDS = {
+    # a keyword after a parameter left at its default reached torch by position (groups=2 taken for the bias)
+    "conv1d groups": lambda x: F.conv1d(x.view(1, 4, 3), torch.ones(4, 2, 2), groups=2),
+    "cross_entropy label_smoothing": lambda x: F.cross_entropy(x, torch.tensor([0, 1, 2, 0]), label_smoothing=0.1),
+    "interpolate scale_factor": lambda x: F.interpolate(x.view(1, 1, 4, 3), scale_factor=2.0, mode="nearest"),
+    "embedding max_norm": lambda x: F.embedding(torch.tensor([0, 1]), x.clone(), max_norm=1.0),
+}
+
+
+@pytest.mark.parametrize("name", list(SUBCLASS_KEYWORDS))
+def test_keyword_arguments_reach_a_subclass_s_dispatch_as_written(name):
+    fn = SUBCLASS_KEYWORDS[name]
+    x = TwoTensor(torch.rand(4, 3, generator=torch.Generator().manual_seed(0)),
+                  torch.rand(4, 3, generator=torch.Generator().manual_seed(1)))
+    expected = fn(x)
+    got = thunder_subclass.jit(fn, fullgraph=True)(x)
+    assert type(got) is type(expected)
+    torch.testing.assert_close(got, expected)

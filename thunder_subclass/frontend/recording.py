@@ -235,7 +235,8 @@ def _is_default(value: Any, default: Any) -> bool:
 def denormalize(sym: Symbol, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """Arguments as a torch callable takes them. Thunder binds a symbol's arguments to its meta's signature with
     defaults filled in (``ltorch.relu(x, False)``), which ``Tensor.relu`` does not accept: drop arguments equal to
-    their defaults, and pass the ones after a dropped one by keyword."""
+    their defaults, and pass the ones after a dropped or missing one by keyword (``F.conv1d(x, w, groups=2)`` went to
+    torch as ``conv1d(x, w, 2)``, 2 taken for the bias)."""
     try:
         sig = meta_signature(sym.meta)
         bound = sig.bind(*args, **kwargs)
@@ -244,8 +245,11 @@ def denormalize(sym: Symbol, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     new_args: list = []
     new_kwargs: dict = {}
     positional = True
-    for name, value in bound.arguments.items():
-        param = sig.parameters[name]
+    for name, param in sig.parameters.items():
+        if name not in bound.arguments:  # not passed (its default): the ones after it go by keyword
+            positional = positional and param.kind is inspect.Parameter.POSITIONAL_ONLY
+            continue
+        value = bound.arguments[name]
         if param.kind is inspect.Parameter.VAR_POSITIONAL:
             new_args.extend(value)
             continue
