@@ -56,13 +56,14 @@ def test_torchao_float8_training_three_steps(executor):
     if executor == "default":
         # the float8 GEMMs, flattened: Float8TrainingTensor exists only inside the traced autograd.Function
         assert fw_names.count("aten__scaled_mm_default") == 2
-        assert "aten__scaled_mm_default" in bw_names
+        # (the backward's GEMMs get the gradient contiguous where the recorded fake was: test_backward_layouts.py)
+        assert any(n.startswith("aten__scaled_mm_default") for n in bw_names)
     else:
         # issue 7: one torch_compile region per direction, the GEMMs inside it as opaque custom-op calls
         for names, trace in ((fw_names, fw), (bw_names, bw)):
             assert sum(n.startswith("TorchCompile") for n in names) == 1, names
-            assert "aten__scaled_mm_default" not in names
-            assert "aten__scaled_mm_default_opaque" in str(trace)
+            assert not any(n.startswith("aten__scaled_mm_default") for n in names)
+            assert "_opaque" in str(trace) and "aten__scaled_mm_default" in str(trace)
 
 
 # the weight's type per config: torchao >= 0.17 first; torchao 0.16 (the release for torch 2.10) gives the int8

@@ -37,12 +37,13 @@ from thunder.core.proxies import NumberProxy, TensorProxy
 from thunder.core.pytree import tree_flatten, tree_map
 from thunder.core.symbol import Symbol
 
-from thunder_subclass._thunder_internals import allow_torch_compile_fusion
+from thunder_subclass._thunder_internals import allow_torch_compile_fusion, remember_symbol_origin
 from thunder_subclass.errors import SubclassRegistrationError
 from thunder_subclass.executor import register_constant_symbol, subclass_executor, unique_operator_name
 from thunder_subclass.frontend.fake import FakeEnv, fake_execution, remember_stride, torch_device, torch_dtype
 
-__all__ = ["aten_symbol", "record_aten_call", "recording_backward", "register_aten_symbol", "THUNDER_EQUIVALENTS"]
+__all__ = ["aten_symbol", "contiguous_arguments", "record_aten_call", "recording_backward", "register_aten_symbol",
+           "THUNDER_EQUIVALENTS"]
 
 aten = torch.ops.aten
 
@@ -254,14 +255,14 @@ def _run_and_wait(op: OpOverload) -> Callable:
     return run_and_wait
 
 
-def _allow_in_torch_compile_regions(op: OpOverload, sym: Symbol, name: str) -> None:
+def _allow_in_torch_compile_regions(op: OpOverload, sym: Symbol, name: str, contiguous: tuple[int, ...] = ()) -> None:
     """Let thunder's torch_compile executor put ``sym`` in its fusion regions, so that an aten op without a thunder
     equivalent does not cut a region in two. Pointwise ops go in as themselves (inductor fuses them). Other ops that
     return one new tensor go in as an opaque custom-op wrapper (``torch.ops.thunder_subclass_opaque.<name>``):
     inductor calls it as an extern kernel with its inputs in their eager layouts, which its own lowerings do not
     guarantee (its CPU ``_scaled_mm`` lowering rejects the row-major ``mat_b`` a fused fp8 cast produces,
     pytorch#191138). In-place ops, views, multi-output ops and custom ops (side effects) stay outside regions."""
-    if torch.Tag.pointwise in op.tags:
+    if torch.Tag.pointwise in op.tags and not contiguous:
         allow_torch_compile_fusion(sym)
         return
     schema = op._schema
@@ -269,7 +270,7 @@ def _allow_in_torch_compile_regions(op: OpOverload, sym: Symbol, name: str) -> N
         return
     if any(a.alias_info is not None for a in (*schema.arguments, *schema.returns)):
         return
-    opaque = _opaque_wrapper(op, name)
+    opaque = _opaque_wrapper(op, name, contiguous)
     fused = subclass_executor.register_operator(f"{name}_opaque", meta=_fake_meta(op), fn=opaque)
     register_constant_symbol(fused)
     allow_torch_compile_fusion(fused)
@@ -279,9 +280,10 @@ def _allow_in_torch_compile_regions(op: OpOverload, sym: Symbol, name: str) -> N
 _opaque_library: Any = None
 
 
-def _opaque_wrapper(op: OpOverload, name: str) -> OpOverload:
-    """``torch.ops.thunder_subclass_opaque.<name>.default``: the same schema, calls ``op``; tagged
-    ``needs_fixed_stride_order`` so inductor passes its inputs with the strides they have in eager."""
+def _opaque_wrapper(op: OpOverload, name: str, contiguous: tuple[int, ...] = ()) -> OpOverload:
+    """``torch.ops.thunder_subclass_opaque.<name>.default``: the same schema, calls ``op`` (with the arguments at
+    positions ``contiguous`` made contiguous first); tagged ``needs_fixed_stride_order`` so inductor passes its
+    inputs with the strides they have in eager."""
     global _opaque_library
     if _opaque_library is None:
         _opaque_library = torch.library.Library("thunder_subclass_opaque", "FRAGMENT")
@@ -291,6 +293,9 @@ def _opaque_wrapper(op: OpOverload, name: str) -> OpOverload:
         _opaque_library.define(name + text[text.index("("):], tags=(torch.Tag.needs_fixed_stride_order,))
 
         def call_op(*args, **kwargs):  # the real kernel and the fake one: the op on whatever tensors it gets
+            if contiguous:
+                args = tuple(a.contiguous() if i in contiguous and isinstance(a, torch.Tensor) else a
+                             for i, a in enumerate(args))
             return op(*args, **kwargs)
 
         _opaque_library.impl(name, call_op, "CompositeExplicitAutograd")
@@ -346,8 +351,52 @@ def recording_backward():
         _recording_backward.reset(token)
 
 
-def record_aten_call(op: OpOverload, args: tuple, kwargs: dict, fake_out: Any, env: FakeEnv) -> None:
-    """Record ``op(*args, **kwargs)`` (proxies in, fake results known) in the current scope; bind results in env."""
+def contiguous_arguments(op: OpOverload, fake_args: tuple, env: FakeEnv) -> tuple[int, ...]:
+    """In a backward being recorded: the positions of ``op``'s tensor arguments whose fakes were contiguous, for an
+    op that is not pointwise, a view or in place (empty otherwise).
+
+    A recorded backward runs on the gradients the backward gets at run time, whose layout its fakes did not have:
+    the fakes of incoming gradients are contiguous, a real one is often an expanded view (``sum``'s gradient,
+    strides 0). PyTorch's derivative formulas make such gradients contiguous before kernels that need it
+    (``native_group_norm_backward(grad.contiguous(), ...)``), a no-op on the fakes, so not recorded: the kernel then
+    read the expanded gradient as if contiguous (measured: ``GroupNorm`` with ``TwoTensor`` parameters gave weight
+    and bias gradients of uninitialised memory). Such an op runs through :func:`_contiguous_variant`."""
+    if not _recording_backward.get() or env.symbols is not None or op._schema.is_mutable \
+            or torch.Tag.pointwise in op.tags or any(r.alias_info is not None for r in op._schema.returns):
+        return ()
+    return tuple(i for i, a in enumerate(fake_args) if isinstance(a, torch.Tensor) and a.layout == torch.strided
+                 and a.is_contiguous())
+
+
+_contiguous_variants: dict = {}
+
+
+def _contiguous_variant(op: OpOverload, positions: tuple[int, ...]) -> Symbol:
+    """``op`` whose arguments at ``positions`` are made contiguous first (``Tensor.contiguous``: the tensor itself
+    when it already is), as the derivative formula that was recorded did (:func:`contiguous_arguments`)."""
+    key = (op, positions)
+    sym = _contiguous_variants.get(key)
+    if sym is None:
+        def run(*args, **kwargs):
+            args = tuple(a.contiguous() if i in positions and isinstance(a, torch.Tensor) else a
+                         for i, a in enumerate(args))
+            return op(*args, **kwargs)
+
+        namespace, _, opname = op._schema.name.partition("::")
+        name = unique_operator_name(f"{namespace}_{opname}_{op._overloadname}_on_contiguous")
+        sym = subclass_executor.register_operator(name, meta=_fake_meta(op), fn=run)
+        register_constant_symbol(sym)
+        remember_symbol_origin(sym, run, _contiguous_variant, key)  # (the disk cache makes it again from these)
+        if namespace == "aten":  # in thunder's torch_compile regions as the op itself is (an opaque call)
+            _allow_in_torch_compile_regions(op, sym, name, positions)
+        _contiguous_variants[key] = sym
+    return sym
+
+
+def record_aten_call(op: OpOverload, args: tuple, kwargs: dict, fake_out: Any, env: FakeEnv,
+                     contiguous: tuple[int, ...] = ()) -> None:
+    """Record ``op(*args, **kwargs)`` (proxies in, fake results known) in the current scope; bind results in env.
+    ``contiguous``: positions of arguments to make contiguous at run time (:func:`contiguous_arguments`)."""
     from thunder.core.trace import get_tracectx
 
     equivalent = THUNDER_EQUIVALENTS.get(op)
@@ -371,7 +420,7 @@ def record_aten_call(op: OpOverload, args: tuple, kwargs: dict, fake_out: Any, e
     flat_fake, spec = pytree.tree_flatten(fake_out)
     flat_out = [proxy_from_fake(f, env) for f in flat_fake]
     out = pytree.tree_unflatten(flat_out, spec)
-    bsym = _registered.get(op, None) or aten_symbol(op)
+    bsym = _registered.get(op, None) or (_contiguous_variant(op, contiguous) if contiguous else aten_symbol(op))
     bsym = bsym.bind(*args, **kwargs, output=out)
     get_tracectx().peek_scope().append(bsym)
     if _writes_and_returns_first_argument(op) and isinstance(args[0], TensorProxy) and isinstance(out, TensorProxy) \

@@ -56,7 +56,7 @@ from thunder_subclass._thunder_internals import (
     torch_to_thunder_symbols,
     trace_state,
 )
-from thunder_subclass.frontend.aten_symbols import record_aten_call
+from thunder_subclass.frontend.aten_symbols import contiguous_arguments, record_aten_call
 from thunder_subclass.errors import (
     SubclassDispatchError,
     SubclassProtocolError,
@@ -534,7 +534,7 @@ def emit_calls(env: FakeEnv, calls: list, out: Any, scope: list, what: str, subc
                 record_flatten(p, scope)
         for op, a, k, fake_out in calls:
             pa, pk = pytree.tree_map(to_proxy, (a, k))
-            record_aten_call(op, pa, pk, fake_out, env)
+            record_aten_call(op, pa, pk, fake_out, env, contiguous=contiguous_arguments(op, a, env))
         flat, spec = pytree.tree_flatten(out)
         result = pytree.tree_unflatten([_proxy_for_result(x, env, scope, what) for x in flat], spec)
     finally:
