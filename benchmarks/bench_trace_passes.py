@@ -3,13 +3,17 @@
 before that jit traces), timed in alternation.
 
     python benchmarks/bench_trace_passes.py [--cases twotensor_mlp,float8_training_mlp,llama_bf16_int8]
-                                            [--repeats 9] [--iters 50]
+                                            [--repeats 9] [--iters 50] [--kernel]
 
 Cases: the small rows of ``bench_subclasses.py`` and ``llama_bf16_int8``, a tiny Hugging Face Llama (2 layers,
 ``--hidden``, default 256) in bfloat16 with torchao int8 weight-only weights, forward of 1 x 8 tokens under
 ``no_grad`` (the int8 claim's case: decode-sized bfloat16). Per case: the top-level operations of the last forward
 (and backward) trace with and without, and the median time per call over ``--repeats`` rounds of ``--iters`` calls
 each, both timed in every round. Wall clock on a shared machine: compare the ratio of one run.
+
+``--kernel`` times instead, eagerly, the int8 weight-only linear as the chain eager runs it (dequantize, scale,
+transpose, matmul) against ``torch._weight_int8pack_mm``, per activation dtype and size (best of five loops, us):
+where the kernel is faster, which is what ``transforms/int8_linear.py``'s preconditions follow.
 """
 
 from __future__ import annotations
@@ -81,6 +85,32 @@ def per_call(step, iters) -> float:
     return (time.perf_counter_ns() - start) / iters / 1e3
 
 
+def kernel_table():
+    def best(f, n):
+        f()
+        times = []
+        for _ in range(5):
+            start = time.perf_counter_ns()
+            for _ in range(n):
+                f()
+            times.append((time.perf_counter_ns() - start) / n / 1e3)
+        return min(times)
+
+    print(f"{'dtype':>9} {'K x N':>11} " + " ".join(f"{'M=' + str(m):>15}" for m in (1, 8, 16, 64)) + "   (chain / kernel, us)")
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        for k, n in ((64, 128), (1024, 1024)):
+            cells = []
+            for m in (1, 8, 16, 64):
+                x = torch.randn(m, k).to(dtype)
+                q = torch.randint(-127, 128, (n, k), dtype=torch.int8)
+                scale = (torch.rand(n) / 127).to(dtype)
+                iters = max(2, int(2e6 / (k * n)))
+                chain = best(lambda: torch.matmul(x, torch.permute(q.to(dtype) * scale.unsqueeze(1), (1, 0))), iters)
+                kernel = best(lambda: torch._weight_int8pack_mm(x, q, scale), iters)
+                cells.append(f"{chain:7.0f}/{kernel:<7.0f}")
+            print(f"{str(dtype).split('.')[-1]:>9} {f'{k}x{n}':>11} " + " ".join(cells))
+
+
 def main(argv=None):
     import bench_subclasses
 
@@ -89,8 +119,11 @@ def main(argv=None):
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--iters", type=int, default=50)
+    parser.add_argument("--kernel", action="store_true")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    if args.kernel:
+        return kernel_table()
     for name in args.cases.split(","):
         case = llama_case(args.hidden) if name == "llama_bf16_int8" else bench_subclasses.CASES[name]("small")
         variants = {"with": compiled(case, True), "without": compiled(case, False)}
