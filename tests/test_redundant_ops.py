@@ -113,3 +113,24 @@ def test_float8_backward_casts_the_incoming_gradient_once():
     # the gradient of the second layer's output feeds two of them
     assert counts["aten__scaled_mm_default"] == 3
     assert counts["amax"] == 5
+
+
+def test_conversions_to_the_dtype_a_tensor_has_are_not_run():
+    def f(x, y):
+        return x * y.to(torch.float32) + y.to(torch.float32).sum()
+
+    def kept(x, y):  # a copy, a returned conversion (eager returns y itself): as eager
+        return x * 2, y.to(torch.float32, copy=True), y.to(torch.float32)
+
+    x, y = TwoTensor(torch.randn(3), torch.randn(3)), torch.randn(3)
+    jf = thunder_subclass.jit(f)
+    out, expected = jf(x, y), f(x, y)
+    assert "to" not in names(thunder.last_traces(jf)[-1])
+    torch.testing.assert_close(out.a, expected.a, atol=0, rtol=0)
+    torch.testing.assert_close(out.b, expected.b, atol=0, rtol=0)
+    jf = thunder_subclass.jit(kept)
+    (_, copied, same), (_, ecopied, esame) = jf(x, y), kept(x, y)
+    assert names(thunder.last_traces(jf)[-1]).count("to") == 2  # a result's conversion is left alone
+    assert copied is not y and same is y and esame is y
+    torch.testing.assert_close(copied, ecopied, atol=0, rtol=0)
+    torch.testing.assert_close(same, y, atol=0, rtol=0)

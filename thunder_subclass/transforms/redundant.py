@@ -1,5 +1,5 @@
-"""Stage 6 (flatten and executors), redundant operations: detaches that change nothing and pure operations computed
-twice in the backward, removed from a flattened trace.
+"""Stage 6 (flatten and executors), redundant operations: detaches that change nothing, conversions to the dtype a
+tensor has, and pure operations computed twice in the backward, removed from a flattened trace.
 
 In: a flattened trace (the flatten pass has just run; after autograd, the joint forward+backward trace). Subclass
 derivatives run through ``__torch_dispatch__`` record what eager's autograd formulas do, which at small sizes costs
@@ -15,6 +15,9 @@ What happens:
   elimination removes it next). The compiled forward and backward run under ``torch.no_grad()``, where a
   detach changes nothing that such an operation reads; a ``y`` that is returned, saved, written in place or given to
   anything else keeps its ``detach``.
+* ``y = x.to(dtype)`` where ``x`` already has that dtype and device (no ``copy=True``, no memory format), which
+  returns ``x`` itself at run time, is dropped and ``x`` used instead where every user of ``y`` is in :data:`PURE`
+  or :data:`PURE_VIEWS` (a Hugging Face Llama's RMSNorm and rotary embedding convert float32 tensors to float32);
 * in the backward part (after the first ``get_grad``), an operation in :data:`PURE` (plus the views and conversions
   in :data:`PURE_VIEWS`) with the same symbol and the same arguments as an earlier one there is dropped and the
   earlier result used: what thunder's own ``cse`` does, on a list of deterministic symbols (the plugin's aten-level
@@ -28,7 +31,8 @@ from __future__ import annotations
 
 import thunder.core.prims as prims
 import thunder.torch as ltorch
-from thunder.core.proxies import Proxy, variableify
+import torch
+from thunder.core.proxies import Proxy, TensorProxy, variableify
 
 from thunder_subclass.frontend.subclass_symbols import is_unflatten_bsym
 
@@ -49,6 +53,7 @@ PURE_VIEWS = _ids("to", "reshape", "permute", "contiguous", "t", "transpose", "e
 only in a trace without in-place writes."""
 
 _DETACH = ltorch.detach.id
+_TO = ltorch.to.id
 _IN_PLACE = frozenset(getattr(prims.PrimIDs, n) for n in ("COPY_", "COPY_WITH_SETITEM", "UPDATE_ALIASES",
                                                           "INDEX_COPY") if hasattr(prims.PrimIDs, n))
 
@@ -58,7 +63,8 @@ def _writes_in_place(bsyms) -> bool:
 
 
 def _removable_detaches(bsyms: list) -> set[int]:
-    """Indices of ``detach`` symbols whose results only :data:`PURE` symbols (or such detaches) use."""
+    """Indices of ``detach`` symbols whose results only :data:`PURE` symbols (or such detaches) use, and of
+    conversions that return their input whose results only those and :data:`PURE_VIEWS` use."""
     users: dict[str, list[int]] = {}
     used: set[str] = set()
     for i in range(len(bsyms) - 1, -1, -1):
@@ -72,18 +78,38 @@ def _removable_detaches(bsyms: list) -> set[int]:
     removable: set[int] = set()
     for i in range(len(bsyms) - 1, -1, -1):  # from the end: a detach used by a removable detach qualifies too
         b = bsyms[i]
-        if b.sym.id != _DETACH or len(b.flat_proxy_outs) != 1 or not b.args or not isinstance(b.args[0], Proxy):
+        if b.sym.id == _DETACH:
+            if len(b.flat_proxy_outs) != 1 or not b.args or not isinstance(b.args[0], Proxy):
+                continue
+            readers = PURE
+        elif _returns_its_input(b):
+            readers = PURE | PURE_VIEWS  # the same object at run time: its views are the input's
+        else:
             continue
         uses = users.get(b.flat_proxy_outs[0].name, [])
-        if uses and all(bsyms[j].sym.id in PURE or j in removable for j in uses):
+        if uses and all(bsyms[j].sym.id in readers or j in removable for j in uses):
             removable.add(i)
     return removable
+
+
+def _returns_its_input(b) -> bool:
+    """``b`` is ``Tensor.to`` to the dtype and device its input already has, without ``copy=True`` or a memory
+    format: PyTorch returns the input itself."""
+    if b.sym.id != _TO or len(b.flat_proxy_outs) != 1 or not b.args or not isinstance(b.args[0], TensorProxy):
+        return False
+    a, out = b.args[0], b.flat_proxy_outs[0]
+    if b.kwargs.get("copy", False) or b.kwargs.get("memory_format") not in (None, torch.preserve_format):
+        return False
+    if any(isinstance(v, TensorProxy) for v in (*b.args[1:], *b.kwargs.values())):  # to(other): by its metadata
+        return False
+    return (isinstance(out, TensorProxy) and out.dtype == a.dtype and out.device == a.device
+            and tuple(out.shape) == tuple(a.shape))
 
 
 def remove_redundant(bsyms: list) -> list:
     """``bsyms`` (a flattened trace's top level) without the redundant operations of the module docstring;
     ``bsyms`` itself when there are none."""
-    detaches = _removable_detaches(bsyms) if any(b.sym.id == _DETACH for b in bsyms) else set()
+    detaches = _removable_detaches(bsyms) if any(b.sym.id in (_DETACH, _TO) for b in bsyms) else set()
     backward_from = next((i for i, b in enumerate(bsyms) if b.sym.id == prims.PrimIDs.GET_GRAD), None)
     in_place = backward_from is not None and _writes_in_place(bsyms)
     if not detaches and (backward_from is None or in_place):
