@@ -80,6 +80,7 @@ def test_a_detach_whose_result_is_returned_stays():
     jf = thunder_subclass.jit(only_read)
     out, expected = jf(x), only_read(x)
     torch.testing.assert_close(out.a, expected.a)
+    assert not out.requires_grad and not expected.requires_grad  # still cut from x's gradient
     assert "detach" not in names(thunder.last_traces(jf)[-1])
     jf = thunder_subclass.jit(returned)
     (y, y2), (ey, ey2) = jf(x), returned(x)

@@ -59,7 +59,10 @@ _IN_PLACE = frozenset(getattr(prims.PrimIDs, n) for n in ("COPY_", "COPY_WITH_SE
 
 
 def _writes_in_place(bsyms) -> bool:
-    return any(b.sym.id in _IN_PLACE or b.sym.name.endswith("_") and not b.sym.name.startswith("_") for b in bsyms)
+    """Whether a symbol of ``bsyms`` writes into a tensor: thunder's copy prims, a symbol tagged ``IN_PLACE`` (thunder's
+    in-place torch symbols, the plugin's aten symbols of mutable ops), a name in thunder's in-place style."""
+    return any(b.sym.id in _IN_PLACE or prims.OpTags.IN_PLACE in (b.sym.tags or ())
+               or b.sym.name.endswith("_") and not b.sym.name.startswith("_") for b in bsyms)
 
 
 def _removable_detaches(bsyms: list) -> set[int]:
