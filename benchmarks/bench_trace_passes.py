@@ -7,7 +7,7 @@ before that jit traces), timed in alternation.
 
 Cases: the small rows of ``bench_subclasses.py`` and ``llama_bf16_int8``, a tiny Hugging Face Llama (2 layers,
 ``--hidden``, default 256) in bfloat16 with torchao int8 weight-only weights, forward of 1 x 8 tokens under
-``no_grad`` (the int8 claim's case: decode-sized bfloat16). Per case: the top-level operations of the last forward
+``no_grad`` (the int8 claim's case: decode-sized bfloat16); ``llama_f32_int8`` the same in float32. Per case: the top-level operations of the last forward
 (and backward) trace with and without, and the median time per call over ``--repeats`` rounds of ``--iters`` calls
 each, both timed in every round. Wall clock on a shared machine: compare the ratio of one run.
 
@@ -35,14 +35,14 @@ import torch  # noqa: E402
 thunder_subclass.config.disk_cache = False  # both variants trace here
 
 
-def llama_case(hidden):
+def llama_case(hidden, dtype=torch.bfloat16):
     import transformers
     from torchao.quantization import Int8WeightOnlyConfig, quantize_
 
     config = transformers.LlamaConfig(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=2, vocab_size=256)
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config).to(torch.bfloat16).eval()
+    model = transformers.LlamaForCausalLM(config).to(dtype).eval()
     quantize_(model, Int8WeightOnlyConfig())
     ids = torch.randint(0, 256, (1, 8), generator=torch.Generator().manual_seed(1))
 
@@ -125,7 +125,10 @@ def main(argv=None):
     if args.kernel:
         return kernel_table()
     for name in args.cases.split(","):
-        case = llama_case(args.hidden) if name == "llama_bf16_int8" else bench_subclasses.CASES[name]("small")
+        if name.startswith("llama_"):
+            case = llama_case(args.hidden, torch.bfloat16 if name == "llama_bf16_int8" else torch.float32)
+        else:
+            case = bench_subclasses.CASES[name]("small")
         variants = {"with": compiled(case, True), "without": compiled(case, False)}
         steps = {k: v[1] for k, v in variants.items()}
         for step in steps.values():
