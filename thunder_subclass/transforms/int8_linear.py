@@ -42,6 +42,7 @@ import torch
 from thunder.core import dtypes
 from thunder.core.proxies import TensorProxy
 
+from thunder_subclass._thunder_internals import has_int8_weight_only_mm, int8_weight_only_mm
 from thunder_subclass.executor import register_symbol
 
 __all__ = ["claim_int8_weight_linears", "int8_weight_only_linear", "MAX_ROWS"]
@@ -55,7 +56,7 @@ def int8_weight_only_linear_impl(x, qdata, scale, scale_on: str):
     else the recorded chain (``scale_on`` says which of the two forms)."""
     m = x.shape[0]
     if 0 < m <= MAX_ROWS and x.stride(1) == 1 and qdata.is_contiguous() and scale.is_contiguous():
-        return torch._weight_int8pack_mm(x, qdata, scale.reshape(-1))
+        return int8_weight_only_mm(x, qdata, scale.reshape(-1))
     n = qdata.shape[0]
     if scale_on == "weight":
         return torch.matmul(x, torch.permute(torch.mul(qdata.to(dtype=x.dtype), scale.reshape(n, 1)), (1, 0)))
@@ -214,7 +215,7 @@ def claim_int8_weight_linears(bsyms: list) -> list:
     """``bsyms`` (a flattened trace's top level) with each int8 weight-only linear chain whose static
     preconditions hold replaced by one ``int8_weight_only_linear`` (see the module docstring); ``bsyms`` itself
     when there is none."""
-    if not any(b.sym.id == ltorch.matmul.id for b in bsyms):
+    if not any(b.sym.id == ltorch.matmul.id for b in bsyms) or not has_int8_weight_only_mm():
         return bsyms
     c = _Chains(bsyms)
     removed: set[int] = set()
