@@ -265,6 +265,24 @@ def eager_call_training():
     return loaded
 
 
+def int8_bf16_decode():
+    """A bfloat16 torchao int8 weight-only MLP on 4 rows (its linears claimed for ``_weight_int8pack_mm``, see
+    ``test_int8_linear``): whether the entry was loaded, and whether the trace run calls the kernel's symbol."""
+    from torchao.quantization import Int8WeightOnlyConfig, quantize_
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64, bias=False), torch.nn.GELU(),
+                                torch.nn.Linear(64, 16, bias=False)).to(torch.bfloat16).eval()
+    quantize_(model, Int8WeightOnlyConfig())
+    x = torch.randn(1, 4, 32, dtype=torch.bfloat16)
+    jfn = thunder_subclass.jit(model)
+    with torch.no_grad():
+        out, expected = jfn(x), model(x)
+    torch.testing.assert_close(out, expected, atol=2e-2, rtol=1.6e-2)  # bfloat16 rounding (test_int8_linear)
+    trace = thunder.last_traces(jfn)[-1]
+    return {"loaded": type(trace).__name__ == "LoadedTrace", "claimed": "int8_weight_only_linear" in str(trace)}
+
+
 def _flat(out):
     from torch.utils._pytree import tree_leaves
 
@@ -291,7 +309,7 @@ def _grads(module_or_fn, args, out, grad=None) -> list:
 
 def run(name: str) -> dict:
     try:
-        if name in ("version_sweep", "eager_call_training"):
+        if name in ("version_sweep", "eager_call_training", "int8_bf16_decode"):
             return {"error": None, "loaded": globals()[name]()}
         fn, args = globals()[name]()
         jfn = thunder_subclass.jit(fn)

@@ -25,8 +25,9 @@ opens with its stage, then In / What happens / Out):
 5. autograd, ``transforms/``: ``autograd`` (grad rules, ``rules`` for registered ones), ``backward_effects``,
    ``higher_order``, ``random_ops``, ``overwrites``, ``nll_loss``, ``fallback_grads``.
 6. flatten and executors: ``transforms.flatten`` (subclasses leave the program; executor implementations of
-   ``rules`` claim operations), then thunder's executors, or ``inductor_executor``, and thunder's forward/backward
-   split.
+   ``rules`` claim operations; ``redundant`` drops detaches and repeated backward operations, ``int8_linear`` claims
+   int8 weight-only linears for one aten kernel), then thunder's executors, or ``inductor_executor``, and thunder's
+   forward/backward split.
 7. incoming gradients: ``transforms.tangents``.
 
 Beside the pipeline: ``executor`` (the plugin's operator executor, home of its symbols), ``errors``, ``rules`` (the

@@ -71,6 +71,8 @@ from thunder_subclass._thunder_internals.dtensor_masks import (  # noqa: F401
 from thunder_subclass._thunder_internals.executors import (  # noqa: F401
     allow_torch_compile_fusion,
     compile_with_inductor,
+    has_int8_weight_only_mm,
+    int8_weight_only_mm,
     region_callable,
     register_torch_compile_fusible,
     torch_compile_fusible_symbols,

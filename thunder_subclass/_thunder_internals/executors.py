@@ -6,6 +6,9 @@
 * inductor without dynamo (``thunder_subclass.inductor_executor``): a fusion region's bound symbols as a Python
   function run by thunder's torch executor (:func:`region_callable`, as thunder's ``make_compiled`` builds it) and
   compiled by ``make_fx`` + ``torch._inductor.compile_fx.compile_fx_inner`` (:func:`compile_with_inductor`).
+* ``torch._weight_int8pack_mm`` (a private aten op, the CPU kernel inductor's weight-only int8 pattern lowers to):
+  :func:`int8_weight_only_mm` for ``thunder_subclass.transforms.int8_linear``, :func:`has_int8_weight_only_mm`
+  whether this torch has it (every supported torch does; if one did not, nothing is claimed for it).
 """
 
 from __future__ import annotations
@@ -123,3 +126,15 @@ def compile_with_inductor(fn: Callable, example_inputs: list) -> Callable:
     with torch.no_grad():
         graph = make_fx(fn, decomposition_table=select_decomp_table(), tracing_mode="fake")(*example_inputs)
         return compile_fx_inner(graph, list(example_inputs))
+
+
+def has_int8_weight_only_mm() -> bool:
+    """Whether this torch has ``torch._weight_int8pack_mm``."""
+    return callable(getattr(torch, "_weight_int8pack_mm", None))
+
+
+def int8_weight_only_mm(x, qdata, scales):
+    """``x @ (qdata * scales[:, None]).T`` for a 2-D ``x``, int8 ``qdata`` ``(N, K)`` and 1-D ``scales`` ``(N,)`` of
+    ``x``'s dtype, by ``torch._weight_int8pack_mm`` (private aten op; the caller checks its preconditions: ``x``
+    contiguous in its last dimension, ``qdata`` and ``scales`` contiguous)."""
+    return torch._weight_int8pack_mm(x, qdata, scales)

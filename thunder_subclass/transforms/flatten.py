@@ -18,7 +18,11 @@ that the torch, torch_compile and nvFuser executors can claim. What happens: one
 * ``unflatten_<Cls>`` whose result nothing uses any more is removed by thunder's dead-code elimination, which runs
   right after this pass: subclass objects are built only where they leave the compiled function;
 * under symbolic sizes, a size number that an inlined symbol names and nothing defines at the top level (it was
-  defined inside a torch symbol's decomposition) gets a ``tensor_sizes`` of a tensor that has it, before its use.
+  defined inside a torch symbol's decomposition) gets a ``tensor_sizes`` of a tensor that has it, before its use;
+* detaches that change nothing and pure operations the backward computes twice are removed
+  (``thunder_subclass.transforms.redundant``); int8 weight-only linears (an int8 weight dequantized with per-channel
+  scales, then a matmul) are claimed for one aten kernel where its preconditions hold
+  (``thunder_subclass.transforms.int8_linear``).
 
 Called from the ``_transform_for_operator_executor_execution`` hook in ``_thunder_internals``, i.e. after
 ``grad_transform_on_trace`` and before executors claim operations, for the forward and backward alike (they are one
@@ -35,6 +39,8 @@ from thunder.core.pytree import tree_flatten
 from thunder.core.trace import TraceProvenance, from_trace, tracectx
 
 from thunder_subclass._thunder_internals import is_torch_level_symbol, new_trace, size_computation
+from thunder_subclass.transforms.int8_linear import claim_int8_weight_linears
+from thunder_subclass.transforms.redundant import remove_redundant
 from thunder_subclass.transforms.autograd import (
     grad_recipe_of,
     is_container_bsym,
@@ -257,13 +263,20 @@ def flatten_subclasses(trace, *, cotangent_aliases=()):
     forward+backward trace, ``cotangent_aliases`` (pairs old, new) replace incoming gradients by the kind the
     backward is compiled for."""
     if not needs_flattening(trace):
-        return trace
+        claimed = claim_int8_weight_linears(trace.bound_symbols)  # int8 code written on inner tensors, say
+        if claimed is trace.bound_symbols:
+            return trace
+        out = from_trace(trace)
+        out.bound_symbols = claimed
+        out.set_provenance(TraceProvenance("Claim int8 weight-only linears (thunder_subclass)"))
+        return out
     f = Flattener(trace)
     for old, new in cotangent_aliases:
         f.alias(old, new)
     for bsym in trace.bound_symbols:
         f.visit(bsym)
-    f.trace.bound_symbols = _define_size_numbers(trace, _sink_unflattens(_hoist_flattens(f.bsyms)))
+    f.trace.bound_symbols = claim_int8_weight_linears(remove_redundant(
+        _define_size_numbers(trace, _sink_unflattens(_hoist_flattens(f.bsyms)))))
     f.trace.set_provenance(TraceProvenance("Flatten tensor subclasses (thunder_subclass)"))
     return f.trace
 
