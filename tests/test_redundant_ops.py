@@ -112,7 +112,7 @@ def test_float8_backward_casts_the_incoming_gradient_once():
     counts = collections.Counter(names(backward))
     # three float8 GEMMs in the backward (the first layer's input needs no gradient); each operand's cast once:
     # the gradient of the second layer's output feeds two of them
-    assert counts["aten__scaled_mm_default"] == 3
+    assert sum(n for name, n in counts.items() if name.startswith("aten__scaled_mm_default")) == 3
     assert counts["amax"] == 5
 
 
