@@ -54,6 +54,8 @@ from thunder_subclass._thunder_internals import (
     tensor_metadata_guard,
 )
 from thunder_subclass.frontend.proxy import PLAIN_TENSOR_TYPES
+from thunder_subclass.guards.unpack_cache import STEP_KINDS, UnpackCache
+from thunder_subclass import _thunder_internals
 
 __all__ = ["FusedChecks", "FusedPrologueChecks", "check_prologue", "fuse_prologue_checks"]
 
@@ -226,6 +228,12 @@ check_prologue = subclass_executor.register_operator(
     "check_prologue", meta=lambda values, checks: None, fn=_check_prologue_impl, tags=[prims.OpTags.DONT_DCE]
 )
 
+# the module reads of a prologue and their checks, once per write (guards.unpack_cache; DONT_DCE: its checks)
+read_module = subclass_executor.register_operator(
+    "read_module", meta=lambda module, cache: None, fn=lambda module, cache: cache(module),
+    tags=[prims.OpTags.DONT_DCE]
+)
+
 
 def _int_value_condition(cond: str, constants: dict) -> str | None:
     """The checked value's name (``vN``) when ``cond`` is :func:`_same_value_expr`'s check of an int, else None."""
@@ -392,18 +400,69 @@ _THUNDER_CHECKS = {
 }
 
 
+def _module_reads(trace) -> tuple[list, dict]:
+    """The reads of the jitted module and of what is reached from it (``unpack_cache.STEP_KINDS``): their bound
+    symbols, and each value's index (0: the module, ``globals()['__function_obj']``)."""
+    index: dict[str, int] = {}
+    reads = []
+    for bsym in trace.bound_symbols:
+        if bsym.sym.id == _P.UNPACK_FUNCTION_OBJ and not index and isinstance(bsym.output, Proxy):
+            index[bsym.output.name] = 0
+            continue
+        kind = STEP_KINDS.get(bsym.sym.name)
+        args = bsym.args
+        if (kind is None or bsym.kwargs or not args or not isinstance(args[0], Proxy) or args[0].name not in index
+                or len(args) != (1 if kind == "thunder_module" else 2) or any(isinstance(a, Proxy) for a in args[1:])
+                or not isinstance(bsym.output, Proxy) or bsym.output.name in index):
+            continue
+        index[bsym.output.name] = len(index)
+        reads.append(bsym)
+    return reads, index
+
+
+def _is_tensor_check(bsym) -> bool:
+    guard = guard_of(bsym)
+    if guard is None:
+        return bsym.sym.id == _P.CHECK_TENSOR_SHAPE_AND_METADATA
+    return type(guard).__module__ in ("thunder_subclass.guards.tensors", "thunder_subclass.guards.layouts")
+
+
+def _add_module_check(builder: _Builder, bsym, index: dict) -> bool:
+    """Adds ``bsym`` to the checks of the module reads when it checks one value read from the module and is not a
+    tensor check, and its conditions stand alone (no tensor slot, no name bound for another condition)."""
+    args = bsym.args
+    if not args or not isinstance(args[0], Proxy) or args[0].name not in index or _is_tensor_check(bsym):
+        return False
+    before = (len(builder.conditions), len(builder.slots), builder.checks, set(builder.asked))
+    if not builder.add(bsym):
+        return False
+    if len(builder.slots) == before[1] and not any("_w" in c for c in builder.conditions[before[0]:]):
+        return True
+    del builder.conditions[before[0]:], builder.slots[before[1]:]
+    builder.checks, builder.asked = before[2], before[3]
+    builder.slot_of = {k: v for k, v in builder.slot_of.items() if v in builder.slots}
+    return False
+
+
 def fuse_prologue_checks(trace):
     """``trace`` (a prologue) with its fusible checks replaced by one ``check_prologue`` before its return, and the
     checks of speculated values (``thunder_subclass.runtime.speculation``: they run operations on the inputs) after every
-    other check, so that an input of another type or shape is rejected before they run."""
-    builder, kept, speculated = _Builder(), [], []
+    other check, so that an input of another type or shape is rejected before they run. Where dict version tags are
+    available the reads of the jitted module and their checks other than tensor checks become one ``read_module``
+    symbol (:class:`~thunder_subclass.guards.unpack_cache.UnpackCache`: read once per write)."""
+    reads, index = _module_reads(trace) if _thunder_internals.dict_version_reader() is not None else ([], {})
+    builder, module_checks, kept, speculated = _Builder(), _Builder(), [], []
     for bsym in trace.bound_symbols:
         if bsym.sym.name == "check_speculation":
             speculated.append(bsym)
+        elif reads and _add_module_check(module_checks, bsym, index):
+            continue
         elif not builder.add(bsym):
             kept.append(bsym)
     if not kept or kept[-1].sym.id != _P.RETURN:
         return trace
+    if reads:
+        return _with_module_reads(trace, reads, index, builder, module_checks, kept, speculated)
     fused = builder.checks >= 2
     if fused:
         body = [*kept[:-1], check_prologue.bind(tuple(builder.values), builder.build(), output=None)]
@@ -415,6 +474,29 @@ def fuse_prologue_checks(trace):
     new.bound_symbols = [*body, *speculated, kept[-1]]
     if fused:
         new.set_provenance(TraceProvenance(f"Fused {builder.checks} prologue checks (thunder_subclass)"))
+    return new
+
+
+def _with_module_reads(trace, reads, index, builder, module_checks, kept, speculated):
+    read_ids = {id(b) for b in reads}
+    rest = [b for b in kept[:-1] if id(b) not in read_ids]
+    check = [check_prologue.bind(tuple(builder.values), builder.build(), output=None)] if builder.checks else []
+    used = {p.name for b in [*rest, *check, *speculated, kept[-1]] for p in b.flat_proxy_args}
+    proxies = {b.output.name: b.output for b in reads}
+    exports = [name for name in index if name in used and name in proxies]
+    steps = [(STEP_KINDS[b.sym.name], index[b.output.name], index[b.args[0].name], b.args[1] if len(b.args) > 1 else None)
+             for b in reads]
+    checks = module_checks.build() if module_checks.checks else None
+    cache = UnpackCache(steps, len(index), [index[n] for n in exports], checks,
+                        [index[p.name] for p in module_checks.values])
+    unpack = read_module.bind(next(b.output for b in trace.bound_symbols if b.sym.id == _P.UNPACK_FUNCTION_OBJ),
+                                cache, output=tuple(proxies[n] for n in exports) if exports else None)
+    new = from_trace(trace)
+    pos = max(i for i, b in enumerate(rest) if b.sym.id == _P.UNPACK_FUNCTION_OBJ) + 1
+    new.bound_symbols = [*rest[:pos], unpack, *rest[pos:], *check, *speculated, kept[-1]]
+    new.set_provenance(TraceProvenance(
+        f"Fused {builder.checks} prologue checks, {len(reads)} module reads and {module_checks.checks} of their checks "
+        "read once per write (thunder_subclass)"))
     return new
 
 
