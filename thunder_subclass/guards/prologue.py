@@ -228,9 +228,13 @@ check_prologue = subclass_executor.register_operator(
     "check_prologue", meta=lambda values, checks: None, fn=_check_prologue_impl, tags=[prims.OpTags.DONT_DCE]
 )
 
+def _read_module_impl(module, cache):
+    return cache(module)
+
+
 # the module reads of a prologue and their checks, once per write (guards.unpack_cache; DONT_DCE: its checks)
 read_module = subclass_executor.register_operator(
-    "read_module", meta=lambda module, cache: None, fn=lambda module, cache: cache(module),
+    "read_module", meta=lambda module, cache: None, fn=_read_module_impl,
     tags=[prims.OpTags.DONT_DCE]
 )
 
