@@ -31,7 +31,7 @@ fused checks (``guards.prologue``).
 Which check is watched (``_check_kind``): a type or ``is None`` check (the value is the same object, its type is
 recorded), a number or string compared by value (immutable), the module's own hooks all empty (its four hook dicts'
 tags recorded), ``ModuleForward`` and ``EmptyModuleSlot`` (the instance's ``__dict__`` and table recorded), an object
-guard comparing state (``watched._watch``'s records). Others, and every check of a value read each call, run each
+guard comparing state (``watched.watch_records``). Others, and every check of a value read each call, run each
 call. Where dict version tags are not available every read and check runs each call, as before.
 """
 
@@ -51,7 +51,7 @@ from thunder_subclass import _thunder_internals
 from thunder_subclass.guards import SubclassGuardFailure
 from thunder_subclass.guards.state import EmptyModuleSlot, ModuleForward
 from thunder_subclass.guards.values import SCALARS
-from thunder_subclass.guards.watched import STATE_ONLY_CLASSES, WatchedCheck, _watch
+from thunder_subclass.guards.watched import STATE_ONLY_CLASSES, WatchedCheck, watch_records
 
 __all__ = ["UnpackCache", "STEP_KINDS"]
 
@@ -158,7 +158,7 @@ class _Watch:
         return d
 
     def absorb(self, records: tuple) -> None:
-        """``watched._watch``'s records of an object's state."""
+        """``watched.watch_records`` of an object's state."""
         instances, dicts = records
         for v, t, mro, d in instances:
             if ("i", id(v)) not in self._seen:
@@ -492,7 +492,7 @@ class UnpackCache:
         if isinstance(fn, WatchedCheck) and watch.dv is not None:
             if type(value) in _IMMUTABLE:
                 return True
-            records = _watch(value, watch.dv)
+            records = watch_records(value, watch.dv)
             if records is None:
                 return False
             watch.absorb(records)
