@@ -488,8 +488,8 @@ def _with_module_reads(trace, reads, index, builder, module_checks, kept, specul
     used = {p.name for b in [*rest, *check, *speculated, kept[-1]] for p in b.flat_proxy_args}
     proxies = {b.output.name: b.output for b in reads}
     exports = [name for name in index if name in used and name in proxies]
-    steps = [(STEP_KINDS[b.sym.name], index[b.output.name], index[b.args[0].name], b.args[1] if len(b.args) > 1 else None)
-             for b in reads]
+    steps = [(STEP_KINDS[b.sym.name], index[b.output.name], index[b.args[0].name],
+              b.args[1] if len(b.args) > 1 else None) for b in reads]
     checks = module_checks.build() if module_checks.checks else None
     cache = UnpackCache(steps, len(index), [index[n] for n in exports], checks,
                         [index[p.name] for p in module_checks.values])

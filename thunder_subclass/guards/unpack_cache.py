@@ -220,7 +220,8 @@ class _Reader:
         if found:
             return (value,)
         tm_type = _thunder_module_type()
-        if isinstance(obj, tm_type) and t.__getattr__ is tm_type.__getattr__:  # its __getattr__: _model from its _modules, the rest from the _model
+        if isinstance(obj, tm_type) and t.__getattr__ is tm_type.__getattr__:
+            # thunder's ThunderModule.__getattr__: _model from its _modules, the rest from the _model
             mods = d.get("_modules")
             if type(mods) not in _DICTS or "_model" not in mods:
                 return None
