@@ -63,10 +63,10 @@ STEP_KINDS = {"unpack_thunder_module": "thunder_module", "unpack_submodule": "su
 _HEAPTYPE = 1 << 9
 _DICTS = (dict, OrderedDict)
 _IMMUTABLE = frozenset(SCALARS | {torch.dtype, torch.device})
-_HOOK_TABLES = ("_forward_pre_hooks", "_forward_hooks", "_backward_hooks", "_backward_pre_hooks")
 _MODULE_TABLES = ("_parameters", "_buffers", "_modules")
 _OVERRIDES = {"submodule": "_module_cache", "parameter": "_overrides_parameters", "buffer": "_overrides_buffers"}
 _mro = operator.attrgetter("__mro__")
+_ABSENT = object()
 _class_dicts: "weakref.WeakKeyDictionary[type, dict | None]" = weakref.WeakKeyDictionary()
 
 
@@ -192,6 +192,16 @@ class _Reader:
 
     def attr(self, obj, name: str):
         """``(value,)`` of ``obj.name`` when that read is watched (and recorded in the watch), else None."""
+        found = self._lookup(obj, name)
+        return found if found is not _ABSENT else None
+
+    def absent(self, obj, name: str) -> bool:
+        """Whether ``hasattr(obj, name)`` is False by a watched lookup (recorded in the watch)."""
+        return self._lookup(obj, name) is _ABSENT
+
+    def _lookup(self, obj, name: str):
+        """``(value,)``, ``_ABSENT`` (no such attribute, by a lookup that reads only watched dicts), or None (not
+        watched)."""
         d = self.w.instance(obj)
         if d is None:
             return None
@@ -202,16 +212,20 @@ class _Reader:
             return (t,)
         mro = t.__mro__
         look = name
-        if name != "attribute_map" and any("__getattribute__" in c.__dict__ for c in mro[:-1]):
-            # a config class (STATE_ONLY_CLASSES): attribute_map renames first
-            amap = d["attribute_map"] if "attribute_map" in d else self._class_attr(mro, "attribute_map")[1]
-            if type(amap) is dict:
-                self.w.dict(amap)
-                look = amap.get(name, name)
-                if type(look) is not str:
-                    return None
-            elif amap is not None:
+        if any("__getattribute__" in c.__dict__ for c in mro[:-1]):
+            # a config class (STATE_ONLY_CLASSES): attribute_map renames first; a heterogeneous config's per-layer
+            # rules read another object
+            if d.get("_heterogeneity_spec") is not None:
                 return None
+            if name != "attribute_map":
+                amap = d["attribute_map"] if "attribute_map" in d else self._class_attr(mro, "attribute_map")[1]
+                if type(amap) is dict:
+                    self.w.dict(amap)
+                    look = amap.get(name, name)
+                    if type(look) is not str:
+                        return None
+                elif amap is not None:
+                    return None
         found, value = self._class_attr(mro, look)
         if found and hasattr(type(value), "__get__"):
             return None  # a property, a method, a slot...: computed at each read
@@ -226,7 +240,7 @@ class _Reader:
             if type(mods) not in _DICTS or "_model" not in mods:
                 return None
             self.w.dict(mods)
-            return (mods["_model"],) if look == "_model" else self.attr(mods["_model"], look)
+            return (mods["_model"],) if look == "_model" else self._lookup(mods["_model"], look)
         if isinstance(obj, torch.nn.Module):
             tables = [d.get(n) for n in _MODULE_TABLES]
             if not all(type(tab) in _DICTS for tab in tables):
@@ -236,7 +250,8 @@ class _Reader:
             for tab in tables:
                 if look in tab:
                     return (tab[look],)
-        return None
+            return _ABSENT if t.__getattr__ is torch.nn.Module.__getattr__ else None
+        return _ABSENT if not any("__getattr__" in c.__dict__ for c in mro[:-1]) else None
 
     @staticmethod
     def _class_attr(mro, name):
@@ -293,6 +308,7 @@ _PATTERNS = [
                          rf"\1\._backward_pre_hooks\)")),
     ("call", re.compile(rf"{_C}\({_V}\)")),
     ("typed call", re.compile(rf"\(type\({_V}\) is {_C} and {_C}\(\1\)\)")),
+    ("absent", re.compile(rf"\(not hasattr\({_V}, {_C}\)\)")),
 ]
 
 
@@ -301,7 +317,7 @@ def _check_kind(cond: str) -> tuple[str, str] | None:
     for kind, pattern in _PATTERNS:
         m = pattern.fullmatch(cond)
         if m is not None:
-            if kind in ("call",):
+            if kind == "call":
                 return kind, m.group(2)
             return kind, m.group(1)
     return None
@@ -467,13 +483,11 @@ class UnpackCache:
             return True
         if kind == "number" or kind == "scalar":
             return type(value) in _IMMUTABLE
-        if kind == "hooks":
-            d = watch.instance(value)
-            if d is None or not all(type(d.get(n)) in _DICTS for n in _HOOK_TABLES):
-                return False
-            for n in _HOOK_TABLES:
-                watch.dict(d[n])
-            return True
+        if kind == "absent":
+            name = constants.get(re.findall(r"\bc\d+\b", cond)[-1])
+            return type(name) is str and _Reader(watch).absent(value, name)
+        if kind == "hooks":  # four reads from the module's __dict__: cheaper each call than four version tags
+            return False
         fn = constants.get(re.findall(r"\bc\d+\b", cond)[-1])
         if kind == "typed call":
             watch.typed(value)
