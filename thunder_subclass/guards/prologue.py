@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 import thunder.core.prims as prims
-from thunder.core.proxies import Proxy
+from thunder.core.proxies import IntegerProxy, Proxy
 from thunder.core.trace import from_trace, TraceProvenance
 from thunder.core.transform_common import Transform
 
@@ -87,6 +87,7 @@ class FusedChecks:
             "source": self.source, "conditions": list(self.conditions), "names": list(self.names),
             "constants": {k: v for k, v in namespace.items() if k.startswith("c") and k[1:].isdigit() and k not in fixed},
             "strides": None if tensor_checks is None else list(tensor_checks.strides),
+            "dims": None if tensor_checks is None or tensor_checks.dims is None else list(tensor_checks.dims),
         }
 
     @classmethod
@@ -96,7 +97,10 @@ class FusedChecks:
         namespace.update(state["constants"])
         exec(compile(state["source"], "<thunder_subclass fused prologue checks>", "exec"), namespace)
         if state["strides"] is not None:
-            namespace["_tensor_checks"] = _TensorChecks(namespace["tensor_checks"], list(state["strides"]), namespace)
+            dims = state.get("dims")
+            namespace["_tensor_checks"] = _TensorChecks(namespace["tensor_checks"], list(state["strides"]), namespace,
+                                                        None if dims is None else [
+                                                            None if d is None else tuple(d) for d in dims])
         return cls(namespace["fused_prologue_checks"], list(state["conditions"]), state["source"],
                    tuple(state["names"]))
 
@@ -173,12 +177,13 @@ class _TensorChecks:
     The C++ guard is stricter than the Python checks, so the two together accept exactly what the Python checks
     accept."""
 
-    __slots__ = ("python", "strides", "namespace", "builds")
+    __slots__ = ("python", "strides", "namespace", "builds", "dims")
 
     MAX_BUILDS = 4
 
-    def __init__(self, python, strides: list, namespace: dict):
+    def __init__(self, python, strides: list, namespace: dict, dims: list | None = None):
         self.python, self.strides, self.namespace, self.builds = python, strides, namespace, 0
+        self.dims = dims  # each tensor's sizes with None for a symbolic dim, or None (its example's sizes)
 
     def __call__(self, *tensors) -> bool:
         if not self.python(*tensors):
@@ -202,7 +207,8 @@ class _TensorChecks:
                 unique.append(i)
             else:
                 repeats.append((i, j))
-        check = tensor_metadata_guard([tensors[i] for i in unique], [self.strides[i] for i in unique])
+        dims = None if self.dims is None else [self.dims[i] for i in unique]
+        check = tensor_metadata_guard([tensors[i] for i in unique], [self.strides[i] for i in unique], dims)
         if check is None or not repeats:
             return check
         params = ", ".join(f"t{i}" for i in range(len(tensors)))
@@ -290,6 +296,7 @@ class _Builder:
         self.checks = 0
         self.locals = 0
         self.asked: set[str] = set()
+        self.after: list[str] = []  # conditions on the tensors, after their metadata check (symbolic sizes' relations)
 
     def fresh(self) -> str:
         self.locals += 1
@@ -325,7 +332,7 @@ class _Builder:
     def strides(self, x: str, strides: tuple) -> bool:
         """Checks ``strides`` of tensor ``x`` with its other metadata when it has a slot without strides yet."""
         slot = self.slot_of.get(x)
-        if slot is None or slot.strides is not None:
+        if slot is None or slot.strides is not None or None in slot.shape or not all(type(s) is int for s in strides):
             return False
         slot.strides = strides
         return True
@@ -365,22 +372,36 @@ class _Builder:
             body = " and\n        ".join(slot.condition(t, self.const) for slot, t in zip(self.slots, ts))
             source = f"def tensor_checks({', '.join(ts)}):\n    return bool(\n        {body}\n    )\n\n"
             conditions.append(f"(_tensor_guard({names}) or _tensor_checks({names}))")
+            conditions.extend(self.after)
         body = " and\n        ".join(conditions)
         source += f"def fused_prologue_checks({params}):\n    return bool(\n        {body}\n    )\n"
         # for failure messages: each check in Python, the tensors' after the others (as the function runs them)
-        shown = self.conditions + [slot.condition(slot.x, self.const) for slot in self.slots]
+        shown = self.conditions + [slot.condition(slot.x, self.const) for slot in self.slots] + self.after
         namespace = dict(self.constants)  # every constant named above
         exec(compile(source, "<thunder_subclass fused prologue checks>", "exec"), namespace)
         if self.slots:
+            dims = [slot.shape for slot in self.slots]
             namespace["_tensor_checks"] = _TensorChecks(namespace["tensor_checks"],
-                                                        [slot.strides for slot in self.slots], namespace)
+                                                        [slot.strides for slot in self.slots], namespace,
+                                                        dims if any(None in d for d in dims) else None)
         return FusedChecks(namespace["fused_prologue_checks"], shown, source, tuple(p.name for p in self.values))
 
 
 def _tensor_metadata(b: _Builder, t, shape, device, dtype, requires_grad):
-    if not all(type(s) is int for s in shape) or not isinstance(device, str) or not isinstance(dtype, torch.dtype):
+    if not isinstance(device, str) or not isinstance(dtype, torch.dtype):
         return None
-    b.tensor(b.value(t), torch.Size(shape), dtype, torch.device(device), requires_grad, False, instance=True)
+    if all(type(s) is int for s in shape):
+        b.tensor(b.value(t), torch.Size(shape), dtype, torch.device(device), requires_grad, False, instance=True)
+        return ""
+    if not all(type(s) is int or isinstance(s, IntegerProxy) for s in shape):
+        return None
+    # symbolic sizes: the C++ guard with None for those dims, then each size equal to its number (which the prologue
+    # unpacked before: from this tensor's shape, or a number that ties it to another input)
+    x = b.value(t)
+    b.tensor(x, tuple(s if type(s) is int else None for s in shape), dtype, torch.device(device), requires_grad,
+             False, instance=True)
+    b.after.append("(" + " and ".join(f"{x}.shape[{k}] == {b.value(s)}" for k, s in enumerate(shape)
+                                      if type(s) is not int) + ")")
     return ""
 
 
