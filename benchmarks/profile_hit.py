@@ -2,7 +2,7 @@
 decode-size forward (torchao int8 weight-only, 1 x 8 tokens, ``no_grad``).
 
     python benchmarks/profile_hit.py [--cases twotensor_linear,int8_linear_stack,hf] [--repeats 7] [--iters 200]
-                                     [--configs ts,ts+inductor,inductor] [--profile]
+                                     [--configs ts,ts+inductor,inductor] [--profile] [--watch-ab] [--reads-ab]
 
 Per case and configuration: the first call's time (trace and compile, in this process: inductor's caches may be
 warm from an earlier case), and the median (over ``--repeats`` rounds, every configuration timed in turn in each round,
@@ -13,7 +13,9 @@ tensor metadata, object reads, module and torch state), the computation and the 
 (the plugin's and thunder's per-call path: the module's ``__call__``, the fast path, the entry index, statistics).
 ``--profile`` adds cProfile's top functions of the ``ts`` hit (by internal time). ``--watch-ab`` times instead, in
 one process and in alternation, ``ts`` as it is against ``ts`` whose object guards compare in full on every call (the
-checks before ``guards/watched.py``): the price of those comparisons on a hit.
+checks before ``guards/watched.py``): the price of those comparisons on a hit. ``--reads-ab`` likewise times ``ts``
+against ``ts`` whose prologue reads the module and checks what it read on every call (before
+``guards/unpack_cache.py``), whole calls and the prologue alone.
 
 Wall clock on a shared machine: compare the ratios of one run, not absolute numbers across runs.
 """
@@ -168,10 +170,13 @@ def main(argv=None):
     parser.add_argument("--iters", type=int, default=200)
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--watch-ab", action="store_true")
+    parser.add_argument("--reads-ab", action="store_true")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     if args.watch_ab:
         return watch_ab(args)
+    if args.reads_ab:
+        return reads_ab(args)
     configs = args.configs.split(",")
     for case_name, case in cases(args.cases.split(",")).items():
         steps, jfns, firsts = {}, {}, {}
@@ -239,6 +244,41 @@ def watch_ab(args):
         ratios = [a / b for a, b in zip(samples["watched"], samples["per call"])]
         print(f"{case_name}: watched {med['watched']:.1f} us, per call {med['per call']:.1f} us, "
               f"ratio {statistics.median(ratios):.3f} (median of {args.repeats} paired rounds)")
+
+
+def reads_ab(args):
+    """``ts`` with the module reads once per write (``guards/unpack_cache.py``) against ``ts`` whose prologue reads
+    the module and checks what it read on every call (as before), side by side: whole calls and the prologue alone."""
+    from thunder_subclass.guards import prologue
+
+    for case_name, case in cases(args.cases.split(",")).items():
+        steps, jfns = {}, {}
+        for name in ("per write", "per call"):
+            fn = thunder_subclass.jit(copy.deepcopy(case["model"]))
+            step = case["run"](fn)
+            reads = prologue._module_reads
+            if name == "per call":
+                prologue._module_reads = lambda trace: ([], {})  # the prologue is built at the first call
+            try:
+                step()
+            finally:
+                prologue._module_reads = reads
+            for _ in range(4):
+                step()
+            steps[name], jfns[name] = step, fn
+        samples = {name: [] for name in steps}
+        pro = {name: [] for name in steps}
+        for _ in range(args.repeats):
+            for name, step in steps.items():
+                samples[name].append(per_call(step, args.iters))
+                pro[name].append(_Recorder(jfns[name]).parts(step, args.iters)["prologue"])
+        med = {name: statistics.median(s) for name, s in samples.items()}
+        pmed = {name: statistics.median(s) for name, s in pro.items()}
+        ratios = [a / b for a, b in zip(samples["per write"], samples["per call"])]
+        pratios = [a / b for a, b in zip(pro["per write"], pro["per call"])]
+        print(f"{case_name}: call per write {med['per write']:.1f} us, per call {med['per call']:.1f} us, ratio "
+              f"{statistics.median(ratios):.3f}; prologue per write {pmed['per write']:.1f} us, per call "
+              f"{pmed['per call']:.1f} us, ratio {statistics.median(pratios):.3f} (median of {args.repeats} rounds)")
 
 
 if __name__ == "__main__":

@@ -88,9 +88,15 @@ def _restore_class_attribute():
 
 
 def _fused_constants(jm):
+    """The constants of the prologue's fused checks: the per-call ones and those of the module reads (run once per
+    write, ``guards.unpack_cache``)."""
     trace = thunder.last_prologue_traces(jm)[-1]
     (check,) = [b for b in trace.bound_symbols if b.sym.name == "check_prologue"]
-    return check.args[1].fn.__globals__
+    constants = dict(check.args[1].fn.__globals__)
+    for b in trace.bound_symbols:
+        if b.sym.name == "read_module" and b.args[1].checks is not None:
+            constants.update({f"module_{k}": v for k, v in b.args[1].checks.fn.__globals__.items()})
+    return constants
 
 
 @pytest.mark.parametrize("write", WRITES, ids=lambda w: w.__name__.strip("_"))

@@ -15,8 +15,9 @@ opens with its stage, then In / What happens / Out):
    ``speculation`` (data-dependent branches computed while tracing and guarded).
 3. inputs and guards, ``guards/``: an input becomes a proxy (``frontend.proxy``) with prologue guards, one
    protocol (``guards.protocol``), guards on Python state (``guards.state``); a cache entry's checks run as one
-   generated function (``guards.prologue``), value checks once per write (``guards.watched``), an input's layout (``guards.layouts``); the caller's containers
-   given their contents back (``guards.write_backs``, ``guards.container_writes``).
+   generated function (``guards.prologue``), value checks once per write (``guards.watched``), the module reads
+   once per write (``guards.unpack_cache``), an input's layout (``guards.layouts``); the caller's containers given
+   their contents back (``guards.write_backs``, ``guards.container_writes``).
 4. interpretation, ``frontend/``: torch operations on subclass proxies unrolled through ``__torch_dispatch__``
    (``interpretation``) on fakes (``fake``), recorded (``recording``) as aten-level symbols (``aten_symbols``) between
    ``flatten_<Cls>`` / ``unflatten_<Cls>`` (``subclass_symbols``); ``torch_function``, ``module_calls``,

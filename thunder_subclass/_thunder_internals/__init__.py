@@ -135,6 +135,7 @@ from thunder_subclass._thunder_internals.thunder_state import (  # noqa: F401
     hooked_module_provenance,
     module_slot_of,
     user_module,
+    thunder_module_lookup,
     compile_data_context,
     current_compile_data,
     input_attribute,

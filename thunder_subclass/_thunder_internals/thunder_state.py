@@ -603,6 +603,23 @@ def module_slot_of(record) -> tuple[Any, str, str] | None:
     return module_record, table.value, key.value
 
 
+def thunder_module_lookup() -> tuple[Callable[[Any], Any], type, dict | None]:
+    """``(get_thunder_module, ThunderModule, map)``: the function a prologue unpacks the jitted module with
+    (``core/module.py``: the module's ``ThunderModule`` from the compile data's ``_thunder_module_map``, a dict by
+    ``id``, or the module itself), the wrapper's class, and that map of the compile data current now (None outside a
+    call; the map is a ``WeakValueDictionary``: its ``data`` dict). ``guards.unpack_cache`` runs the first and watches
+    the map."""
+    import weakref
+
+    from thunder.core.compile_data import get_compile_data
+    from thunder.core.module import ThunderModule, get_thunder_module
+
+    found = getattr(get_compile_data(), "_thunder_module_map", None)
+    if type(found) is weakref.WeakValueDictionary:
+        found = found.data
+    return get_thunder_module, ThunderModule, found if type(found) is dict else None
+
+
 def user_module(module):
     """The user's module behind what the prologue unpacks for it: the jitted module is unpacked as thunder's
     ``ThunderModule`` wrapper (``core/module.py`` ``get_thunder_module``), whose own tables are not the user's."""

@@ -205,20 +205,23 @@ def module_has_no_own_hooks_expression(v: str) -> str:
     return f"not ({v}._forward_pre_hooks or {v}._forward_hooks or {v}._backward_hooks or {v}._backward_pre_hooks)"
 
 
-def tensor_metadata_guard(tensors: Sequence, strides: Sequence) -> Callable | None:
+def tensor_metadata_guard(tensors: Sequence, strides: Sequence, dims: Sequence | None = None) -> Callable | None:
     """``check(*tensors) -> bool``: torch's C++ tensor guard (``torch._C._dynamo.guards.TensorGuards``, what dynamo's
     ``TENSOR_MATCH`` guards run), made from ``tensors`` as examples, that is True for tensors of the same Python types,
     dispatch keys, dtypes, devices, ``requires_grad``, sizes and, where ``strides[i]`` is not None, strides (None for
     a non-tensor argument). That is stricter than thunder's metadata checks (dispatch keys) and much cheaper than
     them in Python: a caller checks in Python when it is False. None when this torch has no such guard or it does not
-    accept ``tensors`` (it is checked on them once)."""
+    accept ``tensors`` (it is checked on them once). ``dims[i]``, when given and not None, is tensor ``i``'s sizes with
+    None for a dynamic dim (a symbolic size: torch's guard then checks only the number of dims there; 2.10 to 2.15
+    take None so), else its sizes are its example's."""
     guards = getattr(getattr(torch._C, "_dynamo", None), "guards", None)
     make = getattr(guards, "TensorGuards", None)
     if make is None or not tensors:
         return None
     try:
         with torch._C.DisableTorchFunctionSubclass():  # no __torch_function__ of the user's runs for these reads
-            sizes = [list(t.shape) for t in tensors]
+            sizes = [list(t.shape) if dims is None or dims[i] is None else list(dims[i])
+                     for i, t in enumerate(tensors)]
         guard = make(*tensors, dynamic_dims_sizes=sizes,
                      dynamic_dims_strides=[list(st) if st is not None else [None] * len(size)
                                            for size, st in zip(sizes, strides)])

@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 import thunder.core.prims as prims
-from thunder.core.proxies import Proxy
+from thunder.core.proxies import IntegerProxy, Proxy
 from thunder.core.trace import from_trace, TraceProvenance
 from thunder.core.transform_common import Transform
 
@@ -54,6 +54,8 @@ from thunder_subclass._thunder_internals import (
     tensor_metadata_guard,
 )
 from thunder_subclass.frontend.proxy import PLAIN_TENSOR_TYPES
+from thunder_subclass.guards.unpack_cache import STEP_KINDS, UnpackCache
+from thunder_subclass import _thunder_internals
 
 __all__ = ["FusedChecks", "FusedPrologueChecks", "check_prologue", "fuse_prologue_checks"]
 
@@ -85,6 +87,7 @@ class FusedChecks:
             "source": self.source, "conditions": list(self.conditions), "names": list(self.names),
             "constants": {k: v for k, v in namespace.items() if k.startswith("c") and k[1:].isdigit() and k not in fixed},
             "strides": None if tensor_checks is None else list(tensor_checks.strides),
+            "dims": None if tensor_checks is None or tensor_checks.dims is None else list(tensor_checks.dims),
         }
 
     @classmethod
@@ -94,7 +97,10 @@ class FusedChecks:
         namespace.update(state["constants"])
         exec(compile(state["source"], "<thunder_subclass fused prologue checks>", "exec"), namespace)
         if state["strides"] is not None:
-            namespace["_tensor_checks"] = _TensorChecks(namespace["tensor_checks"], list(state["strides"]), namespace)
+            dims = state.get("dims")
+            namespace["_tensor_checks"] = _TensorChecks(namespace["tensor_checks"], list(state["strides"]), namespace,
+                                                        None if dims is None else [
+                                                            None if d is None else tuple(d) for d in dims])
         return cls(namespace["fused_prologue_checks"], list(state["conditions"]), state["source"],
                    tuple(state["names"]))
 
@@ -171,12 +177,13 @@ class _TensorChecks:
     The C++ guard is stricter than the Python checks, so the two together accept exactly what the Python checks
     accept."""
 
-    __slots__ = ("python", "strides", "namespace", "builds")
+    __slots__ = ("python", "strides", "namespace", "builds", "dims")
 
     MAX_BUILDS = 4
 
-    def __init__(self, python, strides: list, namespace: dict):
+    def __init__(self, python, strides: list, namespace: dict, dims: list | None = None):
         self.python, self.strides, self.namespace, self.builds = python, strides, namespace, 0
+        self.dims = dims  # each tensor's sizes with None for a symbolic dim, or None (its example's sizes)
 
     def __call__(self, *tensors) -> bool:
         if not self.python(*tensors):
@@ -200,7 +207,8 @@ class _TensorChecks:
                 unique.append(i)
             else:
                 repeats.append((i, j))
-        check = tensor_metadata_guard([tensors[i] for i in unique], [self.strides[i] for i in unique])
+        dims = None if self.dims is None else [self.dims[i] for i in unique]
+        check = tensor_metadata_guard([tensors[i] for i in unique], [self.strides[i] for i in unique], dims)
         if check is None or not repeats:
             return check
         params = ", ".join(f"t{i}" for i in range(len(tensors)))
@@ -224,6 +232,16 @@ def _check_prologue_impl(values: tuple, checks: FusedChecks) -> None:
 # DONT_DCE: no output, and dead-code elimination must keep it in the prologue
 check_prologue = subclass_executor.register_operator(
     "check_prologue", meta=lambda values, checks: None, fn=_check_prologue_impl, tags=[prims.OpTags.DONT_DCE]
+)
+
+def _read_module_impl(module, cache):
+    return cache(module)
+
+
+# the module reads of a prologue and their checks, once per write (guards.unpack_cache; DONT_DCE: its checks)
+read_module = subclass_executor.register_operator(
+    "read_module", meta=lambda module, cache: None, fn=_read_module_impl,
+    tags=[prims.OpTags.DONT_DCE]
 )
 
 
@@ -278,6 +296,7 @@ class _Builder:
         self.checks = 0
         self.locals = 0
         self.asked: set[str] = set()
+        self.after: list[str] = []  # conditions on the tensors, after their metadata check (symbolic sizes' relations)
 
     def fresh(self) -> str:
         self.locals += 1
@@ -313,7 +332,7 @@ class _Builder:
     def strides(self, x: str, strides: tuple) -> bool:
         """Checks ``strides`` of tensor ``x`` with its other metadata when it has a slot without strides yet."""
         slot = self.slot_of.get(x)
-        if slot is None or slot.strides is not None:
+        if slot is None or slot.strides is not None or None in slot.shape or not all(type(s) is int for s in strides):
             return False
         slot.strides = strides
         return True
@@ -353,22 +372,36 @@ class _Builder:
             body = " and\n        ".join(slot.condition(t, self.const) for slot, t in zip(self.slots, ts))
             source = f"def tensor_checks({', '.join(ts)}):\n    return bool(\n        {body}\n    )\n\n"
             conditions.append(f"(_tensor_guard({names}) or _tensor_checks({names}))")
+            conditions.extend(self.after)
         body = " and\n        ".join(conditions)
         source += f"def fused_prologue_checks({params}):\n    return bool(\n        {body}\n    )\n"
         # for failure messages: each check in Python, the tensors' after the others (as the function runs them)
-        shown = self.conditions + [slot.condition(slot.x, self.const) for slot in self.slots]
+        shown = self.conditions + [slot.condition(slot.x, self.const) for slot in self.slots] + self.after
         namespace = dict(self.constants)  # every constant named above
         exec(compile(source, "<thunder_subclass fused prologue checks>", "exec"), namespace)
         if self.slots:
+            dims = [slot.shape for slot in self.slots]
             namespace["_tensor_checks"] = _TensorChecks(namespace["tensor_checks"],
-                                                        [slot.strides for slot in self.slots], namespace)
+                                                        [slot.strides for slot in self.slots], namespace,
+                                                        dims if any(None in d for d in dims) else None)
         return FusedChecks(namespace["fused_prologue_checks"], shown, source, tuple(p.name for p in self.values))
 
 
 def _tensor_metadata(b: _Builder, t, shape, device, dtype, requires_grad):
-    if not all(type(s) is int for s in shape) or not isinstance(device, str) or not isinstance(dtype, torch.dtype):
+    if not isinstance(device, str) or not isinstance(dtype, torch.dtype):
         return None
-    b.tensor(b.value(t), torch.Size(shape), dtype, torch.device(device), requires_grad, False, instance=True)
+    if all(type(s) is int for s in shape):
+        b.tensor(b.value(t), torch.Size(shape), dtype, torch.device(device), requires_grad, False, instance=True)
+        return ""
+    if not all(type(s) is int or isinstance(s, IntegerProxy) for s in shape):
+        return None
+    # symbolic sizes: the C++ guard with None for those dims, then each size equal to its number (which the prologue
+    # unpacked before: from this tensor's shape, or a number that ties it to another input)
+    x = b.value(t)
+    b.tensor(x, tuple(s if type(s) is int else None for s in shape), dtype, torch.device(device), requires_grad,
+             False, instance=True)
+    b.after.append("(" + " and ".join(f"{x}.shape[{k}] == {b.value(s)}" for k, s in enumerate(shape)
+                                      if type(s) is not int) + ")")
     return ""
 
 
@@ -392,18 +425,69 @@ _THUNDER_CHECKS = {
 }
 
 
+def _module_reads(trace) -> tuple[list, dict]:
+    """The reads of the jitted module and of what is reached from it (``unpack_cache.STEP_KINDS``): their bound
+    symbols, and each value's index (0: the module, ``globals()['__function_obj']``)."""
+    index: dict[str, int] = {}
+    reads = []
+    for bsym in trace.bound_symbols:
+        if bsym.sym.id == _P.UNPACK_FUNCTION_OBJ and not index and isinstance(bsym.output, Proxy):
+            index[bsym.output.name] = 0
+            continue
+        kind = STEP_KINDS.get(bsym.sym.name)
+        args = bsym.args
+        if (kind is None or bsym.kwargs or not args or not isinstance(args[0], Proxy) or args[0].name not in index
+                or len(args) != (1 if kind == "thunder_module" else 2) or any(isinstance(a, Proxy) for a in args[1:])
+                or not isinstance(bsym.output, Proxy) or bsym.output.name in index):
+            continue
+        index[bsym.output.name] = len(index)
+        reads.append(bsym)
+    return reads, index
+
+
+def _is_tensor_check(bsym) -> bool:
+    guard = guard_of(bsym)
+    if guard is None:
+        return bsym.sym.id == _P.CHECK_TENSOR_SHAPE_AND_METADATA
+    return type(guard).__module__ in ("thunder_subclass.guards.tensors", "thunder_subclass.guards.layouts")
+
+
+def _add_module_check(builder: _Builder, bsym, index: dict) -> bool:
+    """Adds ``bsym`` to the checks of the module reads when it checks one value read from the module and is not a
+    tensor check, and its conditions stand alone (no tensor slot, no name bound for another condition)."""
+    args = bsym.args
+    if not args or not isinstance(args[0], Proxy) or args[0].name not in index or _is_tensor_check(bsym):
+        return False
+    before = (len(builder.conditions), len(builder.slots), builder.checks, set(builder.asked))
+    if not builder.add(bsym):
+        return False
+    if len(builder.slots) == before[1] and not any("_w" in c for c in builder.conditions[before[0]:]):
+        return True
+    del builder.conditions[before[0]:], builder.slots[before[1]:]
+    builder.checks, builder.asked = before[2], before[3]
+    builder.slot_of = {k: v for k, v in builder.slot_of.items() if v in builder.slots}
+    return False
+
+
 def fuse_prologue_checks(trace):
     """``trace`` (a prologue) with its fusible checks replaced by one ``check_prologue`` before its return, and the
     checks of speculated values (``thunder_subclass.runtime.speculation``: they run operations on the inputs) after every
-    other check, so that an input of another type or shape is rejected before they run."""
-    builder, kept, speculated = _Builder(), [], []
+    other check, so that an input of another type or shape is rejected before they run. Where dict version tags are
+    available the reads of the jitted module and their checks other than tensor checks become one ``read_module``
+    symbol (:class:`~thunder_subclass.guards.unpack_cache.UnpackCache`: read once per write)."""
+    reads, index = _module_reads(trace) if _thunder_internals.dict_version_reader() is not None else ([], {})
+    builder, module_checks, kept, speculated = _Builder(), _Builder(), [], []
     for bsym in trace.bound_symbols:
         if bsym.sym.name == "check_speculation":
             speculated.append(bsym)
+        elif reads and _add_module_check(module_checks, bsym, index):
+            continue
         elif not builder.add(bsym):
             kept.append(bsym)
     if not kept or kept[-1].sym.id != _P.RETURN:
         return trace
+    if reads:
+        return _with_module_reads(trace, reads, index, builder, module_checks, kept, speculated)
     fused = builder.checks >= 2
     if fused:
         body = [*kept[:-1], check_prologue.bind(tuple(builder.values), builder.build(), output=None)]
@@ -415,6 +499,29 @@ def fuse_prologue_checks(trace):
     new.bound_symbols = [*body, *speculated, kept[-1]]
     if fused:
         new.set_provenance(TraceProvenance(f"Fused {builder.checks} prologue checks (thunder_subclass)"))
+    return new
+
+
+def _with_module_reads(trace, reads, index, builder, module_checks, kept, speculated):
+    read_ids = {id(b) for b in reads}
+    rest = [b for b in kept[:-1] if id(b) not in read_ids]
+    check = [check_prologue.bind(tuple(builder.values), builder.build(), output=None)] if builder.checks else []
+    used = {p.name for b in [*rest, *check, *speculated, kept[-1]] for p in b.flat_proxy_args}
+    proxies = {b.output.name: b.output for b in reads}
+    exports = [name for name in index if name in used and name in proxies]
+    steps = [(STEP_KINDS[b.sym.name], index[b.output.name], index[b.args[0].name],
+              b.args[1] if len(b.args) > 1 else None) for b in reads]
+    checks = module_checks.build() if module_checks.checks else None
+    cache = UnpackCache(steps, len(index), [index[n] for n in exports], checks,
+                        [index[p.name] for p in module_checks.values])
+    unpack = read_module.bind(next(b.output for b in trace.bound_symbols if b.sym.id == _P.UNPACK_FUNCTION_OBJ),
+                                cache, output=tuple(proxies[n] for n in exports) if exports else None)
+    new = from_trace(trace)
+    pos = max(i for i, b in enumerate(rest) if b.sym.id == _P.UNPACK_FUNCTION_OBJ) + 1
+    new.bound_symbols = [*rest[:pos], unpack, *rest[pos:], *check, *speculated, kept[-1]]
+    new.set_provenance(TraceProvenance(
+        f"Fused {builder.checks} prologue checks, {len(reads)} module reads and {module_checks.checks} of their checks "
+        "read once per write (thunder_subclass)"))
     return new
 
 

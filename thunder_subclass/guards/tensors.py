@@ -293,7 +293,12 @@ def inline_tensor_check(const):
     """The ``tensor`` argument of :meth:`SubclassSpec.expression` that checks a tensor's metadata inline, in Python."""
 
     def tensor(x: str, shape, dtype, device, requires_grad, plain: bool, strides=None) -> str:
-        return (f"{'type(' + x + ') in _plain and ' if plain else ''}{x}.shape == {const(shape)} and "
+        if any(s is None for s in shape):  # a dynamic dim (None): only the number of dims and the other sizes
+            sizes = " and ".join([f"len({x}.shape) == {len(shape)}"]
+                                 + [f"{x}.shape[{k}] == {s}" for k, s in enumerate(shape) if s is not None])
+        else:
+            sizes = f"{x}.shape == {const(shape)}"
+        return (f"{'type(' + x + ') in _plain and ' if plain else ''}{sizes} and "
                 f"{x}.dtype is {const(dtype)} and {x}.device == {const(device)} and "
                 f"{x}.requires_grad is {const(requires_grad)}"
                 + (f" and {x}.stride() == {const(tuple(strides))}" if strides is not None else ""))

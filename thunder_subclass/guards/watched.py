@@ -43,7 +43,7 @@ import torch
 from thunder_subclass import _thunder_internals
 from thunder_subclass.guards.values import SCALARS
 
-__all__ = ["STATE_ONLY_CLASSES", "StateCheck", "WatchedCheck", "watched"]
+__all__ = ["STATE_ONLY_CLASSES", "StateCheck", "WatchedCheck", "watch_records", "watched"]
 
 # (module, qualname) of classes whose own __getattribute__, __getattr__, __eq__ and __ne__ read only the instance's
 # attributes and its classes' (read in transformers 5.24; PretrainedConfig is its older name): attribute_map lookups and
@@ -140,6 +140,12 @@ def _watch(obj, dict_version) -> tuple | None:
     if not instances and not dicts:
         return None  # an immutable value: nothing to watch (its check is cheap)
     return tuple(instances), tuple(dicts)
+
+
+def watch_records(obj, dict_version) -> tuple | None:
+    """``(instances, dicts)``: what a full check of ``obj``'s state depends on (see the module's text), or None when
+    it cannot be watched (also read by ``guards.unpack_cache``)."""
+    return _watch(obj, dict_version)
 
 
 class StateCheck:
