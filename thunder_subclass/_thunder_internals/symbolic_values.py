@@ -379,6 +379,17 @@ def hook_targets() -> list[tuple[Any, str, Callable]]:
 
 
 _SAME_SIZE_AS = "_thunder_subclass_same_size_as"
+# on an input size number: ``(q, k)``, it is input size number ``q`` plus the constant ``k`` by construction (a jagged
+# NestedTensor's batch size is its offsets' length less one): fake runs give it that expression of ``q``'s symbol
+_OFFSET_OF = "_thunder_subclass_offset_of"
+
+
+def relate_size_by_offset(p, q, k: int) -> None:
+    """Input size numbers ``p`` and ``q`` satisfy ``p == q + k`` by construction of the value they are read from (no
+    call can break it: ``NestedTensor.shape[0]`` is computed as ``offsets.shape[0] - 1``): fake runs give ``p`` the
+    expression ``symbol(q) + k``, so sizes of results computed from ``q`` map back to ``p`` and no guard relates
+    them."""
+    p.__dict__[_OFFSET_OF] = (q, int(k))
 
 
 def guard_equal_sizes(pairs: list) -> None:
@@ -444,6 +455,43 @@ class ShapeSymbols:
         self._specialised: list = []  # number proxies the ShapeEnv made constants (0, 1), not yet pinned
         self._new_symbols: list = []  # symbols whose range is not yet guarded
         self._guards_seen = 0
+        self._nested: dict[int, Any] = {}  # id of a plain nested int -> its symbolic nested int here
+        self._nested_symbols: set = set()  # their sympy symbols
+
+    def nested_int(self, j):
+        """The symbolic nested int standing for plain nested int ``j`` (an input jagged NestedTensor's ragged size) in
+        this environment's fakes (made once; hint ``j``), as torch.compile's fakes have one: it multiplies with size
+        symbols (a NestedTensor's stride ``j * D``), where a plain nested int cannot. Results' sizes map back to ``j``
+        (:meth:`number`)."""
+        from torch.nested._internal.nested_int import NestedIntNode
+
+        if not isinstance(j.node, NestedIntNode):  # symbolic already (a fake output's size: its gradient's)
+            return j
+        key, coeff = j.node.nested_int(), j.node.nested_int_coeff()
+        s = self._nested.get(key)
+        if s is None:
+            from torch._dynamo.source import ConstantSource
+
+            base = j if coeff == 1 else None
+            if base is None:
+                raise SymbolicSizeError(f"the nested int {j} of an input has a coefficient")
+            source = ConstantSource(f"nested_{key}_{len(self._nested)}")
+            expr = self.shape_env.create_symbol(base, source)
+            s = self._nested[key] = self.shape_env.create_symintnode(expr, hint=base, source=source)
+            self._nested_symbols.add(expr)
+        return s
+
+    def nested_symbols(self) -> set:
+        """The symbols of the symbolic nested ints made by :meth:`nested_int`."""
+        return self._nested_symbols
+
+    def _is_nested_multiple(self, expr) -> bool:
+        import sympy
+
+        if expr in self._nested_symbols:
+            return True
+        return isinstance(expr, sympy.Mul) and len(expr.args) == 2 and expr.args[0].is_Integer \
+            and expr.args[1] in self._nested_symbols
 
     def knows(self, p) -> bool:
         same = p.__dict__.get(_SAME_SIZE_AS)
@@ -457,6 +505,14 @@ class ShapeSymbols:
         if same is not None:  # guarded equal to another input number: one symbol for both
             return self.symint(same)
         s = self._symint.get(p.name)
+        offset = p.__dict__.get(_OFFSET_OF)
+        if s is None and offset is not None and not p.is_static_constrained():
+            base, k = offset
+            s = self.symint(base) + k if not base.is_static_constrained() else int(base.value) + k
+            self._symint[p.name] = s
+            if isinstance(s, torch_symint()):
+                self._proxy.setdefault(self.shape_env.replace(s.node.expr), p)
+            return s
         if s is None:
             s = self._computed_symint(p, 16)
             if s is not None:
@@ -565,6 +621,12 @@ class ShapeSymbols:
         expr = self.shape_env.replace(x.node.expr)
         if expr.is_number:
             return int(expr)
+        if self._nested_symbols and expr.free_symbols & self._nested_symbols:
+            # a ragged size (a multiple of an input's nested int), or a NestedTensor's stride (the nested int times
+            # dense sizes, which are pinned: frontend.jagged): that multiple of the plain nested int
+            if self._is_nested_multiple(expr):
+                return x.node.hint
+            raise SymbolicSizeError(f"a size of a result is {expr}: a ragged size times a symbolic size")
         p = self._proxy.get(expr)
         if p is not None:
             return p
@@ -778,7 +840,9 @@ def add_size_guards(symbols: ShapeSymbols) -> None:
     if is_interpreting():
         _cover_input_sizes(symbols)
     guards, ranges, specialised = symbols.take_guards()
-    exprs = list(guards)
+    # a guard on ragged sizes alone (``Ne(j, 1)``) holds for every call: nested ints compare alike with numbers, and
+    # which inputs share one is checked by guards.tensors.check_nested_sizes
+    exprs = [g for g in guards if not (g.free_symbols and g.free_symbols <= symbols.nested_symbols())]
     for s, lower, upper in ranges:
         if isinstance(lower, sympy.Integer):
             exprs.append(sympy.Ge(s, lower))

@@ -12,10 +12,9 @@ them; an argument's flatten context that holds its outer size and strides, DTens
 :func:`context_template`), the run goes under that ShapeEnv's fake mode, and sizes of results map back to number
 proxies (:meth:`FakeEnv.numbers`); a result whose context holds its sizes keeps a :class:`SizedContext`.
 
-Known values: fakes of integer inputs (a jagged NestedTensor's offsets and lengths, 1-D integer arguments) know their
-real values (:class:`ValueSource`, :meth:`FakeEnv.known_value`), and so do results of aten calls on such fakes only
-(:meth:`FakeEnv.propagate_values`); dispatch that reads them (``.tolist()``) gets them, and the inputs they come from
-are then guarded by value in the prologue.
+Known values: fakes of integer inputs (a jagged NestedTensor's offsets and lengths, 1-D integer arguments) of fixed
+sizes know their values (:class:`ValueSource`), as do aten results on such fakes only (:meth:`propagate_values`):
+dispatch reads them (``.tolist()``), the prologue guards them by value (symbolic sizes: unknown, ``frontend.jagged``).
 """
 
 from __future__ import annotations
@@ -49,6 +48,7 @@ from thunder_subclass._thunder_internals import (
     traced_autocast_states,
 )
 from thunder_subclass.errors import SubclassProtocolError
+from thunder_subclass.frontend.jagged import fake_outer as jagged_fake_outer
 from thunder_subclass.frontend.proxy import (
     STRIDE_ATTR,
     STRIDES_LIKE_ATTR,
@@ -529,9 +529,7 @@ class FakeEnv:
             restore_python_attributes(fake, x.python_attrs)
             self.subclass_inputs.append(x)
         elif self.symbols is not None and not all(type(d) is int for d in x._shape):
-            if nested_int_of(x) is not None or value_source(x) is not None:
-                raise SymbolicSizeError("ragged sizes and known values are not kept symbolic")
-            shape = [self._size(d) for d in x._shape]
+            shape = [self._size(d) for d in x._shape]  # (integer inputs' values are not known: see frontend.jagged)
             strides = x.__dict__.get(_SYMBOLIC_STRIDE_ATTR)
             with self.symbols.mode:  # the strides a symbolic run gave it, else contiguous in the symbols
                 if strides is not None and len(strides) == len(shape):
@@ -539,6 +537,8 @@ class FakeEnv:
                                                device=torch_device(x))
                 else:
                     fake = torch.empty(shape, dtype=torch_dtype(x), device=torch_device(x))
+            if nested_int_of(x) is not None:  # a jagged NestedTensor's offsets: the input's ragged size, symbolic
+                set_fake_nested_int(fake, self.symbols.nested_int(nested_int_of(x)))
         else:
             with (self.symbols.mode if self.symbols is not None else fake_mode()):
                 fake = torch.empty_strided(
@@ -604,8 +604,8 @@ class FakeEnv:
     def _symbolic_outer(self, x: SubclassTensorProxy, size: tuple, stride: tuple) -> tuple[tuple, tuple]:
         """The outer size and strides of the fake of subclass proxy ``x`` in a symbolic environment: symbols where
         ``x``'s sizes are number proxies; strides contiguous in them where they were contiguous, else its own."""
-        if x.nested_sizes:
-            raise SymbolicSizeError("ragged sizes are not kept symbolic")
+        if x.nested_sizes:  # a jagged NestedTensor
+            return jagged_fake_outer(x, size, self._size, self.symbols)
         sym_size = tuple(self._size(d) for d in size)
         if x.history is None:  # a computed value: its strides were mapped from a fake run's (ints are constants)
             return sym_size, tuple(self._size(d) for d in stride)
