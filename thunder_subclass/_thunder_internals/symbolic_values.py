@@ -595,11 +595,13 @@ class ShapeSymbols:
             return False
         return None
 
-    def number(self, x, *, compute: bool = False):
+    def number(self, x, *, compute: bool = False, ragged_stride: bool = False):
         """The int or number proxy a size of a fake result stands for. A sum or product of symbols (``s0 * s1``
         from a flattening view, ``s0 + s1`` from a ``cat``) is, with ``compute``, a number proxy computed by
         thunder's number prims in the current scope (which runs them where the scope's symbols run), else, like
-        any other expression, a :class:`SymbolicSizeError`."""
+        any other expression, a :class:`SymbolicSizeError`. ``ragged_stride``: ``x`` is a stride of a jagged
+        NestedTensor, which nothing reads as a number (``__tensor_unflatten__`` computes its strides, ``x.stride()``
+        in traced code is refused): a symbolic nested int times sizes is the value it has for the traced sizes."""
         import torch
 
         if not isinstance(x, torch.SymInt):
@@ -610,7 +612,7 @@ class ShapeSymbols:
         if self._nested_symbols and expr.free_symbols & self._nested_symbols:
             # a ragged size (a multiple of an input's nested int), or a NestedTensor's stride (the nested int times
             # dense sizes, which are pinned: frontend.jagged): that multiple of the plain nested int
-            if self._is_nested_multiple(expr):
+            if self._is_nested_multiple(expr) or ragged_stride:
                 return x.node.hint
             raise SymbolicSizeError(f"a size of a result is {expr}: a ragged size times a symbolic size")
         p = self._proxy.get(expr)

@@ -23,7 +23,7 @@ from thunder.core.proxies import NumberProxy
 
 from thunder_subclass._thunder_internals import input_size_numbers, is_nested_int, relate_size_by_offset
 
-__all__ = ["is_jagged", "is_jagged_proxy", "has_symbolic_jagged_layout", "outer_size_numbers", "relate_inner_sizes", "fake_outer"]
+__all__ = ["is_jagged", "is_jagged_proxy", "result_strides", "has_symbolic_jagged_layout", "outer_size_numbers", "relate_inner_sizes", "fake_outer"]
 
 
 def is_jagged(t: Any) -> bool:
@@ -103,3 +103,12 @@ def fake_outer(x, size: tuple, size_of: Callable[[Any], Any], symbols) -> tuple[
         return d if isinstance(d, torch.SymInt) else size_of(d)
 
     return tuple(one(d) for d in size), tuple(x.outer_stride)
+
+
+def result_strides(env, x: torch.Tensor) -> tuple:
+    """The outer strides of jagged NestedTensor ``x``, a result of a fake run of ``env`` (a ``FakeEnv``), as its
+    proxy holds them: in a symbolic environment, the strides' values for the traced sizes where they multiply the
+    ragged size by symbolic sizes (``ShapeSymbols.number``'s ``ragged_stride``; nothing reads them as numbers)."""
+    if env.symbols is None:
+        return env.numbers(x.stride())
+    return tuple(env.symbols.number(s, compute=True, ragged_stride=True) for s in x.stride())
