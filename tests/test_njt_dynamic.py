@@ -154,3 +154,22 @@ def test_a_branch_on_the_batch_size_is_guarded():
     f = lambda t: t * 2 if t.size(0) == 3 else t - 1  # noqa: E731
     jf = _run(f, lambda L: (njt(L),), batches=((2, 3, 4), (3, 2, 5), (4, 4), (2, 2, 2, 6), (3, 3, 3)))
     assert cache_counts(jf) == (2, 3)
+
+
+def test_a_layout_change_or_a_branch_on_the_max_length_traces_again():
+    def holes(lengths):
+        v = torch.randn(len(lengths), 8, 5, dtype=torch.float64)
+        return torch.nested.narrow(v, 1, torch.tensor([1] * len(lengths)), torch.tensor(lengths), layout=torch.jagged)
+
+    f = lambda t: t.sin() * 2 if t._get_max_seqlen() > 4 else t.cos()  # noqa: E731
+    jf = thunder_subclass.jit(f, dynamic=True)
+    # contiguous (max 4, 5, 3), then with holes (an inner tensor more: another structure), contiguous again (max 6)
+    for x in (njt((2, 3, 4)), njt((3, 5, 2)), njt((3, 3, 2, 2)), holes((2, 3, 4)), holes((5, 2, 3)), njt((6, 2))):
+        y, expected = jf(x), f(x)
+        for a, b in zip(y.unbind(), expected.unbind()):
+            torch.testing.assert_close(a, b)
+        assert y.is_contiguous() == expected.is_contiguous()
+    # contiguous inputs: one trace per side of the branch (the max length is a symbolic size, the branch guarded);
+    # inputs with holes: another structure (a lengths tensor), with no cached max length (computed from the lengths'
+    # values: each set of lengths is a new trace)
+    assert cache_counts(jf) == (4, 2)
