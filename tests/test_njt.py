@@ -288,7 +288,8 @@ def test_input_requiring_grad_under_symbolic_values():
         assert type(x.grad) is NestedTensor and x.grad.shape[1] == x.shape[1]
         torch.testing.assert_close(x.grad.values(), ex.grad.values())
         torch.testing.assert_close(w.grad, ew.grad)
-    assert (thunder.cache_hits(jf), thunder.cache_misses(jf)) == (1, 2)
+    # another batch size and total length reuse the trace (symbolic sizes: tests/test_njt_dynamic.py)
+    assert (thunder.cache_hits(jf), thunder.cache_misses(jf)) == (2, 1)
 
 
 def _build_two(v1, o1, v2, o2):

@@ -12,9 +12,8 @@ them; an argument's flatten context that holds its outer size and strides, DTens
 :func:`context_template`), the run goes under that ShapeEnv's fake mode, and sizes of results map back to number
 proxies (:meth:`FakeEnv.numbers`); a result whose context holds its sizes keeps a :class:`SizedContext`.
 
-Known values: fakes of integer inputs (a jagged NestedTensor's offsets and lengths, 1-D integer arguments) of fixed
-sizes know their values (:class:`ValueSource`), as do aten results on such fakes only (:meth:`propagate_values`):
-dispatch reads them (``.tolist()``), the prologue guards them by value (symbolic sizes: unknown, ``frontend.jagged``).
+Known values: fakes of integer inputs (NJT offsets, 1-D int arguments) of fixed sizes, and aten results on those only,
+know their values (:class:`ValueSource`): dispatch reads them, guarded by value (symbolic: ``frontend.jagged``).
 """
 
 from __future__ import annotations
@@ -48,7 +47,7 @@ from thunder_subclass._thunder_internals import (
     traced_autocast_states,
 )
 from thunder_subclass.errors import SubclassProtocolError
-from thunder_subclass.frontend.jagged import fake_outer as jagged_fake_outer
+from thunder_subclass.frontend.jagged import fake_outer as jagged_fake_outer, is_jagged_inner
 from thunder_subclass.frontend.proxy import (
     STRIDE_ATTR,
     STRIDES_LIKE_ATTR,
@@ -338,8 +337,7 @@ class FakeEnv:
     """Maps proxies to fake tensors (for running an operation) and fake results back to proxies."""
 
     def __init__(self, symbols: ShapeSymbols | None = None, *, pin: bool = True):
-        # under cache="symbolic values", where the caller can fall back to pinned sizes (recording.record_call):
-        # fakes get symbolic sizes of this ShapeEnv and the run goes under its fake mode (see symbolic_sizes)
+        # cache="symbolic values", the caller able to pin sizes: fakes get this ShapeEnv's symbols (record_call)
         self.symbols = symbols
         # pin: numbers that reach fakes are pinned under cache="symbolic values" (False for a fake run whose result
         # the trace does not depend on: which instance attributes __tensor_unflatten__ restores)
@@ -529,7 +527,9 @@ class FakeEnv:
             restore_python_attributes(fake, x.python_attrs)
             self.subclass_inputs.append(x)
         elif self.symbols is not None and not all(type(d) is int for d in x._shape):
-            shape = [self._size(d) for d in x._shape]  # (integer inputs' values are not known: see frontend.jagged)
+            if value_source(x) is not None and not is_jagged_inner(x):  # (a jagged input's know none: frontend.jagged)
+                raise SymbolicSizeError("known values are not kept symbolic")
+            shape = [self._size(d) for d in x._shape]
             strides = x.__dict__.get(_SYMBOLIC_STRIDE_ATTR)
             with self.symbols.mode:  # the strides a symbolic run gave it, else contiguous in the symbols
                 if strides is not None and len(strides) == len(shape):

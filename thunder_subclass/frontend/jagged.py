@@ -23,7 +23,8 @@ from thunder.core.proxies import NumberProxy
 
 from thunder_subclass._thunder_internals import input_size_numbers, is_nested_int, relate_size_by_offset
 
-__all__ = ["is_jagged", "is_jagged_proxy", "result_strides", "has_symbolic_jagged_layout", "outer_size_numbers", "relate_inner_sizes", "fake_outer"]
+__all__ = ["is_jagged", "is_jagged_proxy", "is_jagged_inner", "has_symbolic_jagged_layout", "outer_size_numbers",
+           "relate_inner_sizes", "fake_outer", "result_strides"]
 
 
 def is_jagged(t: Any) -> bool:
@@ -70,6 +71,16 @@ def outer_size_numbers(t: torch.Tensor, history) -> tuple:
     return (*batch, *shape[1:])
 
 
+_JAGGED_INNER = "_thunder_subclass_jagged_inner"
+
+
+def is_jagged_inner(q: Any) -> bool:
+    """Whether ``q`` is the proxy of an inner tensor of a jagged NestedTensor input with symbolic sizes: fakes of its
+    offsets / lengths get symbolic sizes and know no values (other integer inputs with known values keep fixed
+    sizes: a fake run that reads them relies on their values, guarded)."""
+    return q.__dict__.get(_JAGGED_INNER, False)
+
+
 def relate_inner_sizes(p) -> list:
     """Relate the size numbers of jagged NestedTensor input proxy ``p`` (a ``SubclassTensorProxy``) to those of its
     inner proxies: the batch size is the offsets' length less one (``relate_size_by_offset``); the values' dims other
@@ -77,6 +88,8 @@ def relate_inner_sizes(p) -> list:
     stay those of the plain nested int only for fixed dense sizes); returns the pairs ``(inner number, outer number)``
     to guard equal (``guard_equal_sizes``): the lengths' length (a NestedTensor with holes) and the batch size."""
     pairs = []
+    for q in p.inner.values():  # fakes with symbolic sizes, knowing no values (:func:`is_jagged_inner`)
+        q.__dict__[_JAGGED_INNER] = True
     batch = p._shape[0]
     offsets, lengths, values = p.inner.get("_offsets"), p.inner.get("_lengths"), p.inner.get("_values")
     if isinstance(batch, NumberProxy) and offsets is not None and isinstance(offsets._shape[0], NumberProxy):
