@@ -35,8 +35,6 @@ class SizeCondition:
     when they hold."""
 
     def __init__(self, symbols: list, exprs: list):
-        import sympy
-
         self.exprs = list(exprs)
         self._symbols = symbols
         self._compile()

@@ -23,7 +23,6 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from thunder_subclass._thunder_internals import plugin_state
 from thunder_subclass._thunder_internals.plugin_state import is_plugin_active
 from thunder_subclass._thunder_internals.size_conditions import AssumedSizes, SizeCondition  # noqa: F401
 from thunder_subclass._thunder_internals.size_conditions import condition_check_symbol as _condition_check_symbol
