@@ -93,10 +93,11 @@ def test_folders_import_only_folders_before_them():
     # guards (inputs) -> frontend (interpretation) -> transforms -> runtime -> plugin / hooks: a folder imports no
     # module of a folder after it, and none imports the entry modules. One exception, measured: the guards are built
     # on the frontend's representation of values (frontend.proxy, frontend.fake, and the strides of an input's layout
-    # that x.stride() under symbolic sizes reads, frontend.symbolic_strides), which import no guard
+    # that x.stride() under symbolic sizes reads, frontend.symbolic_strides; the symbolic sizes of a jagged
+    # NestedTensor input, frontend.jagged), which import no guard
     graph, _ = _imports()
     order = {f: i for i, f in enumerate(FOLDERS)}
-    values = {"frontend.proxy", "frontend.fake", "frontend.symbolic_strides"}
+    values = {"frontend.proxy", "frontend.fake", "frontend.symbolic_strides", "frontend.jagged"}
     assert {_folder(m) for m in graph} >= set(FOLDERS)
     for m, deps in graph.items():
         if _folder(m) is None:

@@ -50,7 +50,9 @@ def test_a_returned_ragged_size_is_the_inputs_on_every_call(case):
             assert y[0].size(1) is y[1]  # ragged like the input, as in eager
         if case == "nt.shape[1]":
             assert y is x.size(1)  # the input's own nested int object
-    assert cache_counts(jf) == (2, 1)
+    # the NestedTensor's sizes are symbolic from the first call (nested_tensor() marks its cached lengths dynamic);
+    # a fake run of sin relies on each length being at least 2 (the ShapeEnv's range): (1, 5, 2) is traced again
+    assert cache_counts(jf) == ((2, 1) if "sin" in case else (1, 2))
 
 
 def test_the_ragged_size_of_a_nested_tensor_built_on_an_offsets_input():

@@ -22,7 +22,8 @@ opens with its stage, then In / What happens / Out):
    (``interpretation``) on fakes (``fake``), recorded (``recording``) as aten-level symbols (``aten_symbols``) between
    ``flatten_<Cls>`` / ``unflatten_<Cls>`` (``subclass_symbols``); ``torch_function``, ``module_calls``,
    ``native_effects``, ``checkpoints``, ``grad_modes``, ``aliased_writes`` (writes into views with gradients: a graph
-   break), ``symbolic_strides`` (``x.stride()`` under symbolic sizes); ``distributed`` and ``hf`` (top level) for DTensor and transformers.
+   break), ``symbolic_strides`` (``x.stride()`` under symbolic sizes), ``jagged`` (a jagged NestedTensor's symbolic
+   sizes); ``distributed`` and ``hf`` (top level) for DTensor and transformers.
 5. autograd, ``transforms/``: ``autograd`` (grad rules, ``rules`` for registered ones), ``backward_effects``,
    ``higher_order``, ``random_ops``, ``overwrites``, ``nll_loss``, ``fallback_grads``.
 6. flatten and executors: ``transforms.flatten`` (subclasses leave the program; executor implementations of

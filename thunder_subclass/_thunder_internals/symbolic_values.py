@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 from collections.abc import Callable
 from typing import Any
 
-from thunder_subclass._thunder_internals import plugin_state
 from thunder_subclass._thunder_internals.plugin_state import is_plugin_active
+from thunder_subclass._thunder_internals.size_conditions import AssumedSizes, SizeCondition  # noqa: F401
+from thunder_subclass._thunder_internals.size_conditions import condition_check_symbol as _condition_check_symbol
 from thunder_subclass._thunder_internals.thunder_state import (
     is_interpreting,
     jit_state,
@@ -245,21 +245,6 @@ def _number_ops() -> dict:
             "bitwise_or": operator.or_, "py_and": lambda a, b: a and b}
 
 
-@functools.cache
-def _condition_check_symbol():
-    from thunder.core.prims import OpTags
-
-    def check_condition(condition, *values):
-        if not condition(*values):
-            raise RuntimeError(f"{condition} does not hold")
-
-    sym = plugin_state.handlers.executor.register_operator(
-        "check_number_condition", meta=lambda condition, *values: None, fn=check_condition, tags=[OpTags.DONT_DCE]
-    )
-    plugin_state.remember_symbol_origin(sym, check_condition, _condition_check_symbol)
-    return sym
-
-
 def _condition_program(v):
     """``(input proxies, _Condition)`` for ``v`` computed from input numbers by number prims only; None otherwise."""
     from thunder.core.proxies import NumberProxy, Proxy
@@ -379,6 +364,17 @@ def hook_targets() -> list[tuple[Any, str, Callable]]:
 
 
 _SAME_SIZE_AS = "_thunder_subclass_same_size_as"
+# on an input size number: ``(q, k)``, it is input size number ``q`` plus the constant ``k`` by construction (a jagged
+# NestedTensor's batch size is its offsets' length less one): fake runs give it that expression of ``q``'s symbol
+_OFFSET_OF = "_thunder_subclass_offset_of"
+
+
+def relate_size_by_offset(p, q, k: int) -> None:
+    """Input size numbers ``p`` and ``q`` satisfy ``p == q + k`` by construction of the value they are read from (no
+    call can break it: ``NestedTensor.shape[0]`` is computed as ``offsets.shape[0] - 1``): fake runs give ``p`` the
+    expression ``symbol(q) + k``, so sizes of results computed from ``q`` map back to ``p`` and no guard relates
+    them."""
+    p.__dict__[_OFFSET_OF] = (q, int(k))
 
 
 def guard_equal_sizes(pairs: list) -> None:
@@ -444,6 +440,43 @@ class ShapeSymbols:
         self._specialised: list = []  # number proxies the ShapeEnv made constants (0, 1), not yet pinned
         self._new_symbols: list = []  # symbols whose range is not yet guarded
         self._guards_seen = 0
+        self._nested: dict[int, Any] = {}  # id of a plain nested int -> its symbolic nested int here
+        self._nested_symbols: set = set()  # their sympy symbols
+
+    def nested_int(self, j):
+        """The symbolic nested int standing for plain nested int ``j`` (an input jagged NestedTensor's ragged size) in
+        this environment's fakes (made once; hint ``j``), as torch.compile's fakes have one: it multiplies with size
+        symbols (a NestedTensor's stride ``j * D``), where a plain nested int cannot. Results' sizes map back to ``j``
+        (:meth:`number`)."""
+        from torch.nested._internal.nested_int import NestedIntNode
+
+        if not isinstance(j.node, NestedIntNode):  # symbolic already (a fake output's size: its gradient's)
+            return j
+        key, coeff = j.node.nested_int(), j.node.nested_int_coeff()
+        s = self._nested.get(key)
+        if s is None:
+            from torch._dynamo.source import ConstantSource
+
+            base = j if coeff == 1 else None
+            if base is None:
+                raise SymbolicSizeError(f"the nested int {j} of an input has a coefficient")
+            source = ConstantSource(f"nested_{key}_{len(self._nested)}")
+            expr = self.shape_env.create_symbol(base, source)
+            s = self._nested[key] = self.shape_env.create_symintnode(expr, hint=base, source=source)
+            self._nested_symbols.add(expr)
+        return s
+
+    def nested_symbols(self) -> set:
+        """The symbols of the symbolic nested ints made by :meth:`nested_int`."""
+        return self._nested_symbols
+
+    def _is_nested_multiple(self, expr) -> bool:
+        import sympy
+
+        if expr in self._nested_symbols:
+            return True
+        return isinstance(expr, sympy.Mul) and len(expr.args) == 2 and expr.args[0].is_Integer \
+            and expr.args[1] in self._nested_symbols
 
     def knows(self, p) -> bool:
         same = p.__dict__.get(_SAME_SIZE_AS)
@@ -457,6 +490,14 @@ class ShapeSymbols:
         if same is not None:  # guarded equal to another input number: one symbol for both
             return self.symint(same)
         s = self._symint.get(p.name)
+        offset = p.__dict__.get(_OFFSET_OF)
+        if s is None and offset is not None and not p.is_static_constrained():
+            base, k = offset
+            s = self.symint(base) + k if not base.is_static_constrained() else int(base.value) + k
+            self._symint[p.name] = s
+            if isinstance(s, torch_symint()):
+                self._proxy.setdefault(self.shape_env.replace(s.node.expr), p)
+            return s
         if s is None:
             s = self._computed_symint(p, 16)
             if s is not None:
@@ -553,11 +594,13 @@ class ShapeSymbols:
             return False
         return None
 
-    def number(self, x, *, compute: bool = False):
+    def number(self, x, *, compute: bool = False, ragged_stride: bool = False):
         """The int or number proxy a size of a fake result stands for. A sum or product of symbols (``s0 * s1``
         from a flattening view, ``s0 + s1`` from a ``cat``) is, with ``compute``, a number proxy computed by
         thunder's number prims in the current scope (which runs them where the scope's symbols run), else, like
-        any other expression, a :class:`SymbolicSizeError`."""
+        any other expression, a :class:`SymbolicSizeError`. ``ragged_stride``: ``x`` is a stride of a jagged
+        NestedTensor, which nothing reads as a number (``__tensor_unflatten__`` computes its strides, ``x.stride()``
+        in traced code is refused): a symbolic nested int times sizes is the value it has for the traced sizes."""
         import torch
 
         if not isinstance(x, torch.SymInt):
@@ -565,6 +608,12 @@ class ShapeSymbols:
         expr = self.shape_env.replace(x.node.expr)
         if expr.is_number:
             return int(expr)
+        if self._nested_symbols and expr.free_symbols & self._nested_symbols:
+            # a ragged size (a multiple of an input's nested int), or a NestedTensor's stride (the nested int times
+            # dense sizes, which are pinned: frontend.jagged): that multiple of the plain nested int
+            if self._is_nested_multiple(expr) or ragged_stride:
+                return x.node.hint
+            raise SymbolicSizeError(f"a size of a result is {expr}: a ragged size times a symbolic size")
         p = self._proxy.get(expr)
         if p is not None:
             return p
@@ -682,91 +731,6 @@ def torch_symint() -> type:
     return torch.SymInt
 
 
-class SizeCondition:
-    """Relations between input sizes that a trace relies on (the guards and symbol ranges of its fake runs' ShapeEnv),
-    re-evaluated by a prologue check (``check_number_condition``) on each call's numbers: ``self(*values)`` is True
-    when they hold."""
-
-    def __init__(self, symbols: list, exprs: list):
-        import sympy
-
-        self.exprs = list(exprs)
-        self._symbols = symbols
-        self._compile()
-
-    def _compile(self) -> None:
-        import sympy
-
-        symbols, exprs = self._symbols, self.exprs
-        names = [f"_v{i}" for i in range(len(symbols))]
-        renamed = [e.xreplace({s: sympy.Symbol(n, integer=True) for s, n in zip(symbols, names)}) for e in exprs]
-        self._fn = None
-        try:
-            from torch.utils._sympy.printers import PythonPrinter
-
-            printer = PythonPrinter()
-            body = " and ".join(f"({printer.doprint(e)})" for e in renamed) or "True"
-            self._fn = eval(f"lambda {', '.join(names)}: bool({body})", {"math": math})  # noqa: S307
-        except Exception:  # noqa: BLE001 - an expression Python cannot print: evaluated with sympy
-            self._fn = None
-
-    def __call__(self, *values) -> bool:
-        if self._fn is not None:
-            try:
-                return self._fn(*values)
-            except Exception:  # noqa: BLE001 - printed code Python cannot run: evaluated with sympy from now on
-                self._fn = None
-        import sympy
-
-        subs = {s: sympy.Integer(v) for s, v in zip(self._symbols, values)}
-        return all(bool(e.xreplace(subs)) for e in self.exprs)
-
-    def __repr__(self):
-        return f"<sizes {' and '.join(str(e) for e in self.exprs)}>"
-
-
-class AssumedSizes(SizeCondition):
-    """The relations between input sizes that a trace's backward relies on, found after the prologue is made
-    (autodiff's fake runs of a ``view`` backward rely on ``(i0*i1)//2 * 2 == i0*i1``, which no forward run asked
-    about). One per trace, in its prologue from the start (``check_number_condition`` over every input size number
-    the forward's symbolic fake runs used, holding nothing yet); a backward's relation that holds for the traced sizes
-    is added to it (:meth:`assume`), and later calls of the trace check it with the others: a call for which it
-    does not hold is a cache miss and a new trace, as for the forward's guards."""
-
-    def __init__(self):
-        super().__init__([], [])
-        self.proxies: dict[str, Any] = {}  # input number name -> proxy, in the order of the check's arguments
-
-    def cover(self, proxies) -> tuple | None:
-        """Take input numbers ``proxies`` as arguments too; the new constraint tuple when the set grew."""
-        import sympy
-
-        grew = False
-        for p in proxies:
-            if p.name not in self.proxies:
-                self.proxies[p.name] = p
-                grew = True
-        if not grew:
-            return None
-        self._symbols = [sympy.Symbol(n, integer=True) for n in self.proxies]
-        self._compile()
-        return (_condition_check_symbol(), self, *self.proxies.values())
-
-    def assume(self, exprs: list) -> bool:
-        """Add ``exprs`` (over the argument names) when they name only arguments and hold for their traced values."""
-        import sympy
-
-        names = {s.name for e in exprs for s in e.free_symbols}
-        if not names <= set(self.proxies):
-            return False
-        values = {sympy.Symbol(n, integer=True): sympy.Integer(int(self.proxies[n].value)) for n in names}
-        if not all(e.xreplace(values) is sympy.true for e in exprs):
-            return False
-        self.exprs.extend(exprs)
-        self._compile()
-        return True
-
-
 def add_size_guards(symbols: ShapeSymbols) -> None:
     """The prologue checks for what the fake runs of ``symbols`` relied on since the last call: one condition over
     the input numbers the guards and ranges name (a relation another fake run of the trace already made a check for
@@ -778,7 +742,9 @@ def add_size_guards(symbols: ShapeSymbols) -> None:
     if is_interpreting():
         _cover_input_sizes(symbols)
     guards, ranges, specialised = symbols.take_guards()
-    exprs = list(guards)
+    # a guard on ragged sizes alone (``Ne(j, 1)``) holds for every call: nested ints compare alike with numbers, and
+    # which inputs share one is checked by guards.tensors.check_nested_sizes
+    exprs = [g for g in guards if not (g.free_symbols and g.free_symbols <= symbols.nested_symbols())]
     for s, lower, upper in ranges:
         if isinstance(lower, sympy.Integer):
             exprs.append(sympy.Ge(s, lower))

@@ -102,6 +102,18 @@ def real_script_object(v: Any) -> Any:
     return v.real_obj if isinstance(v, FakeScriptObject) else v
 
 
+class RaggedSymbolicSize(tuple):
+    """The outer size of a jagged NestedTensor with symbolic sizes as traced code gets it (``x.shape``, ``x.size()``):
+    a tuple of number proxies and nested ints (a ``torch.Size`` takes no proxy); returned by the compiled function,
+    it becomes the ``torch.Size`` eager returns (``fixes.epilogue``)."""
+
+    __slots__ = ()
+
+    def __getitem__(self, key):  # a slice of a torch.Size is one
+        item = tuple.__getitem__(self, key)
+        return type(self)(item) if isinstance(key, slice) else item
+
+
 def is_nested_int(v: Any) -> bool:
     """A nested int (``torch.nested._internal.nested_int.NestedIntNode`` in a ``torch.SymInt``): the ragged size of a
     jagged NestedTensor (``j1`` in ``torch.Size([3, j1, 5])``), or a multiple of one (its strides: ``5*j1``)."""

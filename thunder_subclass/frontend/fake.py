@@ -12,10 +12,8 @@ them; an argument's flatten context that holds its outer size and strides, DTens
 :func:`context_template`), the run goes under that ShapeEnv's fake mode, and sizes of results map back to number
 proxies (:meth:`FakeEnv.numbers`); a result whose context holds its sizes keeps a :class:`SizedContext`.
 
-Known values: fakes of integer inputs (a jagged NestedTensor's offsets and lengths, 1-D integer arguments) know their
-real values (:class:`ValueSource`, :meth:`FakeEnv.known_value`), and so do results of aten calls on such fakes only
-(:meth:`FakeEnv.propagate_values`); dispatch that reads them (``.tolist()``) gets them, and the inputs they come from
-are then guarded by value in the prologue.
+Known values: fakes of integer inputs (NJT offsets, 1-D int arguments) of fixed sizes, and aten results on those only,
+know their values (:class:`ValueSource`): dispatch reads them, guarded by value (symbolic: ``frontend.jagged``).
 """
 
 from __future__ import annotations
@@ -49,6 +47,7 @@ from thunder_subclass._thunder_internals import (
     traced_autocast_states,
 )
 from thunder_subclass.errors import SubclassProtocolError
+from thunder_subclass.frontend.jagged import fake_outer as jagged_fake_outer, is_jagged_inner
 from thunder_subclass.frontend.proxy import (
     STRIDE_ATTR,
     STRIDES_LIKE_ATTR,
@@ -338,8 +337,7 @@ class FakeEnv:
     """Maps proxies to fake tensors (for running an operation) and fake results back to proxies."""
 
     def __init__(self, symbols: ShapeSymbols | None = None, *, pin: bool = True):
-        # under cache="symbolic values", where the caller can fall back to pinned sizes (recording.record_call):
-        # fakes get symbolic sizes of this ShapeEnv and the run goes under its fake mode (see symbolic_sizes)
+        # cache="symbolic values", the caller able to pin sizes: fakes get this ShapeEnv's symbols (record_call)
         self.symbols = symbols
         # pin: numbers that reach fakes are pinned under cache="symbolic values" (False for a fake run whose result
         # the trace does not depend on: which instance attributes __tensor_unflatten__ restores)
@@ -529,8 +527,8 @@ class FakeEnv:
             restore_python_attributes(fake, x.python_attrs)
             self.subclass_inputs.append(x)
         elif self.symbols is not None and not all(type(d) is int for d in x._shape):
-            if nested_int_of(x) is not None or value_source(x) is not None:
-                raise SymbolicSizeError("ragged sizes and known values are not kept symbolic")
+            if value_source(x) is not None and not is_jagged_inner(x):  # (a jagged input's know none: frontend.jagged)
+                raise SymbolicSizeError("known values are not kept symbolic")
             shape = [self._size(d) for d in x._shape]
             strides = x.__dict__.get(_SYMBOLIC_STRIDE_ATTR)
             with self.symbols.mode:  # the strides a symbolic run gave it, else contiguous in the symbols
@@ -539,6 +537,8 @@ class FakeEnv:
                                                device=torch_device(x))
                 else:
                     fake = torch.empty(shape, dtype=torch_dtype(x), device=torch_device(x))
+            if nested_int_of(x) is not None:  # a jagged NestedTensor's offsets: the input's ragged size, symbolic
+                set_fake_nested_int(fake, self.symbols.nested_int(nested_int_of(x)))
         else:
             with (self.symbols.mode if self.symbols is not None else fake_mode()):
                 fake = torch.empty_strided(
@@ -604,8 +604,8 @@ class FakeEnv:
     def _symbolic_outer(self, x: SubclassTensorProxy, size: tuple, stride: tuple) -> tuple[tuple, tuple]:
         """The outer size and strides of the fake of subclass proxy ``x`` in a symbolic environment: symbols where
         ``x``'s sizes are number proxies; strides contiguous in them where they were contiguous, else its own."""
-        if x.nested_sizes:
-            raise SymbolicSizeError("ragged sizes are not kept symbolic")
+        if x.nested_sizes:  # a jagged NestedTensor
+            return jagged_fake_outer(x, size, self._size, self.symbols)
         sym_size = tuple(self._size(d) for d in size)
         if x.history is None:  # a computed value: its strides were mapped from a fake run's (ints are constants)
             return sym_size, tuple(self._size(d) for d in stride)

@@ -29,12 +29,13 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass_type
 import thunder.core.dtypes as dtypes
 import thunder.core.prims as prims
 from thunder.core.interpreter import interpreter_needs_wrap, unwrap
-from thunder.core.proxies import TensorProxy
+from thunder.core.proxies import NumberProxy, TensorProxy
 from thunder.core.pytree import tree_flatten
 from thunder.core.symbol import Symbol
 from thunder.core.trace import get_tracectx
 
 from thunder_subclass._thunder_internals import (
+    RaggedSymbolicSize,
     call_in_epilogue,
     checkpoint_scopes,
     input_attribute,
@@ -133,7 +134,10 @@ def _torch_dtype_attr(obj, name, *default):
 def _torch_shape_attr(obj, name, *default):
     # a subclass's ragged dims as it reports them: nested ints (torch.Size([3, j1, 5]) of a jagged NestedTensor)
     shape = obj.outer_size if isinstance(obj, SubclassTensorProxy) else obj.shape
-    return torch.Size(shape) if all(type(s) is int or is_nested_int(s) for s in shape) else shape  # symbolic sizes stay thunder's
+    if all(type(s) is int or is_nested_int(s) for s in shape):
+        return torch.Size(shape)
+    # symbolic sizes stay thunder's; a jagged NestedTensor's, returned, become the torch.Size eager returns
+    return RaggedSymbolicSize(shape) if isinstance(obj, SubclassTensorProxy) and obj.nested_sizes else shape
 
 
 def _torch_device_attr(obj, name, *default):
@@ -245,7 +249,14 @@ def is_answered_from_metadata(p: SubclassTensorProxy, name: str) -> bool:
     return name in STAND_IN_PROPERTIES or (name == "size" and bool(p.nested_sizes))
 
 
+@runs_natively  # (the interpreter answers isinstance(<symbolic int>, NumberProxy) as eager would: False)
 def _outer_size(p: SubclassTensorProxy, dim: int | None = None):
+    if any(isinstance(d, NumberProxy) for d in p.outer_size):  # symbolic sizes (frontend.jagged): as thunder's size()
+        import thunder.core.prims as prims
+
+        shape = prims.shape(p)  # the trace reads the number proxies (recorded, as thunder's own size() does)
+        size = RaggedSymbolicSize(p.nested_sizes.get(i, s) for i, s in enumerate(shape))
+        return size if dim is None else size[dim]
     size = torch.Size(p.outer_size)
     return size if dim is None else size[dim]
 

@@ -74,7 +74,9 @@ def nested_int_of(p: Any) -> torch.SymInt | None:
 
 
 def remember_nested_int(p: TensorProxy, value: torch.SymInt | None) -> None:
-    if value is not None and not isinstance(p, SubclassTensorProxy) and _NESTED_INT_ATTR not in p.__dict__:
+    # (a plain nested int only: a symbolic one of a fake run, ShapeSymbols.nested_int, stands for one in that run)
+    if value is not None and is_nested_int(value) and not isinstance(p, SubclassTensorProxy) \
+            and _NESTED_INT_ATTR not in p.__dict__:
         p.__dict__[_NESTED_INT_ATTR] = value
 
 
@@ -214,7 +216,7 @@ class SubclassTensorProxy(TensorProxy):
         ctx = "" if self.flatten_ctx is None else f", ctx={self.flatten_ctx!r}"
         outer = super().type_string()
         if self.nested_sizes:  # "cpu f64[3, 1, 5]" -> "cpu f64[3, j1, 5]"
-            prefix = outer[: outer.rindex("[")]
+            prefix = outer[: outer.index("[")]
             outer = f"{prefix}[{', '.join(str(s) for s in self.outer_size)}]"
         return f"{self.subclass_type.__name__}[{outer}] ({inner}{ctx})"
 

@@ -68,6 +68,7 @@ from thunder_subclass.errors import (
 from thunder_subclass.frontend.fake import (
     FakeEnv, SizedContext, context_template, fake_execution, has_symints, real_execution,
 )
+from thunder_subclass.frontend.jagged import is_jagged, result_strides as jagged_result_strides
 from thunder_subclass.frontend.proxy import (
     SubclassTensorProxy,
     flatten_tensor,
@@ -430,7 +431,7 @@ def _proxy_for_result(x: Any, env: FakeEnv, scope: list, what: str) -> Any:
             subclass_type=type(x),
             inner=inner,
             flatten_ctx=ctx,
-            outer_stride=env.numbers(x.stride()),
+            outer_stride=jagged_result_strides(env, x) if is_jagged(x) else env.numbers(x.stride()),
             python_attrs=python_attributes(x, attrs),
             inner_refs=inner_references(x, attrs),
             shape=env.numbers(x.shape),

@@ -55,6 +55,13 @@ from thunder_subclass.frontend.proxy import (
     remember_nested_int,
     subclass_proxy_from_tensor,
 )
+from thunder_subclass.frontend.jagged import (
+    has_symbolic_jagged_layout,
+    is_jagged,
+    is_jagged_proxy,
+    outer_size_numbers,
+    relate_inner_sizes,
+)
 from thunder_subclass.frontend.symbolic_strides import remember_contiguous_inner, remember_input_layout
 
 __all__ = ["nested_int_source", "proxify_input", "add_subclass_guards", "add_plain_tensor_guard", "add_tensor_type_guard",
@@ -181,10 +188,13 @@ def _proxify_subclass(jit_ctx, value) -> SubclassTensorProxy:
     # number from those) whose layout the fakes can have
     symbolic = _thunder_internals.symbolic_values_active() and _has_symbolic_layout(t) \
         and _thunder_internals.is_argument_provenance(value.provenance)
+    outer_shape = None
+    if symbolic:
+        outer_shape = outer_size_numbers(t, value.provenance) if is_jagged(t) else \
+            _thunder_internals.input_size_numbers(t.shape, value.provenance)
     p = subclass_proxy_from_tensor(
         t, name=name, history=value.provenance,
-        inner_history=_thunder_internals.attribute_provenance(value.provenance),
-        outer_shape=_thunder_internals.input_size_numbers(t.shape, value.provenance) if symbolic else None,
+        inner_history=_thunder_internals.attribute_provenance(value.provenance), outer_shape=outer_shape,
     )
     if _thunder_internals.symbolic_values_active():
         _prepare_inner_sizes(p, symbolic)
@@ -202,9 +212,11 @@ def _proxify_subclass(jit_ctx, value) -> SubclassTensorProxy:
 def _has_symbolic_layout(t: torch.Tensor) -> bool:
     """Whether subclass input ``t`` keeps symbolic sizes under ``cache="symbolic values"``: its outer tensor and
     every plain inner tensor are contiguous (fakes with symbolic sizes are made contiguous in the symbols; the
-    prologue checks it), and no size is ragged."""
+    prologue checks it), and no size is ragged; a jagged NestedTensor whose inner tensors are contiguous."""
     from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
+    if is_jagged(t):  # its ragged size stays its nested int, the others are symbolic (frontend.jagged)
+        return has_symbolic_jagged_layout(t)
     if t.layout is not torch.strided or not is_contiguous_layout(t) or not all(type(d) is int for d in t.shape):
         return False
     attrs, _ = t.__tensor_flatten__()
@@ -241,6 +253,8 @@ def _prepare_inner_sizes(p: SubclassTensorProxy, symbolic: bool) -> None:
                     d.make_static_constrained()
     # an inner size equal to the outer size at the same dim (a TwoTensor's, a DTensor's local tensor at one rank)
     # stays equal to it: checked, and one symbol for both in fake runs
+    if symbolic and p.nested_sizes and is_jagged_proxy(p):  # batch and dense sizes: from the inner tensors' sizes
+        same += relate_inner_sizes(p)
     _thunder_internals.guard_equal_sizes(same)
 
 

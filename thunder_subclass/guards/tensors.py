@@ -66,7 +66,8 @@ def _tensor_meta(p) -> tuple:
     if isinstance(p, SubclassTensorProxy) and p.nested_sizes:
         # a ragged dim is not checked: its nested int is another one for every NestedTensor with new offsets, and
         # the trace does not depend on it (inner shapes are checked; sharing between inputs: check_nested_sizes)
-        shape = tuple(None if i in p.nested_sizes else int(d) for i, d in enumerate(p._shape))
+        # (its other sizes may be symbolic: frontend.jagged)
+        shape = tuple(None if i in p.nested_sizes or is_symbolic_size(d) else int(d) for i, d in enumerate(p._shape))
     elif any(is_symbolic_size(d) for d in p._shape):
         # a symbolic size (cache="symbolic values") is not checked here: what the trace relied on about it is
         # checked by the size guards of its fake runs, and its value where it was pinned
@@ -130,8 +131,8 @@ class SubclassSpec(Guard):
         inner, opaque, strides, contiguous = {}, {}, {}, set()
         if _is_int_strides(p.outer_stride) and all(type(d) is int for d in p._shape):
             strides[None] = tuple(p.outer_stride)
-        elif any(is_symbolic_size(d) for d in p._shape):
-            contiguous.add(None)
+        elif any(is_symbolic_size(d) for d in p._shape) and not p.nested_sizes:
+            contiguous.add(None)  # (a jagged NestedTensor's layout is its values': checked as an inner tensor)
         for a, q in p.inner.items():
             if isinstance(q, OpaqueObjectProxy):
                 opaque[a] = (type(q.value), opaque_guard_values(q.value))

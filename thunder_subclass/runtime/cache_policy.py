@@ -72,6 +72,26 @@ def _describe_callable(fn) -> str:
     return f"{getattr(fn, '__qualname__', type(fn).__qualname__)}{where}"
 
 
+def _marked_dynamic(args: tuple, kwargs: dict) -> bool:
+    """Whether a tensor among the arguments, or an inner tensor of a wrapper subclass among them (a jagged
+    NestedTensor's cached ``max_seqlen`` / ``min_seqlen``, as PyTorch's compile tests mark them), has dims marked
+    with ``torch._dynamo.mark_dynamic``: automatic dynamic shapes then traces with symbolic sizes from the first call,
+    as torch.compile makes marked dims dynamic from its first compile."""
+    from torch.utils._pytree import tree_leaves
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    stack = [x for x in tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
+    while stack:
+        x = stack.pop()
+        if getattr(x, "_dynamo_dynamic_indices", None):
+            return True
+        if is_traceable_wrapper_subclass(x):
+            with torch._C.DisableTorchFunctionSubclass():
+                attrs, _ = x.__tensor_flatten__()
+            stack.extend(t for t in (getattr(x, a) for a in attrs) if isinstance(t, torch.Tensor))
+    return False
+
+
 def _is_int_value_change(rejection: BaseException | None) -> bool:
     """Whether the newest cache entry rejected a call (``rejection``, what its prologue raised) because an int it read
     while tracing from inside the arguments changed (a static cache layer's ``cumulative_length``, a step counter):
@@ -84,7 +104,8 @@ class AutomaticDynamicShapes:
     """torch.compile's automatic dynamic shapes for a plugin jit under thunder's default cache ("constant values"),
     which traces once per input size: after a cache miss whose arguments differ from the previous miss's only in
     tensor sizes or int values (or look the same, and the newest entry rejected the call on an int it read from inside
-    them: a cache layer's token count), the jit's cache option (``CompileData.cache_option``, which thunder's interpreter
+    them: a cache layer's token count), or at the first miss when an argument has dims marked with
+    ``torch._dynamo.mark_dynamic`` (:func:`_marked_dynamic`), the jit's cache option (``CompileData.cache_option``, which thunder's interpreter
     reads while it traces: ``core/compile_data.py`` ``get_cache_option``) becomes "symbolic values", so that the trace
     made for that call, and kept in the same cache, takes any sizes where nothing needs them fixed (the plugin still
     guards the sizes that reach a subclass operation). Entries traced before keep their exact checks. If tracing
@@ -116,8 +137,10 @@ class AutomaticDynamicShapes:
         signature = _input_signature(args, kwargs)
         previous, self._previous = self._previous, signature
         cd, cs = self._cd(), self._cs()
-        if previous is None or cd is None or cs is None or previous[:2] != signature[:2] or (
-                previous == signature and not _is_int_value_change(rejection)):
+        # torch._dynamo.mark_dynamic on an argument: symbolic sizes from the first trace
+        marked = previous is None and _marked_dynamic(args, kwargs)
+        if cd is None or cs is None or not marked and (previous is None or previous[:2] != signature[:2] or (
+                previous == signature and not _is_int_value_change(rejection))):
             return call(*args, **kwargs)
         cd.cache_option = CACHE_OPTIONS.SYMBOLIC_VALUES
         self.state = "symbolic"
@@ -127,9 +150,12 @@ class AutomaticDynamicShapes:
         except Exception as e:
             if len(cs.interpreter_cache) != entries:  # it traced and failed when it ran: the user's error
                 raise
+            cd.cache_option = CACHE_OPTIONS.CONSTANT_VALUES
+            if marked:  # the first trace, tried symbolic for the marks: it traces static (an error of the program is
+                self.state = "static"  # raised by it), and a later size-driven miss tries symbolic sizes again
+                return call(*args, **kwargs)
             import warnings
 
-            cd.cache_option = CACHE_OPTIONS.CONSTANT_VALUES
             self.state = "static for good"
             self._previous = None
             warnings.warn(

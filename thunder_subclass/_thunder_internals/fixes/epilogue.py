@@ -32,7 +32,7 @@ from thunder_subclass._thunder_internals.thunder_state import (
     call_in_epilogue,
     is_unpackable_provenance,
 )
-from thunder_subclass._thunder_internals.torch_state import is_nested_int
+from thunder_subclass._thunder_internals.torch_state import RaggedSymbolicSize, is_nested_int
 
 
 class _ConstantAttributeValueMeta(type):
@@ -367,7 +367,7 @@ def _hook_build_value_from_wrapped(original):
             witems = getattr(wrapped_v, "item_wrappers", None) or [None] * len(v)
             items = [_returned_nested_int(e) if is_nested_int(e) else
                      jit_ext.build_value_from_wrapped(w) if w is not None else e for w, e in zip(witems, v)]
-            if type(v) is torch.Size:
+            if type(v) in (torch.Size, RaggedSymbolicSize):
                 return _size_symbol()(items)
             if _is_torch_return_type(v):
                 return _return_type_symbol()(type(v), items)
