@@ -834,3 +834,35 @@ def test_thunder_compile_recipe_with_a_torch_state_check():
             torch.testing.assert_close(compiled(x), model(x))  # the setting is checked on every call
         finally:
             torch.use_deterministic_algorithms(before)
+
+
+def test_a_builtin_method_is_called_through_its_own_class_s_descriptor():
+    # thunder looks in the base classes first; under Python 3.12 it took _io._TextIOBase.write for a StringIO's
+    # write and the call crashed the process (tests/test_trust_corners.py's logging test, on the torch 2.10 stack)
+    import io
+
+    from thunder_subclass._thunder_internals.interpreter_speed import _own_method_descriptor
+
+    buf = io.StringIO()
+    assert _own_method_descriptor(buf.write) is io.StringIO.__dict__["write"]
+    assert _own_method_descriptor([].append) is list.__dict__["append"]
+    assert _own_method_descriptor(io.StringIO) is None  # not a bound builtin method
+    assert _own_method_descriptor(len) is None  # a builtin function: its __self__ is the builtins module
+
+
+def test_writing_to_a_string_buffer_inside_compiled_code_is_eager_s():
+    import io
+    import warnings
+
+    buf = io.StringIO()
+
+    def f(x):
+        buf.write("step;")
+        return x * 2
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        jf = thunder_subclass.jit(f)
+        for _ in range(2):
+            torch.testing.assert_close(jf(torch.ones(2)), torch.full((2,), 2.0))
+    assert buf.getvalue() == "step;" * 2

@@ -718,14 +718,45 @@ def _unhooked(fn):
     return getattr(fn, "__wrapped__", fn) if getattr(fn, plugin_state.HOOK_MARK, False) else fn
 
 
+def _own_method_descriptor(method) -> Any:
+    """The method descriptor that the class of a builtin bound method's ``__self__`` defines itself, when binding it
+    gives ``method`` (``io.StringIO.write`` for ``buf.write``); else None.
+
+    thunder's ``_call_dispatch`` looks for a builtin method's unbound function from the *base* classes of its
+    ``__self__``'s type first (for ``super()`` calls) and takes one whose binding compares equal. Under Python 3.12
+    ``_io._TextIOBase.write.__get__(buf) == buf.write`` holds, and calling the base class's descriptor on a
+    ``StringIO`` crashes the process (a segmentation fault: ``buf.write("x")``, ``logging`` to a ``StringIO`` or file
+    handler, inside compiled code; plain ``thunder.jit`` too, which this leaves as it is). The class's own descriptor is
+    what CPython calls."""
+    slf = getattr(method, "__self__", None)
+    if slf is None or isinstance(slf, (type, types.ModuleType)):
+        return None
+    own = type(slf).__dict__.get(method.__name__)
+    if type(own) is not types.MethodDescriptorType:
+        return None
+    try:
+        return own if own.__get__(slf) == method else None
+    except Exception:
+        return None
+
+
 def _hook_interpret_call(original):
     table, takes_keywords, takes_function = _helper_table()
     WrappedValue = _interp().WrappedValue
     FunctionType = types.FunctionType
 
+    BuiltinMethodType = types.BuiltinMethodType
+    own_method_first = sys.version_info >= (3, 12)
+
     @functools.wraps(original)
     def _interpret_call(fn, /, *args, **kwargs):
         func = fn.value if type(fn) is WrappedValue else fn  # a function read in traced code comes wrapped
+        if own_method_first and type(func) is BuiltinMethodType and is_plugin_active():
+            own = _own_method_descriptor(func)
+            if own is not None:
+                wrapped = fn if type(fn) is WrappedValue else _interp().wrap_const(fn)
+                slf = original(getattr, wrapped, _interp().wrap_const("__self__"))
+                return original(_interp().wrap_const(own), slf, *args, **kwargs)
         fast = table.get(func.__code__) if type(func) is FunctionType else None
         if fast is not None and (not kwargs or fast in takes_keywords) and _tracking():
             res = fast(func, *args, **kwargs) if fast in takes_function else fast(*args, **kwargs)
