@@ -493,6 +493,7 @@ def _per_call_frames(call) -> list[str]:
     import sys
 
     watched = ("thunder_subclass/_thunder_internals/runtime.py", "thunder_subclass/_thunder_internals/plugin_state.py",
+               "thunder_subclass/_thunder_internals/module_bindings.py",
                "thunder_subclass/runtime/cache_policy.py", "thunder/core/trace.py", "torch/autograd/grad_mode.py")
     seen = []
 
