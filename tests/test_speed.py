@@ -521,8 +521,8 @@ def test_a_cache_hit_runs_one_flat_per_call_function():
         jm(x)
         frames = _per_call_frames(lambda: jm(x))
         _exact(jm(x), m(x))
-    assert frames == ["fast_call", "ModuleBindings.refresh", "common_cache_info", "_plain_strided_tensors", "data_parallel",
-                      "default_device", "EntryIndex.key", "EntryIndex.bucket"], frames
+    assert frames == ["fast_call", "ModuleBindings.refresh", "common_cache_info", "_plain_strided_tensors",
+                      "data_parallel", "default_device", "EntryIndex.key", "EntryIndex.bucket"], frames
     assert thunder.cache_misses(jm) == 1 and thunder.cache_hits(jm) == 3
     with torch.enable_grad():  # grad mode on, no input requiring grad: a new entry, then the same frames
         jm(x)

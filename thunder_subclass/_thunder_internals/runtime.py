@@ -292,8 +292,9 @@ def _use_fast_populate_cache_info(get_computation_and_inputs, jit_locals: dict) 
     autocast = torch.is_autocast_enabled  # ("cpu") is torch.is_autocast_cpu_enabled() without its deprecation path
 
     is_module = isinstance(user_fn, torch.nn.Module)
-    if type(getattr(user_fn, "__dict__", None)) is dict and not any(hasattr(type(user_fn), n) for n in ("use_ddp", "use_fsdp")) and (
-            not isinstance(user_fn, torch.nn.Module) or type(user_fn).__getattr__ is torch.nn.Module.__getattr__):
+    flags_on_instance = type(getattr(user_fn, "__dict__", None)) is dict and not any(
+        hasattr(type(user_fn), n) for n in ("use_ddp", "use_fsdp"))
+    if flags_on_instance and (not is_module or type(user_fn).__getattr__ is torch.nn.Module.__getattr__):
         def data_parallel() -> bool:
             # thunder's getattr(fn, "use_ddp"/"use_fsdp", False): its DDP/FSDP transforms set them on the instance (a
             # module's getattr of a missing name raises and formats an AttributeError, ~1 us each)
@@ -683,6 +684,9 @@ def fast_call_path(jfn, thunder_call: Callable, port: CallPort, bindings: Module
     dispatch_modes = torch._C._len_torch_dispatch_stack
     cache_info_ctx = thunder._cache_info_ctx
     common_cache_info = getattr(populate, "common_cache_info", None)
+    # where the common case does not apply (possible aliases, DDP/FSDP), the plugin's populate_cache_info calls
+    # thunder's: called directly here (autocast is off on this path)
+    other_cache_info = populate if common_cache_info is None else getattr(populate, "__wrapped__", populate)
     current_trace = current_trace_reader()
     calls = plugin_state.this_thread_calls  # (a threading.local: .stack, the compiled calls running in this thread)
 
@@ -720,7 +724,7 @@ def fast_call_path(jfn, thunder_call: Callable, port: CallPort, bindings: Module
                 info = _ViewAwareCacheInfo(args, kwargs)
                 token = cache_info_ctx.set(info)
                 try:
-                    populate(info, *args, **kwargs)
+                    other_cache_info(info, *args, **kwargs)
                 except BaseException:
                     cache_info_ctx.reset(token)
                     raise
@@ -733,7 +737,8 @@ def fast_call_path(jfn, thunder_call: Callable, port: CallPort, bindings: Module
                 bucket = index.bucket(cache, key)
                 data_token = set_compile_data_and_stats(cd, cs)  # thunder's compile_data_and_stats
                 try:
-                    for i in range(len(bucket) - 1, -1, -1):  # the entries that accepted calls like this one, last hit first
+                    # the entries that accepted calls like this one, last hit first
+                    for i in range(len(bucket) - 1, -1, -1):
                         entry = bucket[i]
                         try:
                             inps, pro_to_epi = entry.prologue_fn(*args, **kwargs)
