@@ -662,6 +662,7 @@ def fast_call_path(jfn, thunder_call: Callable, port: CallPort, bindings: Module
         set_compile_data_and_stats,
     )
     from thunder.core.options import CACHE_OPTIONS
+
     cd, cs = jfn._lc_cd, jfn._lc_cs
     jit_record(cd).call_port = port
     original = thunder_call
