@@ -3,14 +3,20 @@ decode-size forward (torchao int8 weight-only, 1 x 8 tokens, ``no_grad``).
 
     python benchmarks/profile_hit.py [--cases twotensor_linear,int8_linear_stack,hf] [--repeats 7] [--iters 200]
                                      [--configs ts,ts+inductor,inductor] [--profile] [--watch-ab] [--reads-ab]
+                                     [--threads 1]
 
 Per case and configuration: the first call's time (trace and compile, in this process: inductor's caches may be
 warm from an earlier case), and the median (over ``--repeats`` rounds, every configuration timed in turn in each round,
 so that a shared machine's noise hits them alike) of the mean time per call of a loop of ``--iters`` calls, and its
-ratio to inductor's. For the plugin's configurations it then splits one hit into its parts, each timed alone in a
-loop on the same arguments: the per-call cache info (``populate_cache_info``), the entry's prologue (its guards:
-tensor metadata, object reads, module and torch state), the computation and the epilogue; "wrappers" is the rest
-(the plugin's and thunder's per-call path: the module's ``__call__``, the fast path, the entry index, statistics).
+ratio to inductor's. For the plugin's configurations it then splits a hit into its parts, timed where they run (a
+loop of ``--iters`` calls in which the entry's prologue, computation and epilogue add up their own time): the entry's
+prologue (its guards: tensor metadata, object reads, module and torch state), the computation and the epilogue; the
+per-call cache info (``populate_cache_info``) is timed alone on the same arguments; "wrappers" is the rest of that
+loop's time per call (the plugin's and thunder's per-call path: the module's ``__call__``, the fast path, the entry
+index, statistics; the recording adds ~1 us). Parts timed alone in loops of their own, as before, read faster than in
+a call (their data stays in cache) and left that difference in "wrappers". Timings run with ``--threads`` intra-op
+threads (default 1: importing ``bench_subclasses`` sets one per core, which on a shared 2-core machine made each
+kernel wait for a second thread).
 ``--profile`` adds cProfile's top functions of the ``ts`` hit (by internal time). ``--watch-ab`` times instead, in
 one process and in alternation, ``ts`` as it is against ``ts`` whose object guards compare in full on every call (the
 checks before ``guards/watched.py``): the price of those comparisons on a hit. ``--reads-ab`` likewise times ``ts``
@@ -85,7 +91,9 @@ def per_call(fn, iters: int) -> float:
 
 
 class _Recorder:
-    """Records the arguments a jit's last hit ran its entry with (wrapping the entry's functions once)."""
+    """Splits a jit's hit into its parts, timed where they run: the entry the last hit ran is replaced (in a new list
+    of entries, so that the jit forgets its entry order) by a copy whose prologue, computation and epilogue add their
+    time to counters, for a loop of calls; the cache info is timed alone on the same arguments."""
 
     def __init__(self, jfn):
         import thunder
@@ -94,45 +102,54 @@ class _Recorder:
         self.cd = thunder.compile_data(jfn)
 
     def parts(self, step, iters):
-        """Time the parts of a hit (us): cache info, prologue, computation, epilogue, each alone."""
-        import thunder
-        from thunder.core.compile_data import reset_compile_data_and_stats, set_compile_data_and_stats
+        """(total, parts) in us per call: the in-situ loop's time per call, and its cache info (timed alone),
+        prologue, computation and epilogue (timed in the loop)."""
+        from thunder_subclass._thunder_internals.runtime import _PLAIN_FNS_ATTR, _undecorated
 
-        seen = {}
         entry = next(e for e in self.cs.interpreter_cache if e.prologue_fn is self.cs.last_prologue)
-        pro, comp, epi = entry.prologue_fn, entry.computation_fn, entry.epilogue_fn
+        clock = time.perf_counter_ns
+        acc = {"prologue": 0, "computation": 0, "epilogue": 0}
+        seen = {}
 
         def spy(name, f):
             def g(*a, **k):
-                seen[name] = (a, k)
-                seen["grad"] = torch.is_grad_enabled()
-                return f(*a, **k)
+                seen.setdefault(name, (a, k))
+                seen.setdefault("grad", torch.is_grad_enabled())
+                start = clock()
+                try:
+                    return f(*a, **k)
+                finally:
+                    acc[name] += clock() - start
             return g
 
-        # (entries are named tuples: a copy with recording functions stands in for the entry during one call, in a
-        # new list, which also makes the jit forget its entry order)
-        spied = entry._replace(prologue_fn=spy("pro", pro), computation_fn=spy("comp", comp),
-                               epilogue_fn=spy("epi", epi))
+        comp = spy("computation", entry.computation_fn)
+        # the fast path runs an entry without a backward undecorated (runtime.fast_call_path)
+        plain = (_undecorated(entry.computation_fn), _undecorated(entry.epilogue_fn))
+        setattr(comp, _PLAIN_FNS_ATTR, (spy("computation", plain[0]), spy("epilogue", plain[1]),
+                                        plain[0] is not entry.computation_fn and plain[1] is not entry.epilogue_fn))
+        spied = entry._replace(prologue_fn=spy("prologue", entry.prologue_fn), computation_fn=comp,
+                               epilogue_fn=spy("epilogue", entry.epilogue_fn))
         entries = self.cs.interpreter_cache
         self.cs.interpreter_cache = [spied if e is entry else e for e in entries]
         try:
-            step()
+            for _ in range(4):
+                step()
+            for name in acc:
+                acc[name] = 0
+            total = per_call(step, iters)
         finally:
             self.cs.interpreter_cache = list(entries)
-        out = {}
-        with torch.set_grad_enabled(seen["grad"]):  # the grad mode the call ran in (the cache info reads it)
-            return self._time_parts(seen, pro, comp, epi, iters)
+        out = {"cache info": self._cache_info(seen, iters)}
+        out.update({name: ns / iters / 1e3 for name, ns in acc.items()})
+        return total, out
 
-    def _time_parts(self, seen, pro, comp, epi, iters):
+    def _cache_info(self, seen, iters):
         import thunder
-        from thunder.core.compile_data import reset_compile_data_and_stats, set_compile_data_and_stats
+
         from thunder_subclass._thunder_internals.runtime import _ViewAwareCacheInfo
 
-        out = {}
-
-        pa, pk = seen["pro"]  # the call's arguments
+        pa, pk = seen["prologue"]  # the call's arguments
         populate = self.cd.populate_cache_info
-        info = _ViewAwareCacheInfo(pa, pk)
 
         def run_populate():
             token = thunder._cache_info_ctx.set(_ViewAwareCacheInfo(pa, pk))
@@ -141,25 +158,8 @@ class _Recorder:
             finally:
                 thunder._cache_info_ctx.reset(token)
 
-        out["cache info"] = per_call(run_populate, iters)
-        populate(info, *pa, **pk)
-
-        def run_prologue():
-            token = thunder._cache_info_ctx.set(info)
-            dtoken = set_compile_data_and_stats(self.cd, self.cs)
-            try:
-                pro(*pa, **pk)
-            finally:
-                reset_compile_data_and_stats(dtoken)
-                thunder._cache_info_ctx.reset(token)
-
-        out["prologue"] = per_call(run_prologue, iters)
-        ca, _ = seen["comp"]
-        if True:
-            out["computation"] = per_call(lambda: comp(*ca), iters)
-        ea, _ = seen["epi"]
-        out["epilogue"] = per_call(lambda: epi(*ea), iters)
-        return out
+        with torch.set_grad_enabled(seen["grad"]):  # the grad mode the call ran in (the cache info reads it)
+            return per_call(run_populate, iters)
 
 
 def main(argv=None):
@@ -171,14 +171,16 @@ def main(argv=None):
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--watch-ab", action="store_true")
     parser.add_argument("--reads-ab", action="store_true")
+    parser.add_argument("--threads", type=int, default=1, help="torch's intra-op threads (default 1)")
     args = parser.parse_args(argv)
-    torch.set_num_threads(1)
     if args.watch_ab:
         return watch_ab(args)
     if args.reads_ab:
         return reads_ab(args)
     configs = args.configs.split(",")
-    for case_name, case in cases(args.cases.split(",")).items():
+    all_cases = cases(args.cases.split(","))
+    torch.set_num_threads(args.threads)  # after the cases: importing bench_subclasses sets one thread per core
+    for case_name, case in all_cases.items():
         steps, jfns, firsts = {}, {}, {}
         for name in configs:
             torch._dynamo.reset()
@@ -202,10 +204,11 @@ def main(argv=None):
         for name in configs:
             if not name.startswith("ts"):
                 continue
-            parts = _Recorder(jfns[name]).parts(steps[name], args.iters)
-            rest = med[name] - sum(parts.values())
+            total, parts = _Recorder(jfns[name]).parts(steps[name], args.iters)
+            rest = total - sum(parts.values())
             line = ", ".join(f"{k} {v:.1f}" for k, v in parts.items())
-            print(f"  {name:<12} parts: {line}, wrappers {rest:.1f}  (prologue {parts['prologue'] / med[name]:.0%})")
+            print(f"  {name:<12} parts of {total:.1f}: {line}, wrappers {rest:.1f}  "
+                  f"(prologue {parts['prologue'] / total:.0%})")
         if args.profile and "ts" in steps:
             prof = cProfile.Profile()
             prof.enable()
@@ -221,7 +224,9 @@ def watch_ab(args):
     """``ts`` with watched object guards against ``ts`` with every comparison run per call, side by side."""
     from thunder_subclass.guards import objects
 
-    for case_name, case in cases(args.cases.split(",")).items():
+    all_cases = cases(args.cases.split(","))
+    torch.set_num_threads(args.threads)
+    for case_name, case in all_cases.items():
         steps = {}
         for name in ("watched", "per call"):
             fn = thunder_subclass.jit(copy.deepcopy(case["model"]))

@@ -485,3 +485,72 @@ def test_fast_cache_hits_leave_grad_mode_as_thunder_does():
         after[name] = modes
         assert thunder.cache_misses(jf) == 1 and thunder.cache_hits(jf) == 2
     assert after["fast"] == after["thunder"] == [True] * 3  # as eager leaves it
+
+
+def _per_call_frames(call) -> list[str]:
+    """The Python functions of the per-call layers (the plugin's runtime, thunder's trace context, torch's grad-mode
+    classes) that ``call()`` runs, in order: what a hit costs outside the entry's prologue, computation and epilogue."""
+    import sys
+
+    watched = ("thunder_subclass/_thunder_internals/runtime.py", "thunder_subclass/_thunder_internals/plugin_state.py",
+               "thunder_subclass/_thunder_internals/module_bindings.py",
+               "thunder_subclass/runtime/cache_policy.py", "thunder/core/trace.py", "torch/autograd/grad_mode.py")
+    seen = []
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename.replace("\\", "/").endswith(watched):
+            seen.append(frame.f_code.co_qualname.rpartition("<locals>.")[2])
+
+    sys.setprofile(profile)
+    try:
+        call()
+    finally:
+        sys.setprofile(None)
+    return seen
+
+
+def test_a_cache_hit_runs_one_flat_per_call_function():
+    # a hit: the fast call itself (the remembered call folded in, thunder's trace context read directly, grad mode
+    # restored through torch's C setter), the entry index, the module tables' check and the common cache info; not
+    # the populate_cache_info / remembered_call / is_tracing / set_grad_enabled layers around them
+    m = _linear_stack(layers=2)
+    jm = thunder_subclass.jit(m)
+    x = torch.randn(2, 16)
+    with torch.no_grad():
+        jm(x)
+        jm(x)
+        frames = _per_call_frames(lambda: jm(x))
+        _exact(jm(x), m(x))
+    assert frames == ["fast_call", "ModuleBindings.refresh", "common_cache_info", "_plain_strided_tensors",
+                      "data_parallel", "default_device", "EntryIndex.key", "EntryIndex.bucket"], frames
+    assert thunder.cache_misses(jm) == 1 and thunder.cache_hits(jm) == 3
+    with torch.enable_grad():  # grad mode on, no input requiring grad: a new entry, then the same frames
+        jm(x)
+        jm(x)
+        assert _per_call_frames(lambda: jm(x)) == frames  # (not thunder's no_grad decorators either)
+        out = jm(x)
+        assert torch.is_grad_enabled() and not out.requires_grad
+    _exact(out, m(x).detach())
+    assert thunder.cache_misses(jm) == 2
+
+
+def test_data_parallel_flags_set_after_compiling_reach_thunders_cache_info():
+    # thunder's populate_cache_info reads getattr(fn, "use_ddp"/"use_fsdp", False) every call (its DDP/FSDP
+    # transforms set them on the module); the common cache info reads them from the instance's dict: a flag set after
+    # compiling still sends the call to thunder's function
+    m = _linear_stack(layers=1)
+    jm = thunder_subclass.jit(m)
+    common = thunder.compile_data(jm).populate_cache_info.common_cache_info
+    x = torch.randn(2, 16)
+    with torch.no_grad():
+        _exact(jm(x), m(x))
+        assert common((x,), {}, False) == {
+            "default_dtype": torch.float32, "default_device": torch.device("cpu"), "is_autocast_enabled": False,
+            "alias_tensor_indices": "", "is_grad_enabled": False, "no_grad_sync": False}
+        m.use_ddp = True
+        assert common((x,), {}, False) is None  # thunder's function decides (its no_grad_sync)
+        del m.use_ddp
+        assert common((x,), {}, False) is not None
+        m.register_buffer("use_fsdp", torch.ones(1))  # what nn.Module.__getattr__ would return for the name
+        assert common((x,), {}, False) is None
+        assert common((x, x), {}, False) is None  # two plain tensors may alias: thunder's grouping

@@ -103,6 +103,7 @@ from thunder_subclass._thunder_internals.runtime import (  # noqa: F401
     CacheLimitReached,
     CallPort,
     ModuleBindings,
+    current_trace_reader,
     fast_call_path,
     remembering_calls,
     trace_anew,

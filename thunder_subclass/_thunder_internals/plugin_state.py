@@ -227,6 +227,7 @@ class RememberedCall:
 
 
 _calls = __import__("threading").local()  # .stack: (cd, eager, args, kwargs) of the compiled calls running now
+this_thread_calls = _calls  # (runtime.fast_call_path pushes and pops its calls on .stack itself: one frame less)
 
 
 def push_call(cd, eager, args: tuple, kwargs: dict) -> None:

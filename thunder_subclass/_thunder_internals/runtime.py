@@ -15,7 +15,9 @@ knows how to read and run thunder's cache and where the hooks sit.
 ``thunder_subclass.runtime.cache_policy``
   to what ``thunder.jit`` returns) — calls reach a cache hit through the same steps as thunder's ``fn_`` (cache info,
   prologues under the compile data, computation, connection to autograd, epilogue, grad mode, statistics) without
-  its wrapper layers; everything else (autocast, tracing, misses) calls thunder's ``fn_``.
+  its wrapper layers, in one flat function (the remembered call folded in; thunder's trace context read as its
+  context variable, :func:`current_trace_reader`; grad mode restored by torch's C setter); everything else
+  (autocast, tracing, misses) calls thunder's ``fn_``.
 
 * ``thunder/__init__.py`` ``acquire_initial_trace`` (the closure cell of that name in ``get_computation_and_inputs``,
   replaced in the same hook: :func:`_use_bounded_tracing`) — at a cache miss of a ``thunder_subclass.jit`` function,
@@ -28,8 +30,8 @@ knows how to read and run thunder's cache and where the hooks sit.
   :func:`trace_anew` runs that miss path on purpose, the jit's cache set aside, for a loaded training entry whose
   backward needs the joint trace (``transforms.tangents.StoredBackwardVariants``).
 * ``core/module.py`` ``ThunderModule`` tables of parameters, buffers and submodules (private state, filled once by
-  thunder) — kept bound to the module as it is now (:class:`ModuleBindings`): a parameter or submodule replaced after
-  compiling is what the next call reads.
+  thunder) — kept bound to the module as it is now (``module_bindings.ModuleBindings``, checked first by every call
+  here): a parameter or submodule replaced after compiling is what the next call reads.
 
 * tracing (a miss of the fast path) runs with a higher threshold for CPython's youngest garbage-collector generation
   (:func:`fewer_gc_collections`, restored afterwards): fewer collections walking the process's heap during a first
@@ -67,6 +69,7 @@ Threads. Owner of each piece of shared state, and who frees it:
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import functools
 import threading
@@ -78,6 +81,7 @@ import torch
 
 from thunder_subclass._thunder_internals import plugin_state
 from thunder_subclass._thunder_internals.jit_record import jit_record
+from thunder_subclass._thunder_internals.module_bindings import ModuleBindings
 from thunder_subclass._thunder_internals.thunder_state import building_entry, undoing_on_trace_failure
 from thunder_subclass._thunder_internals.torch_state import is_user_dispatch_mode_active
 
@@ -267,9 +271,11 @@ def _use_fast_populate_cache_info(get_computation_and_inputs, jit_locals: dict) 
     fills the same cache info with less work in the common case: no autocast, no DDP/FSDP, in-place alias updates on.
     There it skips thunder's alias grouping (a pytree flatten and one ``untyped_storage()`` per tensor, whose
     non-empty result :class:`_ViewAwareCacheInfo` recomputes anyway) when fewer than two plain tensors are passed,
-    which cannot alias. Every other case calls thunder's function. Left as is when the closure is not as expected."""
-    import weakref
-
+    which cannot alias, and reads thunder's DDP/FSDP flags (``use_ddp``/``use_fsdp``, which thunder's transforms set
+    on the instance) from the instance's dict where the class defines neither. Every other case calls thunder's
+    function. The common case is also the replacement's attribute ``common_cache_info(args, kwargs, grad)`` (the
+    entries as a new dict, or None where thunder's function is needed), which :func:`fast_call_path` calls directly.
+    Left as is when the closure is not as expected."""
     code = get_computation_and_inputs.__code__
     if "populate_cache_info" not in code.co_freevars or get_computation_and_inputs.__closure__ is None:
         return
@@ -277,26 +283,53 @@ def _use_fast_populate_cache_info(get_computation_and_inputs, jit_locals: dict) 
     original = cell.cell_contents
     options = jit_locals.get("compile_options") or {}
     user_fn = jit_locals.get("fn")
-    weak_cd = weakref.ref(jit_locals["cd"])
-    if options.get("skip_inplace_alias_updates", False) or not callable(original):
+    grad_mode = jit_record(jit_locals["cd"]).grad_mode  # the compile data's per-thread is_grad_enabled
+    if options.get("skip_inplace_alias_updates", False) or not callable(original) or grad_mode is None:
         return
     get_default_dtype, get_default_device, is_grad_enabled = (
         torch.get_default_dtype, _default_device_function(), torch.is_grad_enabled
     )
     autocast = torch.is_autocast_enabled  # ("cpu") is torch.is_autocast_cpu_enabled() without its deprecation path
-    dict_update = dict.update
+
+    is_module = isinstance(user_fn, torch.nn.Module)
+    flags_on_instance = type(getattr(user_fn, "__dict__", None)) is dict and not any(
+        hasattr(type(user_fn), n) for n in ("use_ddp", "use_fsdp"))
+    if flags_on_instance and (not is_module or type(user_fn).__getattr__ is torch.nn.Module.__getattr__):
+        def data_parallel() -> bool:
+            # thunder's getattr(fn, "use_ddp"/"use_fsdp", False): its DDP/FSDP transforms set them on the instance (a
+            # module's getattr of a missing name raises and formats an AttributeError, ~1 us each)
+            get = user_fn.__dict__.get
+            if get("use_ddp") or get("use_fsdp"):
+                return True
+            if is_module:  # what nn.Module.__getattr__ would find under those names: thunder's function decides
+                for table in (user_fn._parameters, user_fn._buffers, user_fn._modules):
+                    if table and ("use_ddp" in table or "use_fsdp" in table):
+                        return True
+            return False
+    else:
+        def data_parallel() -> bool:
+            return bool(getattr(user_fn, "use_ddp", False) or getattr(user_fn, "use_fsdp", False))
+
+    def common_cache_info(args: tuple, kwargs: dict, grad: bool) -> dict | None:
+        # the cache info thunder's function makes when autocast is off (the caller checked), without DDP/FSDP and
+        # with fewer than two plain tensors (nothing to alias); None otherwise
+        if _plain_strided_tensors(args, kwargs) > 1 or data_parallel():
+            return None
+        grad_mode.value = grad  # (thunder's cd.is_grad_enabled = ..., per thread: _per_thread_grad_mode)
+        # the entries thunder's function sets, in its order ("" for alias_tensor_indices: no two tensors to alias)
+        return {"default_dtype": get_default_dtype(), "default_device": get_default_device(),
+                "is_autocast_enabled": False, "alias_tensor_indices": "", "is_grad_enabled": grad,
+                "no_grad_sync": False}
 
     def populate_cache_info(cache_info, *args, **kwargs):
-        if autocast() or autocast("cpu") or getattr(user_fn, "use_ddp", False) or getattr(user_fn, "use_fsdp", False):
+        if autocast() or autocast("cpu"):
             return original(cache_info, *args, **kwargs)
-        if _plain_strided_tensors(args, kwargs) > 1:  # may alias: thunder's grouping, then _ViewAwareCacheInfo's
+        info = common_cache_info(args, kwargs, is_grad_enabled())
+        if info is None:  # may alias (thunder's grouping, then _ViewAwareCacheInfo's), or DDP/FSDP
             return original(cache_info, *args, **kwargs)
-        grad = is_grad_enabled()
-        # the entries thunder's function sets, in its order ("" for alias_tensor_indices: no two tensors to alias)
-        dict_update(cache_info, default_dtype=get_default_dtype(), default_device=get_default_device(),
-                    is_autocast_enabled=False, alias_tensor_indices="", is_grad_enabled=grad, no_grad_sync=False)
-        weak_cd().is_grad_enabled = grad
+        dict.update(cache_info, info)
 
+    populate_cache_info.common_cache_info = common_cache_info  # (fast_call_path's shorter way, same entries)
     populate_cache_info.__wrapped__ = original
     cell.cell_contents = populate_cache_info
 
@@ -533,87 +566,6 @@ def _rejections(cd, cs, args, kwargs) -> list[str]:
     return reasons
 
 
-class ModuleBindings:
-    """The parameter, buffer and submodule tables of a plugin jit's ``ThunderModule`` (``_overrides_parameters``,
-    ``_overrides_buffers``, ``_module_cache``: thunder 0.2.6 fills them once, in ``ThunderModule.__init__``,
-    ``core/module.py``, and the prologue reads parameters, buffers and submodules from them every call), kept bound
-    to the compiled module as it is now. :meth:`refresh`, called before each call, checks that every entry of each
-    submodule's ``_parameters``, ``_buffers`` and ``_modules`` is the object it was when the tables were last filled
-    (one generated expression, an identity test per entry), and fills them again when one was replaced, added or
-    removed (``m.bias = nn.Parameter(...)``, ``m.weight = <another subclass>``, ``m.block = Block()``): the
-    prologue then reads the new objects, whose checks make the call a hit (same kind of tensor: the new values are
-    used) or a miss (a new trace of the module as it is). Entries a transform put in the tables (objects the module
-    does not hold) are kept. Owned by the compiled module's per-call wrapper; holds the module weakly."""
-
-    __slots__ = ("_module", "_check", "_own")
-
-    def __init__(self, tm):
-        import weakref
-
-        self._module = weakref.ref(tm)
-        self._own: set = set()
-        self._check = None
-        self._fill(tm, initial=True)
-
-    def refresh(self) -> None:
-        if not self._check():
-            tm = self._module()
-            if tm is not None:
-                self._fill(tm, initial=False)
-
-    def _fill(self, tm, initial: bool) -> None:
-        model = tm._model
-        modules = dict(model.named_modules(remove_duplicate=False))
-        params = dict(model.named_parameters(remove_duplicate=False))
-        buffers = dict(model.named_buffers(remove_duplicate=False))
-        tables = ((tm._overrides_parameters, "p", params), (tm._overrides_buffers, "b", buffers))
-        if initial:  # what thunder's tables hold of the module's own (not a transform's replacement)
-            self._own = {(kind, k) for table, kind, live in tables for k, v in table.items() if live.get(k) is v}
-        else:
-            for table, kind, live in tables:
-                for k in [k for k in table if (kind, k) in self._own and k not in live]:
-                    del table[k]
-                for k, v in live.items():
-                    if (kind, k) in self._own or k not in table:
-                        table[k] = v
-                        self._own.add((kind, k))
-            tm._module_cache.clear()
-            tm._module_cache.update(modules)
-        self._check = _identity_check(modules.values())
-
-
-def _identity_check(modules) -> Callable[[], bool]:
-    """A generated function, true while each module in ``modules`` has the same entries in its ``_parameters``,
-    ``_buffers`` and ``_modules`` as now (the same objects, and no more): each dict's version tag is the one it has
-    now (``dict_versions``: one C call per dict, whatever it holds), or, where tags are not available, its length and
-    each entry compared."""
-    from thunder_subclass._thunder_internals.dict_versions import dict_version_reader
-
-    dict_version = dict_version_reader()
-    consts: dict = {"_version": dict_version}
-    conditions: list[str] = []
-    seen: set = set()
-    for m in modules:
-        if id(m) in seen:
-            continue
-        seen.add(id(m))
-        for d in (m._parameters, m._buffers, m._modules):
-            name = f"d{len(consts)}"
-            consts[name] = d
-            if dict_version is not None and type(d) is dict:
-                conditions.append(f"_version({name}) == {dict_version(d)}")
-                continue
-            conditions.append(f"len({name}) == {len(d)}")
-            for k, v in d.items():
-                value = f"c{len(consts)}"
-                consts[value] = v
-                conditions.append(f"{name}.get({k!r}) is {value}")
-    source = "def is_current():\n    return " + (" and ".join(conditions) or "True") + "\n"
-    namespace = dict(consts)
-    exec(compile(source, "<thunder_subclass module bindings>", "exec"), namespace)
-    return namespace["is_current"]
-
-
 @functools.cache
 def _trace_decorator_codes() -> tuple:
     """The code objects of the two decorators thunder puts on generated computation and epilogue functions
@@ -635,7 +587,7 @@ def _undecorated(fn):
 
 
 # attribute of a cache entry's computation function: (computation, epilogue) without their no-grad/no-autocast
-# decorators, for calls without grad mode (owned by the entry: freed with it)
+# decorators, and whether both had them (owned by the entry: freed with it)
 _PLAIN_FNS_ATTR = "_thunder_subclass_undecorated"
 
 
@@ -665,7 +617,20 @@ def fewer_gc_collections():
         gc.set_threshold(*old)
 
 
-def fast_call_path(jfn, thunder_call: Callable, port: CallPort, bindings: ModuleBindings | None) -> Callable | None:
+def current_trace_reader() -> Callable[[Any], Any]:
+    """thunder's current trace as one C call: ``reader(None)`` is ``thunder.core.trace.get_tracectx()`` (the trace
+    being built, or None), the ``get`` of its context variable ``_tracectx``; thunder's function where that variable
+    is not found. ``reader(None) is not None`` is thunder's ``is_tracing()`` without its two Python frames."""
+    from thunder.core import trace as thunder_trace
+
+    tracectx = getattr(thunder_trace, "_tracectx", None)
+    if isinstance(tracectx, contextvars.ContextVar):
+        return tracectx.get
+    return lambda default: thunder_trace.get_tracectx()
+
+
+def fast_call_path(jfn, thunder_call: Callable, port: CallPort, bindings: ModuleBindings | None,
+                   eager: Callable | None = None) -> Callable | None:
     """The calls of ``jfn`` (a plugin jit's ``thunder.jit`` result, function or ``ThunderModule``) by a shorter path
     to a cache hit than thunder 0.2.6's ``fn_`` (``thunder/__init__.py``), or None where it does not apply (a cache
     option other than constant values). The same steps for the same result — the per-call cache info (this jit's
@@ -674,10 +639,18 @@ def fast_call_path(jfn, thunder_call: Callable, port: CallPort, bindings: Module
     ``connect_to_autograd`` with the arguments thunder's ``maybe_connect_to_autograd`` passes), the epilogue, the grad
     mode restored, and thunder's statistics (calls, cache hits, last traces) — without thunder's layers of wrappers
     around them (call statistics, language context, cache-info context, the timers and the per-call copy of the cache
-    entry of ``decorate_computation_function``). Without grad mode the computation and epilogue run without their
-    ``no_grad``/``no_autocast`` decorators, no-ops then (:func:`_undecorated`). Calls while tracing, under autocast or
+    entry of ``decorate_computation_function``). An entry without a backward runs its computation and epilogue without
+    their ``no_grad``/``no_autocast`` decorators (:func:`_undecorated`: autocast is off on this path), with grad mode
+    turned off around both when the call has it on. Calls while tracing, under autocast or
     a user's dispatch mode go to ``thunder_call`` (thunder's ``fn_`` under the stage's bound); a call no entry's
-    prologue accepts (a cache miss) goes to ``port.trace_miss``, under :data:`TRACING_LOCK`.
+    prologue accepts (a cache miss) goes to ``port.trace_miss``, under :data:`TRACING_LOCK`. Every call, whichever
+    way it goes, is this thread's current compiled call while it runs (as :func:`remembering_calls` makes it, with
+    ``eager``; folded in here: one function per call, not two).
+
+    One flat function per call: what can be read once is read when the path is built (thunder's and torch's
+    functions, the compile options, the entry index, the per-thread grad mode's storage); the cache info of the
+    common case comes from the plugin's ``populate_cache_info``'s ``common_cache_info`` as a new dict
+    (:func:`_use_fast_populate_cache_info`), other calls fill a :class:`_ViewAwareCacheInfo` through the jit's function.
 
     The decisions are the stage's, through ``port`` (:class:`CallPort`, kept in the compile data's ``jit_record``
     also where this path does not apply, for :func:`_use_bounded_tracing`): the order entries are tried in
@@ -689,7 +662,6 @@ def fast_call_path(jfn, thunder_call: Callable, port: CallPort, bindings: Module
         set_compile_data_and_stats,
     )
     from thunder.core.options import CACHE_OPTIONS
-    from thunder.core.trace import is_tracing
 
     cd, cs = jfn._lc_cd, jfn._lc_cs
     jit_record(cd).call_port = port
@@ -705,11 +677,20 @@ def fast_call_path(jfn, thunder_call: Callable, port: CallPort, bindings: Module
     disable_split_autograd = bool(cd.compile_options.get("thunderfx_disable_split_autograd", False))
     is_differentiable_outputs = cd.compile_options.get("is_differentiable_outputs", None)
     weak_cd, weak_cs = weakref.ref(cd), weakref.ref(cs)  # no reference cycle through the compiled function
-    set_grad_enabled, is_grad_enabled = torch.set_grad_enabled, torch.is_grad_enabled
-    autocast = torch.is_autocast_enabled
-    cache_info_ctx = thunder._cache_info_ctx
-
+    # grad mode restored after a call: torch.set_grad_enabled's own C setter (torch.set_grad_enabled is a class whose
+    # construction sets it, through two Python frames)
+    set_grad_enabled = getattr(torch._C, "_set_grad_enabled", torch.set_grad_enabled)
     is_grad_enabled = torch.is_grad_enabled
+    autocast = torch.is_autocast_enabled
+    dispatch_modes = torch._C._len_torch_dispatch_stack
+    cache_info_ctx = thunder._cache_info_ctx
+    common_cache_info = getattr(populate, "common_cache_info", None)
+    # where the common case does not apply (possible aliases, DDP/FSDP), the plugin's populate_cache_info calls
+    # thunder's: called directly here (autocast is off on this path)
+    other_cache_info = populate if common_cache_info is None else getattr(populate, "__wrapped__", populate)
+    current_trace = current_trace_reader()
+    calls = plugin_state.this_thread_calls  # (a threading.local: .stack, the compiled calls running in this thread)
+
     index = port.entry_index
     call_key = index.key
     trace_call = port.trace_miss
@@ -722,44 +703,44 @@ def fast_call_path(jfn, thunder_call: Callable, port: CallPort, bindings: Module
 
     @functools.wraps(original)
     def fast_call(*args, **kwargs):
-        cs = weak_cs()
-        if autocast("cpu") or autocast() or cs is None or is_tracing() or is_user_dispatch_mode_active():
-            return original(*args, **kwargs)
-        if bindings is not None:
-            bindings.refresh()
-        if not cs.interpreter_cache:
-            return trace(args, kwargs)
-        cd = weak_cd()
-        grad = is_grad_enabled()  # this call's grad mode, restored after it (never the compile data's)
-        token = cache_info_ctx.set(_ViewAwareCacheInfo(args, kwargs))
         try:
-            populate(cache_info_ctx.get(), *args, **kwargs)
-            hit = rejection = None
+            stack = calls.stack
+        except AttributeError:
+            stack = calls.stack = []
+        cd = weak_cd()
+        stack.append((cd, eager, args, kwargs))  # this thread's current compiled call (as remembering_calls)
+        try:
+            cs = weak_cs()
+            if autocast("cpu") or autocast() or cs is None or current_trace(None) is not None or (
+                    dispatch_modes() and is_user_dispatch_mode_active()):
+                return original(*args, **kwargs)
+            if bindings is not None:
+                bindings.refresh()
             cache = cs.interpreter_cache
-            newest = cache[-1]
-            key = call_key(args, kwargs, grad)
-            bucket = index.bucket(cache, key)
-            data_token = set_compile_data_and_stats(cd, cs)  # thunder's compile_data_and_stats, without a generator
+            if not cache:
+                return trace(args, kwargs)
+            grad = is_grad_enabled()  # this call's grad mode, restored after it (never the compile data's)
+            info = None if common_cache_info is None else common_cache_info(args, kwargs, grad)
+            if info is None:
+                info = _ViewAwareCacheInfo(args, kwargs)
+                token = cache_info_ctx.set(info)
+                try:
+                    other_cache_info(info, *args, **kwargs)
+                except BaseException:
+                    cache_info_ctx.reset(token)
+                    raise
+            else:
+                token = cache_info_ctx.set(info)
             try:
-                for i in range(len(bucket) - 1, -1, -1):  # the entries that accepted calls like this one, last hit first
-                    entry = bucket[i]
-                    try:
-                        inps, pro_to_epi = entry.prologue_fn(*args, **kwargs)
-                    except Exception as e:
-                        if entry is newest:
-                            rejection = e
-                        continue
-                    hit = entry
-                    if i != len(bucket) - 1:
-                        try:  # another thread may have moved entries since: any permutation is a valid order
-                            bucket.append(bucket.pop(i))
-                        except IndexError:
-                            pass
-                    break
-                else:  # then the others, newest first (as thunder's get_computation_and_inputs)
-                    for entry in reversed(cache):
-                        if any(entry is e for e in bucket):
-                            continue
+                hit = rejection = None
+                newest = cache[-1]
+                key = call_key(args, kwargs, grad)
+                bucket = index.bucket(cache, key)
+                data_token = set_compile_data_and_stats(cd, cs)  # thunder's compile_data_and_stats
+                try:
+                    # the entries that accepted calls like this one, last hit first
+                    for i in range(len(bucket) - 1, -1, -1):
+                        entry = bucket[i]
                         try:
                             inps, pro_to_epi = entry.prologue_fn(*args, **kwargs)
                         except Exception as e:
@@ -767,45 +748,75 @@ def fast_call_path(jfn, thunder_call: Callable, port: CallPort, bindings: Module
                                 rejection = e
                             continue
                         hit = entry
-                        index.add(key, entry)
+                        if i != len(bucket) - 1:
+                            try:  # another thread may have moved entries since: any permutation is a valid order
+                                bucket.append(bucket.pop(i))
+                            except IndexError:
+                                pass
                         break
+                    else:  # then the others, newest first (as thunder's get_computation_and_inputs)
+                        for entry in reversed(cache):
+                            if any(entry is e for e in bucket):
+                                continue
+                            try:
+                                inps, pro_to_epi = entry.prologue_fn(*args, **kwargs)
+                            except Exception as e:
+                                if entry is newest:
+                                    rejection = e
+                                continue
+                            hit = entry
+                            index.add(key, entry)
+                            break
+                finally:
+                    reset_compile_data_and_stats(data_token)
             finally:
-                reset_compile_data_and_stats(data_token)
-        finally:
-            cache_info_ctx.reset(token)
-        if hit is None:
-            return trace(args, kwargs, rejection)
-        cs.calls += 1
-        cs.cache_hits += 1
-        cs.last_traces = hit.computation_traces
-        cs.last_interpreted_instructions = None
-        cs.last_interpreter_log = None
-        cs.last_prologue_traces = hit.prologue_traces
-        cs.last_prologue = hit.prologue_fn
-        if grad or hit.backward_fn is not None:
-            # thunder's fn_: the computation (under its no_grad), connected to autograd, epilogue. (An entry with a
-            # backward can accept a call under no_grad: its computation returns what autograd is connected with.)
-            result = hit.computation_fn(*inps)
-            if hit.backward_fn is not None:  # thunder's maybe_connect_to_autograd
-                data_for_autograd, (saved_tensors, saved_other) = result
-                connect_to_autograd(
+                cache_info_ctx.reset(token)
+            if hit is None:
+                return trace(args, kwargs, rejection)
+            cs.calls += 1
+            cs.cache_hits += 1
+            cs.last_traces = hit.computation_traces
+            cs.last_interpreted_instructions = None
+            cs.last_interpreter_log = None
+            cs.last_prologue_traces = hit.prologue_traces
+            cs.last_prologue = hit.prologue_fn
+            if hit.backward_fn is not None:
+                # thunder's fn_: the computation (under its no_grad), connected to autograd, epilogue. (An entry with
+                # a backward can accept a call under no_grad: its computation returns what autograd is connected
+                # with.)
+                data_for_autograd, (saved_tensors, saved_other) = hit.computation_fn(*inps)
+                connect_to_autograd(  # thunder's maybe_connect_to_autograd
                     backward_fn=hit.backward_fn, flat_args=data_for_autograd["flat_args"],
                     flat_output=data_for_autograd["flat_output"], saved_tensors=saved_tensors,
                     saved_other=saved_other, return_none_instead_of_grads=hit.return_none_instead_of_grads,
-                    disable_split_autograd=disable_split_autograd, is_differentiable_outputs=is_differentiable_outputs,
+                    disable_split_autograd=disable_split_autograd,
+                    is_differentiable_outputs=is_differentiable_outputs,
                 )
-                result = data_for_autograd["output"]
-            result = hit.epilogue_fn(*pro_to_epi, *result)
-        else:
-            comp = hit.computation_fn
-            fns = getattr(comp, _PLAIN_FNS_ATTR, None)
-            if fns is None:  # set once per entry (racing threads set equal values)
-                fns = (_undecorated(comp), _undecorated(hit.epilogue_fn))
-                setattr(comp, _PLAIN_FNS_ATTR, fns)
-            result = fns[1](*pro_to_epi, *fns[0](*inps))
-        set_grad_enabled(grad)
-        cs.last_computation = hit.computation_fn
-        return result
+                result = hit.epilogue_fn(*pro_to_epi, *data_for_autograd["output"])
+            else:
+                # the computation and epilogue without their @torch.no_grad() @no_autocast (autocast is off here):
+                # grad mode turned off around both instead, when it is on (what each decorator does in turn)
+                comp = hit.computation_fn
+                fns = getattr(comp, _PLAIN_FNS_ATTR, None)
+                if fns is None:  # set once per entry (racing threads set equal values)
+                    plain_comp, plain_epi = _undecorated(comp), _undecorated(hit.epilogue_fn)
+                    fns = (plain_comp, plain_epi, plain_comp is not comp and plain_epi is not hit.epilogue_fn)
+                    setattr(comp, _PLAIN_FNS_ATTR, fns)
+                if not grad:
+                    result = fns[1](*pro_to_epi, *fns[0](*inps))
+                elif fns[2]:  # both had the decorators
+                    set_grad_enabled(False)
+                    try:
+                        result = fns[1](*pro_to_epi, *fns[0](*inps))
+                    finally:
+                        set_grad_enabled(True)
+                else:
+                    result = hit.epilogue_fn(*pro_to_epi, *comp(*inps))
+            set_grad_enabled(grad)
+            cs.last_computation = hit.computation_fn
+            return result
+        finally:
+            stack.pop()
 
     jit_record(cd).fast_call = True
     return fast_call

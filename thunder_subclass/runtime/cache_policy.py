@@ -257,7 +257,8 @@ def compiled_call(jfn, fn: Callable, policy: cache.CachePolicy, *, automatic_dyn
     1. graph breaks (``graph_breaks.with_graph_breaks``, when ``graph_break_jit`` is given: ``fullgraph=False``): a
        call thunder cannot trace whole runs the user's code eagerly with compiled regions;
     2. the remembered call (``_thunder_internals.remembering_calls``): while it runs, this thread's current compiled
-       call, for a ``create_graph=True`` backward (``thunder_subclass.transforms.higher_order``);
+       call, for a ``create_graph=True`` backward (``thunder_subclass.transforms.higher_order``); folded into the
+       fast hit's function where there is one;
     3. the fast hit (``_thunder_internals.fast_call_path``): the entries' prologues tried in :class:`EntryIndex`
        order, a hit's computation run without thunder's wrapper layers (only under the constant-values cache);
     4. at a miss of the fast path, under the tracing lock: :class:`AutomaticDynamicShapes` (``automatic_dynamic``)
@@ -284,12 +285,11 @@ def compiled_call(jfn, fn: Callable, policy: cache.CachePolicy, *, automatic_dyn
             entry_index=EntryIndex(),
             disk_cache=disk_cache,
         )
-        fast = fast_call_path(jfn, thunder_call, port, bindings)
+        fast = fast_call_path(jfn, thunder_call, port, bindings, policy.eager)  # (remembers its calls itself)
         record = jit_record(cd)
         if fast is not None:
             record.dynamic_shapes = dynamic
-            call = fast
-        target = with_call(jfn, remembering_calls(call, cd, policy.eager))
+        target = with_call(jfn, fast if fast is not None else remembering_calls(call, cd, policy.eager))
         record.policy = policy
     if graph_break_jit is not None:
         target = graph_breaks.with_graph_breaks(target, fn, graph_break_jit)

@@ -72,6 +72,7 @@ import torch
 from thunder_subclass.runtime import eager_calls
 from thunder_subclass.runtime.eager_call_state import rng_state, set_rng_state
 from thunder_subclass._thunder_internals import (
+    current_trace_reader,
     data_dependent_exception_types,
     dispatching,
     exception_source_lines,
@@ -612,8 +613,8 @@ def with_graph_breaks(jfn: Callable, fn: Callable, jit: Callable[[Callable], Cal
     fall back to graph breaks (module docstring). ``jit`` compiles a submodule's forward with the same options and
     ``fullgraph=True``. Returns the object to hand to the user, carrying ``graph_breaks``."""
     from thunder.core.module import ThunderModule
-    from thunder.core.trace import is_tracing
 
+    current_trace = current_trace_reader()  # (thunder's is_tracing() is current_trace(None) is not None)
     program = _Program(jit, _label(fn))
     if isinstance(jfn, ThunderModule):
         model = jfn._model
@@ -629,7 +630,7 @@ def with_graph_breaks(jfn: Callable, fn: Callable, jit: Callable[[Callable], Cal
 
     @functools.wraps(compiled_call)
     def call_with_breaks(*args, **kwargs):
-        if is_tracing():  # called from inside another trace: no fallback there
+        if current_trace(None) is not None:  # called from inside another trace: no fallback there
             return compiled_call(*args, **kwargs)
         return program.call(owner, compiled_call, code, args, kwargs, jfn)  # thunder.cache_misses(jfn) works
 
