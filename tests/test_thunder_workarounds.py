@@ -86,10 +86,14 @@ def test_forward_hooks_run_in_the_trace_and_changes_make_a_new_trace():
     handle = model[0].register_forward_hook(lambda mod, args, out: out * 0)
     torch.testing.assert_close(jm(x), model(x))
     assert thunder.cache_misses(jm) == 2
-    # the hooks check, fused into the prologue's one generated check function (thunder_subclass.guards.prologue)
-    fused = [b.args[1] for b in thunder.last_prologue_traces(jm)[-1].bound_symbols if b.sym.name == "check_prologue"]
-    assert len(fused) == 1 and "(_hooks(" in fused[0].source and "_no_global_hooks()" in fused[0].source
-    assert "._forward_pre_hooks or " in fused[0].source  # the modules without hooks
+    # the hooks check, fused into a generated check function of the prologue (thunder_subclass.guards.prologue): with
+    # the checks of the module's reads (guards.unpack_cache, run on every call) where those are read once per write
+    bsyms = thunder.last_prologue_traces(jm)[-1].bound_symbols
+    fused = [b.args[1] for b in bsyms if b.sym.name == "check_prologue"]
+    fused += [b.args[1].checks for b in bsyms if b.sym.name == "read_module" and b.args[1].checks is not None]
+    source = "".join(f.source for f in fused)
+    assert "(_hooks(" in source and "_no_global_hooks()" in source
+    assert "._forward_pre_hooks or " in source  # the modules without hooks
     handle.remove()
     torch.testing.assert_close(jm(x), model(x))
     assert thunder.cache_misses(jm) == 2  # the first trace serves again

@@ -517,7 +517,9 @@ def _with_module_reads(trace, reads, index, builder, module_checks, kept, specul
     unpack = read_module.bind(next(b.output for b in trace.bound_symbols if b.sym.id == _P.UNPACK_FUNCTION_OBJ),
                                 cache, output=tuple(proxies[n] for n in exports) if exports else None)
     new = from_trace(trace)
-    pos = max(i for i, b in enumerate(rest) if b.sym.id == _P.UNPACK_FUNCTION_OBJ) + 1
+    # right after the first unpack of the function object (read_module's argument): every use of what it reads comes
+    # after that (a later unpack of the same object, a guarded object's, may follow those uses)
+    pos = min(i for i, b in enumerate(rest) if b.sym.id == _P.UNPACK_FUNCTION_OBJ) + 1
     new.bound_symbols = [*rest[:pos], unpack, *rest[pos:], *check, *speculated, kept[-1]]
     new.set_provenance(TraceProvenance(
         f"Fused {builder.checks} prologue checks, {len(reads)} module reads and {module_checks.checks} of their checks "
