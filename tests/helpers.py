@@ -66,3 +66,19 @@ def tiny_causal_lm(arch: str = "llama", num_hidden_layers: int = 1, **config):
 
 
 HF_ARCHITECTURES = tuple(_HF_CONFIGS)
+
+
+def _sizes_cached() -> bool:
+    nt = torch.nested.nested_tensor([torch.ones(2, 1), torch.ones(3, 1)], layout=torch.jagged)
+    return nt.size(1) is nt.size(1)
+
+
+_NESTED_INT_OBJECTS_CACHED = _sizes_cached()
+
+
+def same_nested_int(a, b) -> bool:
+    """``a`` is nested int ``b``: the same object where torch caches a NestedTensor's sizes (2.11 and later: eager's
+    ``nt.size(1) is nt.size(1)``), else equal (torch 2.10 makes a new SymInt of the same node per call)."""
+    if _NESTED_INT_OBJECTS_CACHED:
+        return a is b
+    return type(a) is torch.SymInt and type(b) is torch.SymInt and a == b

@@ -390,4 +390,6 @@ def test_dtensor_results_with_a_backward_trace_once_under_dynamic_sizes(mesh, ca
         (expected.to_local() * torch.arange(expected.numel()).view(expected.shape)).sum().backward()
         for leaf, ref in zip(leaves, leaves_ref):
             torch.testing.assert_close(leaf.grad, ref.grad)
-    assert _counts(jf) == (1, 2)
+    # torch 2.10's DTensor sharding propagation pins the symbolic sizes it sees (the cat's total: "Eq(i0 + i8, 7)"), so
+    # there each size is a trace of its own, with eager's values (docs/limits.md); 2.11 and later keep one trace
+    assert _counts(jf) == ((1, 2) if torch.__version__ >= "2.11" else (3, 0))

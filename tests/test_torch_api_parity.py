@@ -139,7 +139,10 @@ def test_operations_thunder_cannot_differentiate_get_eager_gradients(name):
     x = torch.rand(4, 3, generator=torch.Generator().manual_seed(0), requires_grad=True)
     x2 = x.detach().clone().requires_grad_()
     expected = fn(x)
-    expected.sum().backward()
+    try:
+        expected.sum().backward()
+    except NotImplementedError as e:  # torch 2.10: "the derivative for 'nextafter' is not implemented"
+        pytest.skip(f"eager cannot differentiate it on this torch: {e}")
     jf = thunder_subclass.jit(fn, fullgraph=True)
     got = jf(x2)
     got.sum().backward()
