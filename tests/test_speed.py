@@ -129,7 +129,10 @@ def test_prologue_checks_are_fused_into_one():
     text = str(thunder.last_prologue_traces(jm)[-1])
     for name in ("check_subclass(", "check_tensor_metadata(", "check_number_type_and_value(", "check_plain_tensor("):
         assert name not in text
-    assert "= read_module(module0, " in text  # the module's reads: once per write (guards/unpack_cache.py)
+    if thunder_subclass._thunder_internals.dict_version_reader() is not None:
+        assert "= read_module(module0, " in text  # the module's reads: once per write (guards/unpack_cache.py)
+    else:  # no dict version tags (not CPython 3.11): thunder's unpacking, unchanged
+        assert "module.get_parameter('0.weight')" in text
     checks = fused.args[1]
     assert len(checks.conditions) > 20 and "def fused_prologue_checks" in checks.source
 
