@@ -581,9 +581,17 @@ def _undecorated(fn):
     and autocast (CPU and CUDA) are already off, so they do nothing but cost two wrapper calls; else ``fn``."""
     no_grad_code, no_autocast_code = _trace_decorator_codes()
     inner = getattr(fn, "__wrapped__", None)
-    if getattr(fn, "__code__", None) is not no_grad_code or getattr(inner, "__code__", None) is not no_autocast_code:
+    if not _same_code(getattr(fn, "__code__", None), no_grad_code) \
+            or not _same_code(getattr(inner, "__code__", None), no_autocast_code):
         return fn
     return getattr(inner, "__wrapped__", fn)
+
+
+def _same_code(code, sample) -> bool:
+    """``code`` is the decorator's code ``sample`` is: the same object, or (torch 2.15 gives each function its
+    ``no_grad`` wrapper a code object of its own, renamed) the same place and bytecode."""
+    return code is sample or (code is not None and code.co_filename == sample.co_filename
+                              and code.co_firstlineno == sample.co_firstlineno and code.co_code == sample.co_code)
 
 
 # attribute of a cache entry's computation function: (computation, epilogue) without their no-grad/no-autocast
