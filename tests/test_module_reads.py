@@ -10,7 +10,7 @@ import torch
 from torch.testing._internal.two_tensor import TwoTensor
 
 import thunder_subclass
-from helpers import cache_counts
+from helpers import cache_counts, tiny_causal_lm
 from thunder_subclass._thunder_internals import dict_version_reader
 
 try:  # (the write tests also run on the code before guards.unpack_cache, where every read runs every call)
@@ -206,11 +206,9 @@ def test_an_attribute_checked_absent_and_then_set_is_seen(refreshes):
 
 
 def test_hf_config_and_submodule_writes_are_seen(refreshes):
-    transformers = pytest.importorskip("transformers")
-    config = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                      num_attention_heads=2, num_key_value_heads=1, vocab_size=64)
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config).eval()
+    pytest.importorskip("transformers")
+    model = tiny_causal_lm("llama", hidden_size=32, intermediate_size=64, num_attention_heads=2,
+                           num_key_value_heads=1, vocab_size=64)
     jm = thunder_subclass.jit(model)
     ids = torch.randint(0, 64, (1, 5), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():

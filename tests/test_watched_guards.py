@@ -9,7 +9,7 @@ import thunder
 import torch
 
 import thunder_subclass
-from helpers import cache_counts
+from helpers import cache_counts, tiny_causal_lm
 from thunder_subclass._thunder_internals import dict_version_reader
 from thunder_subclass.guards import objects, watched
 
@@ -187,11 +187,9 @@ def test_watch_rules():
 
 
 def test_hf_config_is_watched_and_a_config_write_is_seen():
-    transformers = pytest.importorskip("transformers")
-    config = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                      num_attention_heads=2, num_key_value_heads=1, vocab_size=64)
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config).eval()
+    pytest.importorskip("transformers")
+    model = tiny_causal_lm("llama", hidden_size=32, intermediate_size=64, num_attention_heads=2,
+                           num_key_value_heads=1, vocab_size=64)
     jm = thunder_subclass.jit(model)
     ids = torch.randint(0, 64, (1, 5), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
